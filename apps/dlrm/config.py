@@ -1,0 +1,239 @@
+"""The one typed configuration of a DLRM training run.
+
+``TrainConfig`` is validated once, when it is constructed: by the app's command line
+(``python -m apps.dlrm.train --help``) and by the TorchX component
+(``torchx run components.dlrm:train --help``), whose arguments are these same fields.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+from apps.dlrm.options import ConfigError, option, parse_config
+
+SHARDING_TYPES = (
+    "auto",
+    "table_wise",
+    "row_wise",
+    "column_wise",
+    "table_row_wise",
+    "data_parallel",
+)
+COMM_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+INTERACTIONS = ("dot", "dcn", "projection")
+EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam")
+DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
+PIPELINES = ("sparse_dist", "base")
+DATASETS = ("synthetic",)
+
+
+@dataclass
+class TrainConfig:
+    # --- model -------------------------------------------------------------------------------
+    num_dense_features: int = option(13, "Number of dense (float) input features.")
+    num_sparse_features: int = option(
+        26, "Number of sparse (categorical) features; each has its own embedding table."
+    )
+    num_embeddings: int = option(
+        20_000,
+        "Rows of every embedding table, unless --num_embeddings_per_feature is given.",
+    )
+    num_embeddings_per_feature: list[int] = option(
+        [],
+        "Rows of each embedding table, one comma-separated entry per sparse feature "
+        "(e.g. the Criteo sizes). Empty: --num_embeddings for every table.",
+    )
+    embedding_dim: int = option(16, "Width of every embedding vector.")
+    dense_arch_layer_sizes: list[int] = option(
+        [64, 16], "Bottom MLP layer sizes; the last must equal --embedding_dim."
+    )
+    over_arch_layer_sizes: list[int] = option(
+        [64, 32, 1], "Top MLP layer sizes; the last must be 1 (the click logit)."
+    )
+    interaction_type: str = option(
+        "dot",
+        "Feature interaction: dot (pairwise dot products, the original DLRM), dcn "
+        "(low-rank DCN-v2 cross net) or projection (two projection branches).",
+        choices=INTERACTIONS,
+    )
+    dcn_num_layers: int = option(3, "Cross layers of the DCN interaction.")
+    dcn_low_rank_dim: int = option(64, "Low-rank width of the DCN cross layers.")
+    interaction_branch1_layer_sizes: list[int] = option(
+        [128, 64],
+        "Projection interaction, branch 1 MLP sizes; the last must be a multiple of "
+        "--embedding_dim.",
+    )
+    interaction_branch2_layer_sizes: list[int] = option(
+        [128, 64],
+        "Projection interaction, branch 2 MLP sizes; the last must be a multiple of "
+        "--embedding_dim.",
+    )
+    # --- data --------------------------------------------------------------------------------
+    data: str = option(
+        "synthetic",
+        "Training data. synthetic: generated on the fly, heavy-tailed ids and labels from a "
+        "hidden teacher model.",
+        choices=DATASETS,
+    )
+    seed: int = option(0, "Seed of the model initialisation and of the synthetic data.")
+    zipf_exponent: float = option(
+        1.1, "Synthetic data: exponent of the power law that ids are drawn from (> 0)."
+    )
+    # --- training ----------------------------------------------------------------------------
+    batch_size: int = option(512, "Training samples per rank per step.")
+    steps: int = option(1500, "Training steps (batches per rank).")
+    learning_rate: float = option(0.05, "Learning rate of the embedding tables.")
+    dense_learning_rate: float = option(
+        0.0, "Learning rate of the dense MLPs; 0 uses --learning_rate."
+    )
+    embedding_optimizer: str = option(
+        "rowwise_adagrad",
+        "Optimizer of the embedding tables, fused into the backward pass (adam: GPU only).",
+        choices=EMBEDDING_OPTIMIZERS,
+    )
+    dense_optimizer: str = option(
+        "adagrad", "Optimizer of the dense MLPs.", choices=DENSE_OPTIMIZERS
+    )
+    pipeline: str = option(
+        "sparse_dist",
+        "Training loop: sparse_dist (TrainPipelineSparseDist, overlaps the input "
+        "all-to-all with compute) or base (a plain loop, TrainPipelineBase).",
+        choices=PIPELINES,
+    )
+    sharding_type: str = option(
+        "auto",
+        "How embedding tables are split across ranks; auto lets TorchRec's planner choose.",
+        choices=SHARDING_TYPES,
+    )
+    qcomm_forward_precision: str = option(
+        "fp32",
+        "Precision of the embedding all-to-all in the forward pass (fp8: GPU only).",
+        choices=COMM_PRECISIONS,
+    )
+    qcomm_backward_precision: str = option(
+        "fp32",
+        "Precision of the embedding gradient all-to-all in the backward pass (fp8: GPU only).",
+        choices=COMM_PRECISIONS,
+    )
+    allow_tf32: bool = option(
+        True, "On GPUs, let float32 matmuls use TF32 tensor cores (faster, ~1e-3 precision)."
+    )
+    # --- evaluation and output ---------------------------------------------------------------
+    validate_every: int = option(
+        0, "Validate every N training steps; 0 validates only after training."
+    )
+    val_batches: int = option(40, "Validation batches per rank.")
+    test_batches: int = option(40, "Test batches per rank, run once after training.")
+    log_every: int = option(100, "Log the training loss and throughput every N steps.")
+    output_dir: str = option(
+        "outputs",
+        "Directory that receives summary.json and TensorBoard event files; empty: none.",
+    )
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            choices = field.metadata.get("choices")
+            value = getattr(self, field.name)
+            if choices and value not in choices:
+                raise ConfigError(
+                    f"--{field.name} {value!r} is not supported: use one of {', '.join(choices)}"
+                )
+        for name in (
+            "num_dense_features",
+            "num_sparse_features",
+            "num_embeddings",
+            "embedding_dim",
+            "batch_size",
+            "steps",
+            "log_every",
+            "dcn_num_layers",
+            "dcn_low_rank_dim",
+        ):
+            _require_positive(name, getattr(self, name))
+        for name in ("validate_every", "val_batches", "test_batches"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name} {getattr(self, name)} must be 0 or more")
+        for name in ("learning_rate", "zipf_exponent"):
+            _require_positive(name, getattr(self, name))
+        if self.dense_learning_rate < 0:
+            raise ConfigError(
+                f"--dense_learning_rate {self.dense_learning_rate} must be positive "
+                "(or 0 to use --learning_rate)"
+            )
+        self._check_table_sizes()
+        self._check_layer_sizes()
+
+    def _check_table_sizes(self) -> None:
+        sizes = self.num_embeddings_per_feature
+        if sizes and len(sizes) != self.num_sparse_features:
+            raise ConfigError(
+                f"--num_embeddings_per_feature has {len(sizes)} entries "
+                f"({_fmt(sizes)}) but there are {self.num_sparse_features} sparse features: "
+                "give one size per feature, set --num_sparse_features to match, or leave it "
+                "empty to use --num_embeddings for every table"
+            )
+        for i, size in enumerate(sizes):
+            if size <= 0:
+                raise ConfigError(
+                    f"--num_embeddings_per_feature entry {i} is {size}: every table needs at "
+                    "least 1 row"
+                )
+
+    def _check_layer_sizes(self) -> None:
+        for name in (
+            "dense_arch_layer_sizes",
+            "over_arch_layer_sizes",
+            "interaction_branch1_layer_sizes",
+            "interaction_branch2_layer_sizes",
+        ):
+            sizes = getattr(self, name)
+            if not sizes or any(size <= 0 for size in sizes):
+                raise ConfigError(
+                    f"--{name} {_fmt(sizes)!r} must be a non-empty list of positive sizes"
+                )
+        if self.dense_arch_layer_sizes[-1] != self.embedding_dim:
+            raise ConfigError(
+                f"--dense_arch_layer_sizes {_fmt(self.dense_arch_layer_sizes)} must end in "
+                f"--embedding_dim ({self.embedding_dim}): the dense output is interacted with "
+                "the embeddings"
+            )
+        if self.over_arch_layer_sizes[-1] != 1:
+            raise ConfigError(
+                f"--over_arch_layer_sizes {_fmt(self.over_arch_layer_sizes)} must end in 1: "
+                "the last layer is the click logit (e.g. 64,32,1)"
+            )
+        if self.interaction_type == "projection":
+            for name in ("interaction_branch1_layer_sizes", "interaction_branch2_layer_sizes"):
+                last = getattr(self, name)[-1]
+                if last % self.embedding_dim:
+                    raise ConfigError(
+                        f"--{name} must end in a multiple of --embedding_dim "
+                        f"({self.embedding_dim}), got {last}"
+                    )
+
+    @property
+    def table_sizes(self) -> list[int]:
+        """Rows of each embedding table, one per sparse feature."""
+        return self.num_embeddings_per_feature or [self.num_embeddings] * self.num_sparse_features
+
+    @property
+    def dense_lr(self) -> float:
+        return self.dense_learning_rate or self.learning_rate
+
+
+def _require_positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"--{name} {value} must be positive")
+
+
+def _fmt(sizes: list[int]) -> str:
+    return ",".join(str(size) for size in sizes)
+
+
+def parse_train_config(argv: list[str] | None = None) -> TrainConfig:
+    return parse_config(
+        TrainConfig,
+        argv,
+        prog="python -m apps.dlrm.train",
+        description="Train, validate and test a sharded DLRM with TorchRec. Run it under "
+        "torchrun (or `torchx run components.dlrm:train`); alone it trains on one process.",
+    )

@@ -1,0 +1,80 @@
+"""Process group and device of this rank: NCCL on GPUs, gloo on CPUs."""
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.world_size // self.local_world_size)
+
+
+def init_distributed(timeout_s: int = 600) -> DistEnv:
+    """Joins the process group that torchrun describes in the environment.
+
+    Without torchrun (``python -m apps.dlrm.train``) the app runs as a world of one process.
+    """
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+        )
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+    env = DistEnv(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+        device=device,
+        backend=backend,
+    )
+    logger.debug("rank %d/%d on %s (%s)", env.rank, env.world_size, device, backend)
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def all_reduce_mean(value: float, env: DistEnv) -> float:
+    """The mean of a Python float over all ranks."""
+    tensor = torch.tensor([value], dtype=torch.float64, device=env.device)
+    dist.all_reduce(tensor)
+    return tensor.item() / env.world_size

@@ -1,0 +1,64 @@
+"""The DLRM: TorchRec's ``DLRM`` family with one embedding table per sparse feature."""
+
+import torch
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from apps.dlrm.config import TrainConfig
+
+#: Where the tables live inside ``DLRMTrain``: the key of the module in a sharding plan.
+EBC_PATH = "model.sparse_arch.embedding_bag_collection"
+
+
+def feature_names(num_sparse_features: int) -> list[str]:
+    """Sparse feature names; the first 26 match TorchRec's Criteo names (``cat_0`` ...)."""
+    return [f"cat_{i}" for i in range(num_sparse_features)]
+
+
+def table_configs(cfg: TrainConfig) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(
+            name=f"t_{name}",
+            embedding_dim=cfg.embedding_dim,
+            num_embeddings=rows,
+            feature_names=[name],
+        )
+        for name, rows in zip(feature_names(cfg.num_sparse_features), cfg.table_sizes)
+    ]
+
+
+def build_model(
+    cfg: TrainConfig, dense_device: torch.device, table_device: torch.device | None = None
+) -> DLRMTrain:
+    """The training module (model + BCE loss).
+
+    Tables are built on the meta device by default so that no rank ever allocates a whole
+    table: ``DistributedModelParallel`` materialises only each rank's shards. The dense part is
+    built on ``dense_device`` with the current RNG state (seed it for identical ranks).
+    """
+    tables = EmbeddingBagCollection(
+        tables=table_configs(cfg), device=table_device or torch.device("meta")
+    )
+    common = dict(
+        embedding_bag_collection=tables,
+        dense_in_features=cfg.num_dense_features,
+        dense_arch_layer_sizes=cfg.dense_arch_layer_sizes,
+        over_arch_layer_sizes=cfg.over_arch_layer_sizes,
+        dense_device=dense_device,
+    )
+    if cfg.interaction_type == "dcn":
+        model = DLRM_DCN(
+            **common,
+            dcn_num_layers=cfg.dcn_num_layers,
+            dcn_low_rank_dim=cfg.dcn_low_rank_dim,
+        )
+    elif cfg.interaction_type == "projection":
+        model = DLRM_Projection(
+            **common,
+            interaction_branch1_layer_sizes=cfg.interaction_branch1_layer_sizes,
+            interaction_branch2_layer_sizes=cfg.interaction_branch2_layer_sizes,
+        )
+    else:
+        model = DLRM(**common)
+    return DLRMTrain(model)

@@ -1,0 +1,139 @@
+"""Typed dataclass fields that double as command-line options.
+
+A field declared with :func:`option` carries its help text and allowed choices. The same field
+then builds the app's ``argparse`` parser (:func:`build_parser`) and the TorchX component's
+signature (``components/_signature.py``), and :func:`to_argv` turns a dataclass back into the
+command line the app parses. Values use one text form everywhere, the one TorchX's CLI already
+uses: lists are comma separated (``64,32,1``), booleans are ``true``/``false``.
+"""
+
+import argparse
+import copy
+import dataclasses
+import typing
+from typing import Any, Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. The message names the value and says how to fix it."""
+
+
+def option(default: Any, help: str, *, choices: Sequence[str] | None = None) -> Any:
+    """A dataclass field with a default, a help text and optional allowed choices."""
+    metadata = {"help": help, "choices": tuple(choices) if choices else None}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: copy.copy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_default(field: dataclasses.Field) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _list_parser(element: Callable[[str], Any]) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        try:
+            return [element(item) for item in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {element.__name__}, got {text!r}"
+            ) from None
+
+    parse.__name__ = f"list[{element.__name__}]"
+    return parse
+
+
+def value_parser(annotation: Any) -> Callable[[str], Any]:
+    """The function that turns the text form of a value of type ``annotation`` into the value."""
+    if annotation is bool:
+        return parse_bool
+    if typing.get_origin(annotation) is list:
+        (element,) = typing.get_args(annotation)
+        return _list_parser(element)
+    if annotation in (int, float, str):
+        return annotation
+    raise TypeError(f"options of type {annotation!r} are not supported")
+
+
+def format_value(value: Any) -> str:
+    """The text form of ``value``, as :func:`value_parser` reads it back."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def options_of(cls: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+
+def help_text(field: dataclasses.Field) -> str:
+    choices = field.metadata.get("choices")
+    text = field.metadata["help"]
+    return f"{text} One of: {', '.join(choices)}." if choices else text
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Adds one ``--name`` option per field of the dataclass ``cls`` to ``parser``."""
+    hints = typing.get_type_hints(cls)
+    for field in options_of(cls):
+        annotation = hints[field.name]
+        kwargs: dict[str, Any] = {
+            "type": value_parser(annotation),
+            "default": field_default(field),
+            "help": help_text(field),
+            "metavar": field.name.upper() if annotation is not bool else "true|false",
+        }
+        if annotation is bool:
+            kwargs["nargs"] = "?"
+            kwargs["const"] = True
+        if field.metadata.get("choices"):
+            kwargs["choices"] = field.metadata["choices"]
+            kwargs["metavar"] = "{" + ",".join(field.metadata["choices"]) + "}"
+        parser.add_argument(f"--{field.name}", **kwargs)
+
+
+def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_options(parser, cls)
+    return parser
+
+
+def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, description: str) -> T:
+    """Parses ``argv`` into a validated ``cls``; a bad value exits with a message naming it."""
+    parser = build_parser(cls, prog, description)
+    namespace = parser.parse_args(argv)
+    try:
+        return cls(**vars(namespace))
+    except ConfigError as e:
+        parser.error(str(e))
+
+
+def to_argv(config: Any, only_changed: bool = True) -> list[str]:
+    """The command line that :func:`parse_config` turns back into ``config``."""
+    argv: list[str] = []
+    for field in options_of(type(config)):
+        value = getattr(config, field.name)
+        if only_changed and value == field_default(field):
+            continue
+        argv += [f"--{field.name}", format_value(value)]
+    return argv

@@ -1,0 +1,111 @@
+"""What a run tells its user: log lines, a progress bar, TensorBoard scalars and summary.json.
+
+Only rank 0 reports; the other ranks get a reporter that stays silent.
+"""
+
+import json
+import logging
+import os
+import sys
+import warnings
+from typing import Any
+
+from tqdm import tqdm
+
+logger = logging.getLogger("apps.dlrm.report")
+
+
+# Warnings that libraries raise about their own internals, which a user cannot act on.
+_LIBRARY_WARNINGS = (r"`broadcast_buffers` is deprecated",)
+_LIBRARY_LOGGERS = ("torch.fx._symbolic_trace",)
+
+
+def setup_logging(rank: int) -> None:
+    """Our INFO lines on rank 0; only warnings from libraries and other ranks."""
+    for pattern in _LIBRARY_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    for name in _LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format=f"%(asctime)s [rank{rank}] %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+        force=True,  # libraries imported before us may have configured the root logger
+    )
+    logging.getLogger("apps").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+class Reporter:
+    """Rank 0's progress bar, TensorBoard event files and summary.json."""
+
+    def __init__(self, output_dir: str, enabled: bool) -> None:
+        self.output_dir = output_dir
+        self.enabled = enabled
+        self._writer = None
+        self._bar: tqdm | None = None
+        # On a terminal the bar redraws in place; in a log file (torchx, a scheduler) it is
+        # printed as a line every 30 s and log lines are not interleaved with redraws.
+        self._interactive = sys.stderr.isatty()
+        if enabled and output_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            os.makedirs(output_dir, exist_ok=True)
+            self._writer = SummaryWriter(log_dir=os.path.join(output_dir, "tensorboard"))
+
+    def progress(self, total: int, initial: int) -> None:
+        """Starts the training progress bar."""
+        self._bar = tqdm(
+            total=total,
+            initial=initial,
+            unit="step",
+            desc="train",
+            disable=not self.enabled,
+            mininterval=0.5 if self._interactive else 30.0,
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
+
+    def step(self, **postfix: float) -> None:
+        if self._bar is not None:
+            if postfix:
+                self._bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
+            self._bar.update(1)
+
+    def close_progress(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
+        if self._writer is not None:
+            for name, value in values.items():
+                self._writer.add_scalar(f"{prefix}/{name}", value, step)
+            self._writer.flush()
+
+    def log(self, message: str, *args: Any) -> None:
+        if not self.enabled:
+            return
+        redraw = self._interactive and self._bar is not None
+        if redraw:
+            self._bar.clear()
+        logger.info(message, *args)
+        if redraw:
+            self._bar.refresh()
+
+    def write_summary(self, summary: dict[str, Any]) -> str | None:
+        """Writes summary.json atomically (a reader never sees half a file)."""
+        if not (self.enabled and self.output_dir):
+            return None
+        path = os.path.join(self.output_dir, "summary.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+        return path
+
+    def close(self) -> None:
+        self.close_progress()
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,160 @@
+"""How the embedding tables are split across ranks: sharder, sharding plan, and the DMP wrap."""
+
+import logging
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import (
+    CommType,
+    QCommsConfig,
+    get_qcomm_codecs_registry,
+)
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.types import (
+    HardwareConfig,
+    KernelConfig,
+    TopologyFactory,
+    TrainerConfig,
+)
+from torchrec.distributed.sharding_plan import (
+    construct_module_sharding_plan,
+    row_wise,
+    table_row_wise,
+)
+from torchrec.distributed.types import ShardingPlan
+
+from apps.dlrm.config import TrainConfig
+from apps.dlrm.distributed import DistEnv
+from apps.dlrm.model import EBC_PATH
+from apps.dlrm.options import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_COMM_TYPES = {
+    "fp32": CommType.FP32,
+    "fp16": CommType.FP16,
+    "bf16": CommType.BF16,
+    "int8": CommType.INT8,
+    "fp8": CommType.FP8,
+}
+
+
+def check_comm_precisions(cfg: TrainConfig, device: torch.device) -> None:
+    for name in ("qcomm_forward_precision", "qcomm_backward_precision"):
+        if getattr(cfg, name) == "fp8" and device.type != "cuda":
+            raise ConfigError(
+                f"--{name} fp8 needs GPUs: FBGEMM's fp8 codec has no CPU kernel; "
+                "use fp16, bf16 or int8 on CPU"
+            )
+
+
+def make_sharder(cfg: TrainConfig) -> EmbeddingBagCollectionSharder:
+    """TorchRec's table sharder, with quantized all-to-all comms when asked for."""
+    forward = _COMM_TYPES[cfg.qcomm_forward_precision]
+    backward = _COMM_TYPES[cfg.qcomm_backward_precision]
+    registry = None
+    if (forward, backward) != (CommType.FP32, CommType.FP32):
+        registry = get_qcomm_codecs_registry(
+            QCommsConfig(forward_precision=forward, backward_precision=backward)
+        )
+    return EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
+
+
+def make_topology(
+    world_size: int,
+    local_world_size: int,
+    compute_device: str,
+    hbm_cap_bytes: int | None = None,
+    ddr_cap_bytes: int | None = None,
+) -> Topology:
+    """The planner's view of the cluster: ranks, ranks per node, device and memory per rank."""
+    return TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(world_size=world_size, local_world_size=local_world_size),
+        hardware_config=HardwareConfig(hbm_cap_bytes=hbm_cap_bytes, ddr_cap_bytes=ddr_cap_bytes),
+        kernel_config=KernelConfig(compute_device=compute_device),
+    )
+
+
+def make_planner(cfg: TrainConfig, topology: Topology) -> EmbeddingShardingPlanner:
+    """TorchRec's planner; an explicit --sharding_type becomes a constraint on every table."""
+    constraints = None
+    if cfg.sharding_type != "auto":
+        constraints = {
+            f"t_cat_{i}": ParameterConstraints(sharding_types=[cfg.sharding_type])
+            for i in range(cfg.num_sparse_features)
+        }
+    return EmbeddingShardingPlanner(
+        topology=topology, batch_size=cfg.batch_size, constraints=constraints
+    )
+
+
+def planner_offers(cfg: TrainConfig, sharder: EmbeddingBagCollectionSharder, device_type: str) -> bool:
+    return cfg.sharding_type == "auto" or cfg.sharding_type in sharder.sharding_types(device_type)
+
+
+def build_plan(
+    cfg: TrainConfig,
+    model: nn.Module,
+    sharder: EmbeddingBagCollectionSharder,
+    env: DistEnv,
+) -> ShardingPlan:
+    """The sharding plan for this world, identical on every rank.
+
+    TorchRec's planner places the tables for ``auto`` and for every sharding type it offers on
+    this device. On CPUs it offers no row-wise kinds, so those plans are built directly.
+    """
+    device_type = env.device.type
+    if planner_offers(cfg, sharder, device_type):
+        hbm_cap = None
+        if device_type == "cuda":
+            hbm_cap = torch.cuda.get_device_properties(env.device).total_memory
+        topology = make_topology(env.world_size, env.local_world_size, device_type, hbm_cap)
+        return make_planner(cfg, topology).collective_plan(model, [sharder], dist.group.WORLD)
+    tables = model.get_submodule(EBC_PATH)
+    if cfg.sharding_type == "row_wise":
+        per_table = {f"t_cat_{i}": row_wise() for i in range(cfg.num_sparse_features)}
+    else:  # table_row_wise: each table row-wise inside one node, tables spread over nodes
+        per_table = {
+            f"t_cat_{i}": table_row_wise(host_index=i % env.num_nodes)
+            for i in range(cfg.num_sparse_features)
+        }
+    module_plan = construct_module_sharding_plan(
+        tables,
+        per_table,
+        sharder=sharder,
+        local_size=env.local_world_size,
+        world_size=env.world_size,
+        device_type=device_type,
+    )
+    return ShardingPlan({EBC_PATH: module_plan})
+
+
+def shard_model(
+    model: nn.Module,
+    plan: ShardingPlan,
+    sharder: EmbeddingBagCollectionSharder,
+    env: DistEnv,
+) -> DistributedModelParallel:
+    """Wraps the model in DMP: tables sharded by ``plan``, dense part replicated with DDP."""
+    return DistributedModelParallel(
+        module=model, device=env.device, plan=plan, sharders=[sharder]
+    )
+
+
+def describe_plan(plan: ShardingPlan) -> str:
+    """One line per table: sharding type, compute kernel and ranks."""
+    lines = []
+    for table, sharding in sorted(plan.plan[EBC_PATH].items(), key=lambda kv: _table_index(kv[0])):
+        ranks = sharding.ranks or []
+        lines.append(
+            f"{table}: {sharding.sharding_type} ({sharding.compute_kernel}) on ranks "
+            f"{','.join(str(r) for r in ranks) or '-'}"
+        )
+    return "\n".join(lines)
+
+
+def _table_index(name: str) -> int:
+    return int(name.rsplit("_", 1)[-1])

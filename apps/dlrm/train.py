@@ -1,0 +1,181 @@
+"""Train, validate and test a sharded DLRM: ``python -m apps.dlrm.train --help``.
+
+The recipe: build the model on the meta device, fuse the embedding optimizer into backward,
+plan and shard the tables across ranks, then step TorchRec's training pipeline, validate and
+test with metrics synced across ranks, and write summary.json.
+"""
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import sys
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.datasets.utils import Batch
+from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
+
+from apps.dlrm.config import TrainConfig, parse_train_config
+from apps.dlrm.data import make_dataset
+from apps.dlrm.distributed import DistEnv, all_reduce_mean, init_distributed
+from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
+from apps.dlrm.model import build_model
+from apps.dlrm.optim import check_embedding_optimizer, dense_optimizer, fuse_embedding_optimizer
+from apps.dlrm.options import ConfigError
+from apps.dlrm.report import Reporter, setup_logging
+from apps.dlrm.sharding import (
+    build_plan,
+    check_comm_precisions,
+    describe_plan,
+    make_sharder,
+    shard_model,
+)
+
+logger = logging.getLogger("apps.dlrm")
+
+
+def make_pipeline(cfg: TrainConfig, model: nn.Module, optimizer, device: torch.device):
+    if cfg.pipeline == "sparse_dist":
+        return TrainPipelineSparseDist(model, optimizer, device)
+    return TrainPipelineBase(model, optimizer, device)
+
+
+def evaluate(model: nn.Module, batches: Iterator[Batch], env: DistEnv, teacher=None) -> dict[str, float]:
+    """Metrics of ``model`` over this rank's ``batches``, gathered over all ranks."""
+    metrics = EvalMetrics(env.device, with_teacher=teacher is not None)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for batch in batches:
+            teacher_logits = teacher(batch) if teacher is not None else None
+            _, (_, logits, labels) = model(batch.to(env.device))
+            metrics.update(logits, labels, teacher_logits)
+    model.train(was_training)
+    return metrics.compute()
+
+
+@contextlib.contextmanager
+def pipeline_paused(pipeline):
+    """Gives back the plain model while the pipeline's in-flight batches wait."""
+    if isinstance(pipeline, TrainPipelineSparseDist):
+        yield pipeline.detach()
+        pipeline.attach()
+    else:
+        yield pipeline._model
+
+
+def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+    check_embedding_optimizer(cfg, env.device)
+    check_comm_precisions(cfg, env.device)
+    reporter = Reporter(cfg.output_dir, enabled=env.is_main)
+    if env.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
+        torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
+
+    # Same seed on every rank: DDP needs identical dense weights to start from.
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, dense_device=env.device)
+    fuse_embedding_optimizer(cfg, model.model.sparse_arch.parameters())
+    sharder = make_sharder(cfg)
+    plan = build_plan(cfg, model, sharder, env)
+    reporter.log("sharding plan (%s):\n%s", cfg.sharding_type, describe_plan(plan))
+    model = shard_model(model, plan, sharder, env)
+    pipeline = make_pipeline(cfg, model, dense_optimizer(cfg, model), env.device)
+    data = make_dataset(cfg, env)
+
+    reporter.log(
+        "training %d steps of %d samples x %d ranks on %s (%s)",
+        cfg.steps, cfg.batch_size, env.world_size, env.device.type, env.backend,
+    )
+    global_batch = cfg.batch_size * env.world_size
+    batches = data.train_batches(start_step=0)
+    throughput, window_meter = Throughput(), Throughput()
+    window: list[torch.Tensor] = []
+    last_loss = float("nan")
+    reporter.progress(total=cfg.steps, initial=0)
+    stopwatch = Stopwatch()
+    for step in range(1, cfg.steps + 1):
+        loss, _, _ = pipeline.progress(batches)
+        window.append(loss)
+        elapsed = stopwatch.lap()
+        throughput.add(elapsed, global_batch)
+        window_meter.add(elapsed, global_batch)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            last_loss = all_reduce_mean(torch.stack(window)[-1].item(), env)
+            window_loss = all_reduce_mean(torch.stack(window).mean().item(), env)
+            reporter.scalars(
+                "train", {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}, step
+            )
+            reporter.log(
+                "step %d/%d  loss %.4f  %.0f samples/s",
+                step, cfg.steps, window_loss, window_meter.samples_per_sec,
+            )
+            window, window_meter = [], Throughput()
+            reporter.step(loss=window_loss)
+        else:
+            reporter.step()
+        if cfg.validate_every and step % cfg.validate_every == 0 and step < cfg.steps:
+            with pipeline_paused(pipeline) as plain_model:
+                val = evaluate(plain_model, data.eval_batches("val", cfg.val_batches), env, data.teacher_logits)
+            reporter.scalars("val", val, step)
+            reporter.log("step %d validation: %s", step, _fmt_metrics(val))
+            stopwatch.lap()  # validation time is not training time
+    reporter.close_progress()
+
+    with pipeline_paused(pipeline) as plain_model:
+        val = evaluate(plain_model, data.eval_batches("val", cfg.val_batches), env, data.teacher_logits)
+        test = evaluate(plain_model, data.eval_batches("test", cfg.test_batches), env)
+    reporter.scalars("val", val, cfg.steps)
+    reporter.scalars("test", test, cfg.steps)
+    reporter.log("validation: %s", _fmt_metrics(val))
+    reporter.log("test: %s", _fmt_metrics(test))
+
+    summary: dict[str, Any] = {
+        "val_auroc": val["auroc"],
+        "val_log_loss": val["log_loss"],
+        "val_accuracy": val["accuracy"],
+        "auroc_ceiling": val.get("auroc_ceiling"),
+        "test_auroc": test["auroc"],
+        "test_log_loss": test["log_loss"],
+        "test_accuracy": test["accuracy"],
+        "final_train_loss": last_loss,
+        "samples_per_sec": throughput.samples_per_sec,
+        "train_seconds": throughput.seconds,
+        "steps": cfg.steps,
+        "world_size": env.world_size,
+        "global_batch_size": global_batch,
+        "device": env.device.type,
+        "backend": env.backend,
+        "sharding_plan": describe_plan(plan).splitlines(),
+        "config": dataclasses.asdict(cfg),
+    }
+    path = reporter.write_summary(summary)
+    if path:
+        reporter.log("wrote %s", path)
+    reporter.close()
+    return summary
+
+
+def _fmt_metrics(values: dict[str, float]) -> str:
+    return "  ".join(f"{name} {value:.4f}" for name, value in sorted(values.items()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_train_config(argv)
+    env = init_distributed()
+    setup_logging(env.rank)
+    try:
+        train(cfg, env)
+    except ConfigError as e:
+        if env.is_main:
+            logger.error("%s", e)
+        sys.exit(2)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

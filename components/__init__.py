@@ -1,0 +1,1 @@
+"""TorchX components of the DLRM registry: ``torchx run components.dlrm:train``."""

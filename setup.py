@@ -1,0 +1,18 @@
+"""The TorchX component and app registry for distributed DLRM training on TorchRec.
+
+Installs the packages that TorchX runs (``components``, ``apps``, ``schedulers``) so that
+``torchx run components.dlrm:train`` resolves from any directory. The heavy, device-dependent
+dependencies (torch, fbgemm-gpu or fbgemm-gpu-cpu, torchrec) are installed by
+``scripts/install.sh``, which picks the right builds for the machine; they are deliberately
+not listed here, so that pip never drags the 2.7 GB CUDA fbgemm-gpu onto a CPU machine.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="torchrec-dlrm-registry",
+    version="0.1.0",
+    description="TorchX components and apps for sharded DLRM training with TorchRec",
+    python_requires=">=3.10",
+    packages=find_packages(include=["apps", "apps.*", "components", "components.*", "schedulers", "schedulers.*"]),
+)
