@@ -44,7 +44,7 @@ def parse_job_size(j: str) -> JobSize:
         max_nodes=nodes,
         nproc_per_node=int(nproc) if nproc else None,
     )
-    if size.max_nodes < 1 or size.min_nodes < 1 or (size.nproc_per_node or 1) < 1:
+    if min(size.min_nodes, size.max_nodes, size.nproc_per_node or 1) < 1 or size.nproc_per_node == 0:
         raise ConfigError(f"-j {j!r} asks for zero nodes or processes: every count must be >= 1")
     if size.min_nodes > size.max_nodes:
         raise ConfigError(

@@ -18,6 +18,7 @@ SHARDING_TYPES = (
     "table_row_wise",
     "data_parallel",
 )
+ROW_WISE_KINDS = ("row_wise", "table_row_wise")
 COMM_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 INTERACTIONS = ("dot", "dcn", "projection")
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam")
@@ -83,7 +84,7 @@ class TrainConfig:
     steps: int = option(1500, "Training steps (batches per rank).")
     learning_rate: float = option(0.05, "Learning rate of the embedding tables.")
     dense_learning_rate: float = option(
-        0.0, "Learning rate of the dense MLPs; 0 uses --learning_rate."
+        0.01, "Learning rate of the dense MLPs; 0 uses --learning_rate."
     )
     embedding_optimizer: str = option(
         "rowwise_adagrad",
@@ -161,6 +162,8 @@ class TrainConfig:
             )
         self._check_table_sizes()
         self._check_layer_sizes()
+        if self.sharding_type in ROW_WISE_KINDS:
+            check_int8_comms(self, [self.sharding_type])
 
     def _check_table_sizes(self) -> None:
         sizes = self.num_embeddings_per_feature
@@ -218,6 +221,18 @@ class TrainConfig:
     @property
     def dense_lr(self) -> float:
         return self.dense_learning_rate or self.learning_rate
+
+
+def check_int8_comms(cfg: TrainConfig, sharding_types: list[str]) -> None:
+    """int8 comms need all-to-all: TorchRec's int8 codec fails in row-wise reduce-scatters."""
+    row_wise = sorted(set(sharding_types) & set(ROW_WISE_KINDS))
+    for name in ("qcomm_forward_precision", "qcomm_backward_precision"):
+        if getattr(cfg, name) == "int8" and row_wise:
+            raise ConfigError(
+                f"--{name} int8 does not work with {'/'.join(row_wise)} sharding: TorchRec's "
+                "int8 codec has no quantization context in the reduce-scatter those tables use; "
+                "use fp16 or bf16, or a table_wise/column_wise sharding"
+            )
 
 
 def _require_positive(name: str, value: float) -> None:

@@ -11,11 +11,14 @@ import torch
 from torch import nn
 from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
 from torchrec.optim import RowWiseAdagrad
-from torchrec.optim.keyed import KeyedOptimizerWrapper
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.options import ConfigError
+
+# Parameters of the embedding tables have this in their names.
+TABLES = "embedding_bag_collection"
 
 # One epsilon for every Adagrad variant, so that the fused FBGEMM kernels and a plain
 # ``torch.optim`` reference compute the same update.
@@ -48,10 +51,23 @@ def fuse_embedding_optimizer(cfg: TrainConfig, tables: Iterable[nn.Parameter]) -
     apply_optimizer_in_backward(cls, tables, kwargs)
 
 
-def dense_optimizer(cfg: TrainConfig, model: nn.Module) -> KeyedOptimizerWrapper:
-    """The optimizer of every parameter whose optimizer is not fused into backward."""
-    cls, kwargs = optimizer_class(cfg.dense_optimizer, cfg.dense_lr)
-    return KeyedOptimizerWrapper(
-        dict(in_backward_optimizer_filter(model.named_parameters())),
-        lambda params: cls(params, **kwargs),
-    )
+def dense_optimizer(cfg: TrainConfig, model: nn.Module) -> CombinedOptimizer:
+    """The optimizer of every parameter whose optimizer is not fused into backward.
+
+    Data-parallel tables are among them: sharding replaces them with plain replicated weights
+    (TorchRec's dense kernel) that DDP all-reduces and no fused kernel updates. They keep the
+    embedding optimizer and learning rate; the MLPs get the dense ones.
+    """
+    params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    groups = {
+        "dense": ({n: p for n, p in params.items() if TABLES not in n}, cfg.dense_optimizer, cfg.dense_lr),
+        "data_parallel_tables": (
+            {n: p for n, p in params.items() if TABLES in n}, cfg.embedding_optimizer, cfg.learning_rate,
+        ),
+    }
+    optimizers = []
+    for name, (group, optimizer, lr) in groups.items():
+        if group:
+            cls, kwargs = optimizer_class(optimizer, lr)
+            optimizers.append((name, KeyedOptimizerWrapper(group, lambda ps, c=cls, k=kwargs: c(ps, **k))))
+    return CombinedOptimizer(optimizers)

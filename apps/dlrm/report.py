@@ -16,7 +16,11 @@ logger = logging.getLogger("apps.dlrm.report")
 
 
 # Warnings that libraries raise about their own internals, which a user cannot act on.
-_LIBRARY_WARNINGS = (r"`broadcast_buffers` is deprecated",)
+_LIBRARY_WARNINGS = (
+    r"`broadcast_buffers` is deprecated",
+    r"`torch.distributed.reduce_scatter_tensor` is deprecated",
+    r"`torch.distributed.all_gather_into_tensor` is deprecated",
+)
 _LIBRARY_LOGGERS = ("torch.fx._symbolic_trace",)
 
 

@@ -26,7 +26,7 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.distributed.types import ShardingPlan
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import TrainConfig, check_int8_comms
 from apps.dlrm.distributed import DistEnv
 from apps.dlrm.model import EBC_PATH
 from apps.dlrm.options import ConfigError
@@ -106,6 +106,17 @@ def build_plan(
     TorchRec's planner places the tables for ``auto`` and for every sharding type it offers on
     this device. On CPUs it offers no row-wise kinds, so those plans are built directly.
     """
+    plan = _plan(cfg, model, sharder, env)
+    check_int8_comms(cfg, [s.sharding_type for s in plan.plan[EBC_PATH].values()])
+    return plan
+
+
+def _plan(
+    cfg: TrainConfig,
+    model: nn.Module,
+    sharder: EmbeddingBagCollectionSharder,
+    env: DistEnv,
+) -> ShardingPlan:
     device_type = env.device.type
     if planner_offers(cfg, sharder, device_type):
         hbm_cap = None

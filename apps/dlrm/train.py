@@ -7,19 +7,26 @@ test with metrics synced across ranks, and write summary.json.
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import sys
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.datasets.utils import Batch
-from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.train_pipeline import (
+    TrainPipeline,
+    TrainPipelineBase,
+    TrainPipelineSparseDist,
+)
+from torchrec.distributed.types import ShardingPlan
 
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data import make_dataset
+from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.distributed import DistEnv, all_reduce_mean, init_distributed
 from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.model import build_model
@@ -67,24 +74,39 @@ def pipeline_paused(pipeline):
         yield pipeline._model
 
 
-def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+@dataclass
+class Training:
+    """Everything a training run steps: the sharded model, its pipeline and its data."""
+
+    model: DistributedModelParallel
+    pipeline: TrainPipeline
+    plan: ShardingPlan
+    data: SyntheticClickLogs
+
+
+def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
+    """Checks what depends on the device, then builds, plans and shards the model."""
     check_embedding_optimizer(cfg, env.device)
     check_comm_precisions(cfg, env.device)
-    reporter = Reporter(cfg.output_dir, enabled=env.is_main)
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
         torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
-
     # Same seed on every rank: DDP needs identical dense weights to start from.
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, dense_device=env.device)
     fuse_embedding_optimizer(cfg, model.model.sparse_arch.parameters())
     sharder = make_sharder(cfg)
     plan = build_plan(cfg, model, sharder, env)
+    sharded = shard_model(model, plan, sharder, env)
+    pipeline = make_pipeline(cfg, sharded, dense_optimizer(cfg, sharded), env.device)
+    return Training(sharded, pipeline, plan, make_dataset(cfg, env))
+
+
+def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+    reporter = Reporter(cfg.output_dir, enabled=env.is_main)
+    run = build_training(cfg, env)
+    pipeline, data, plan = run.pipeline, run.data, run.plan
     reporter.log("sharding plan (%s):\n%s", cfg.sharding_type, describe_plan(plan))
-    model = shard_model(model, plan, sharder, env)
-    pipeline = make_pipeline(cfg, model, dense_optimizer(cfg, model), env.device)
-    data = make_dataset(cfg, env)
 
     reporter.log(
         "training %d steps of %d samples x %d ranks on %s (%s)",

@@ -1,0 +1,31 @@
+# make run   sets up (once) and runs the main job: 2 trainers on this machine
+# make test  sets up (once, with test tools) and runs the test suite
+VENV ?= .venv
+PYTHON ?= python3
+# torchrun, torchx and python of the project's environment come first on PATH.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: install install-test run test bench clean
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+$(VENV)/.installed: scripts/install.sh requirements.txt setup.py
+	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/install.sh
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
+	touch $@
+
+run: install
+	torchx run -s local_cwd components.dlrm:train -j 1x2
+
+test: install-test
+	$(VENV)/bin/python -m pytest tests
+
+bench: install
+	$(VENV)/bin/python benchmarks/train_throughput.py
+
+clean:
+	rm -rf $(VENV) outputs

@@ -1,0 +1,149 @@
+"""components.dlrm:train builds the AppDef TorchX submits; bad arguments fail before submission."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+from torchx import specs
+from torchx.specs.builders import materialize_appdef
+
+from apps.dlrm.config import TrainConfig
+from components import dlrm
+from components.launch import DEFAULT_ENV, parse_job_size
+from components.signature import InvalidComponentArgument
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def app_command(app: specs.AppDef) -> list[str]:
+    (role,) = app.roles
+    assert role.entrypoint == "bash" and role.args[0] == "-c"
+    return shlex.split(role.args[1])
+
+
+def test_default_job_is_two_trainers_on_one_node():
+    app = dlrm.train()
+    (role,) = app.roles
+    cmd = app_command(app)
+    assert cmd[0] == "torchrun"
+    assert cmd[cmd.index("--nnodes") + 1] == "1"
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "2"
+    assert cmd[cmd.index("-m") + 1] == "apps.dlrm.train"
+    assert role.num_replicas == 1
+    assert role.max_retries == 0
+    for key, value in DEFAULT_ENV.items():
+        assert role.env[key] == value
+
+
+def test_training_arguments_reach_the_app_unchanged():
+    app = dlrm.train(batch_size=4096, sharding_type="row_wise", num_sparse_features=3,
+                     num_embeddings_per_feature=[10, 20, 30], allow_tf32=False)
+    cmd = app_command(app)
+    app_args = cmd[cmd.index("apps.dlrm.train") + 1:]
+    from apps.dlrm.config import parse_train_config
+
+    assert parse_train_config(app_args) == TrainConfig(
+        batch_size=4096, sharding_type="row_wise", num_sparse_features=3,
+        num_embeddings_per_feature=[10, 20, 30], allow_tf32=False,
+    )
+
+
+def test_multi_node_elastic_resources_env_mounts_and_retries():
+    app = dlrm.train(
+        j="2:4x8", gpu=8, cpu=64, memMB=500_000, env={"NCCL_DEBUG": "INFO", "FOO": "bar"},
+        mounts=["type=bind", "src=/data", "dst=/data", "readonly"], max_retries=3,
+    )
+    (role,) = app.roles
+    cmd = app_command(app)
+    assert cmd[cmd.index("--nnodes") + 1] == "2:4"
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "8"
+    assert specs.macros.rank0_env in role.args[1]  # multi-node rendezvous on the first node
+    assert (role.min_replicas, role.num_replicas) == (2, 4)
+    assert (role.resource.cpu, role.resource.gpu, role.resource.memMB) == (64, 8, 500_000)
+    assert role.env["NCCL_DEBUG"] == "INFO" and role.env["FOO"] == "bar"
+    assert role.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert role.max_retries == 3
+    (mount,) = role.mounts
+    assert (mount.src_path, mount.dst_path, mount.read_only) == ("/data", "/data", True)
+
+
+@pytest.mark.parametrize("j, size", [("1x2", (1, 1, 2)), ("2x8", (2, 2, 8)), ("1:4x8", (1, 4, 8)), ("4", (4, 4, None))])
+def test_job_sizes(j, size):
+    parsed = parse_job_size(j)
+    assert (parsed.min_nodes, parsed.max_nodes, parsed.nproc_per_node) == size
+
+
+@pytest.mark.parametrize("j", ["1y2", "x2", "2x", "0x2", "1x0", "4:2x8", "two", "1x2x3", ""])
+def test_malformed_job_size_is_refused_with_the_accepted_forms(j):
+    with pytest.raises(InvalidComponentArgument) as error:
+        dlrm.train(j=j)
+    assert repr(j) in str(error.value)
+    assert "NNODESxNPROC" in str(error.value) or ">=" in str(error.value) or "MIN <= MAX" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(num_embeddings_per_feature=[1, 2]), "--num_embeddings_per_feature has 2 entries"),
+        (dict(sharding_type="grid"), "--sharding_type 'grid'"),
+        (dict(over_arch_layer_sizes=[64, 2]), "must end in 1"),
+        (dict(batch_size=0), "--batch_size 0"),
+        (dict(memMB=0), "--memMB 0"),
+        (dict(bogus=1), "unknown component arguments: bogus"),
+    ],
+)
+def test_bad_arguments_fail_before_anything_is_built(kwargs, fragment):
+    with pytest.raises(InvalidComponentArgument) as error:
+        dlrm.train(**kwargs)
+    assert fragment in str(error.value)
+
+
+def test_torchx_parses_the_same_text_forms():
+    app = materialize_appdef(
+        dlrm.train,
+        ["-j", "2x4", "--batch_size", "64", "--dense_arch_layer_sizes", "32,16",
+         "--allow_tf32", "False", "--env", "A=1,B=2"],
+    )
+    cmd = app_command(app)
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "4"
+    assert cmd[cmd.index("--batch_size") + 1] == "64"
+    assert cmd[cmd.index("--dense_arch_layer_sizes") + 1] == "32,16"
+    assert cmd[cmd.index("--allow_tf32") + 1] == "false"
+    assert app.roles[0].env["A"] == "1"
+
+
+def torchx(*args: str, cwd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "torchx"), *args],
+        capture_output=True, text=True, timeout=300, cwd=cwd,
+    )
+
+
+def test_torchx_help_is_a_complete_manual(tmp_path):
+    result = torchx("run", "components.dlrm:train", "--help", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for name in list(TrainConfig.__dataclass_fields__) + ["max_retries", "mounts", "memMB"]:
+        assert f"--{name}" in result.stdout, name
+    text = " ".join(result.stdout.split())
+    assert "TrainPipelineSparseDist" in text
+    assert "the last must equal --embedding_dim" in text
+
+
+def test_torchx_refuses_a_bad_component_argument_without_a_traceback(tmp_path):
+    result = torchx("run", "--dryrun", "-s", "local_cwd", "components.dlrm:train", "-j", "1y2", cwd=str(tmp_path))
+    assert result.returncode == 1
+    assert "-j '1y2' is not a job size" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_component_resolves_from_any_directory(tmp_path):
+    result = torchx(
+        "run", "--dryrun", "--json", "-s", "local_cwd", "components.dlrm:train", "--steps", "7",
+        cwd=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    (role,) = json.loads(result.stdout)["app"]["roles"]
+    assert "-m apps.dlrm.train --steps 7" in role["args"][1]

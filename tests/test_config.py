@@ -1,0 +1,103 @@
+"""TrainConfig: validation at the edge, and one text form shared by the app and the component."""
+
+import subprocess
+import sys
+
+import pytest
+
+from apps.dlrm.config import TrainConfig, parse_train_config
+from apps.dlrm.options import ConfigError, to_argv
+
+
+def test_defaults_are_valid_and_consistent():
+    cfg = TrainConfig()
+    assert cfg.table_sizes == [cfg.num_embeddings] * cfg.num_sparse_features
+    assert cfg.dense_arch_layer_sizes[-1] == cfg.embedding_dim
+    assert cfg.over_arch_layer_sizes[-1] == 1
+    assert TrainConfig(dense_learning_rate=0).dense_lr == cfg.learning_rate
+
+
+@pytest.mark.parametrize(
+    "overrides, names",
+    [
+        (dict(num_embeddings_per_feature=[100, 200, 300]), ["--num_embeddings_per_feature", "3", "26"]),
+        (dict(num_embeddings_per_feature=[10] * 25 + [0]), ["--num_embeddings_per_feature", "entry 25", "0"]),
+        (dict(num_embeddings=0), ["--num_embeddings", "0"]),
+        (dict(embedding_dim=-4, dense_arch_layer_sizes=[8, -4]), ["--embedding_dim", "-4"]),
+        (dict(batch_size=0), ["--batch_size", "0"]),
+        (dict(steps=-1), ["--steps", "-1"]),
+        (dict(sharding_type="diagonal"), ["--sharding_type", "diagonal", "row_wise"]),
+        (dict(interaction_type="attention"), ["--interaction_type", "attention", "dcn"]),
+        (dict(qcomm_forward_precision="fp4"), ["--qcomm_forward_precision", "fp4", "bf16"]),
+        (dict(over_arch_layer_sizes=[64, 32, 2]), ["--over_arch_layer_sizes", "64,32,2", "end in 1"]),
+        (dict(over_arch_layer_sizes=[]), ["--over_arch_layer_sizes", "non-empty"]),
+        (dict(dense_arch_layer_sizes=[64, 32]), ["--dense_arch_layer_sizes", "64,32", "--embedding_dim (16)"]),
+        (dict(dense_arch_layer_sizes=[0, 16]), ["--dense_arch_layer_sizes", "positive"]),
+        (
+            dict(interaction_type="projection", interaction_branch1_layer_sizes=[128, 60]),
+            ["--interaction_branch1_layer_sizes", "multiple of --embedding_dim", "60"],
+        ),
+        (dict(learning_rate=0.0), ["--learning_rate", "0.0"]),
+        (dict(val_batches=-2), ["--val_batches", "-2"]),
+    ],
+)
+def test_bad_values_name_the_value_and_the_fix(overrides, names):
+    with pytest.raises(ConfigError) as error:
+        TrainConfig(**overrides)
+    for name in names:
+        assert name in str(error.value)
+
+
+def test_per_feature_sizes_follow_the_feature_count():
+    cfg = TrainConfig(num_sparse_features=3, num_embeddings_per_feature=[10, 20, 30])
+    assert cfg.table_sizes == [10, 20, 30]
+
+
+def test_argv_round_trips_every_kind_of_value():
+    cfg = TrainConfig(
+        num_sparse_features=2,
+        num_embeddings_per_feature=[5, 7],
+        embedding_dim=8,
+        dense_arch_layer_sizes=[32, 8],
+        learning_rate=0.125,
+        allow_tf32=False,
+        sharding_type="row_wise",
+        output_dir="",
+    )
+    argv = to_argv(cfg)
+    assert "--steps" not in argv  # defaults are not repeated
+    assert argv[argv.index("--allow_tf32") + 1] == "false"
+    assert argv[argv.index("--num_embeddings_per_feature") + 1] == "5,7"
+    assert parse_train_config(argv) == cfg
+
+
+def test_app_cli_rejects_bad_values_before_starting(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "apps.dlrm.train", "--over_arch_layer_sizes", "64,3", "--output_dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "--over_arch_layer_sizes 64,3 must end in 1" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_app_cli_rejects_malformed_lists():
+    result = subprocess.run(
+        [sys.executable, "-m", "apps.dlrm.train", "--num_embeddings_per_feature", "10,ten"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "--num_embeddings_per_feature" in result.stderr and "10,ten" in result.stderr
+
+
+def test_app_help_documents_every_option():
+    result = subprocess.run(
+        [sys.executable, "-m", "apps.dlrm.train", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0
+    for name in TrainConfig.__dataclass_fields__:
+        assert f"--{name}" in result.stdout
