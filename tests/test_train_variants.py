@@ -20,9 +20,10 @@ VARIANTS = {
     "column_wise+plain loop+adagrad+int8": (
         ["--sharding_type", "column_wise", "--pipeline", "base", "--embedding_optimizer", "adagrad",
          "--qcomm_forward_precision", "int8", "--qcomm_backward_precision", "int8"], "column_wise"),
-    "data_parallel+sgd dense": (
-        ["--sharding_type", "data_parallel", "--dense_optimizer", "sgd", "--dense_learning_rate", "0.1"],
-        "data_parallel"),
+    "data_parallel": (["--sharding_type", "data_parallel"], "data_parallel"),
+    "auto+sgd tables+sgd mlps": (
+        ["--embedding_optimizer", "sgd", "--learning_rate", "2.0", "--dense_optimizer", "sgd",
+         "--dense_learning_rate", "0.5"], "table_wise"),
 }
 
 

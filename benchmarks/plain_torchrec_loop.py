@@ -1,0 +1,66 @@
+"""The baseline of benchmarks/train_throughput.py: a minimal loop written with plain TorchRec.
+
+It is what users write today from TorchRec's examples (golden_training/train_dlrm.py): the same
+DLRM, RowWiseAdagrad fused into backward, DMP with TorchRec's default planner,
+TrainPipelineSparseDist, on the same synthetic batches as the app. Run under torchrun with the
+app's options; rank 0 prints one JSON line with the samples/s of the training loop.
+"""
+
+import json
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
+from torchrec.distributed import TrainPipelineSparseDist
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim.keyed import KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+from apps.dlrm.config import parse_train_config
+from apps.dlrm.data.synthetic import SyntheticClickLogs
+from apps.dlrm.model import table_configs
+
+
+def main() -> None:
+    cfg = parse_train_config(sys.argv[1:])
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(cfg.seed)
+    model = DLRMTrain(
+        DLRM(
+            embedding_bag_collection=EmbeddingBagCollection(tables=table_configs(cfg), device=torch.device("meta")),
+            dense_in_features=cfg.num_dense_features,
+            dense_arch_layer_sizes=cfg.dense_arch_layer_sizes,
+            over_arch_layer_sizes=cfg.over_arch_layer_sizes,
+            dense_device=device,
+        )
+    )
+    apply_optimizer_in_backward(RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": cfg.learning_rate})
+    model = DistributedModelParallel(module=model, device=device, sharders=[EmbeddingBagCollectionSharder()])
+    optimizer = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=cfg.dense_lr),
+    )
+    pipeline = TrainPipelineSparseDist(model, optimizer, device)
+    batches = SyntheticClickLogs(cfg, rank, world).train_batches()
+    start = time.perf_counter()
+    for _ in range(cfg.steps):
+        loss, _, _ = pipeline.progress(batches)
+    loss.item()  # wait for the last step
+    seconds = time.perf_counter() - start
+    if rank == 0:
+        print(json.dumps({"samples_per_sec": cfg.steps * cfg.batch_size * world / seconds}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

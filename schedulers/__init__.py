@@ -1,0 +1,1 @@
+"""Scheduler plugins and named resources that TorchX needs beyond its built-ins."""
