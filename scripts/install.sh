@@ -35,8 +35,9 @@ pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 # index; without it pip takes PyPI's (or a local file's) build of this exact version.
 "${pip[@]}" "torch==$TORCH_VERSION" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 "${pip[@]}" "$FBGEMM==$FBGEMM_VERSION"
-"${pip[@]}" --no-deps "torchrec==$TORCHREC_VERSION"
 "${pip[@]}" -r requirements.txt
+# Last, so that pip's resolver never sees (and complains about) its declared dependencies.
+"${pip[@]}" --no-deps "torchrec==$TORCHREC_VERSION"
 if [ "${WITH_TESTS:-0}" = 1 ]; then
   "${pip[@]}" -r requirements-test.txt
 fi

@@ -1,0 +1,74 @@
+"""A real AWS API server (moto's server mode) on loopback, for S3, Batch and CloudWatch Logs.
+
+Tests talk to it through boto3/s3fs exactly as they would talk to AWS: only the endpoint and
+the (dummy) credentials come from the environment.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+REGION = "us-west-2"  # not us-east-1: moto refuses a LocationConstraint there
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict | None = None) -> None:
+    data = json.dumps(body).encode() if body is not None else b""
+    request = urllib.request.Request(url, data=data, method="POST")
+    urllib.request.urlopen(request, timeout=10).read()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """Starts moto_server once per session; yields its endpoint URL."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).read()
+            break
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                server.kill()
+                raise RuntimeError("moto_server did not start")
+            time.sleep(0.2)
+    # No Docker engine here: Batch jobs must not try to start containers.
+    _post(endpoint + "/moto-api/config", {"batch": {"use_docker": False}})
+    yield endpoint
+    server.terminate()
+    server.wait(timeout=10)
+
+
+@pytest.fixture
+def aws(moto_endpoint, monkeypatch):
+    """A clean AWS account on the loopback server; the standard AWS variables point at it."""
+    _post(moto_endpoint + "/moto-api/reset")
+    _post(moto_endpoint + "/moto-api/config", {"batch": {"use_docker": False}})
+    env = {
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
