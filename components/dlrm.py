@@ -2,22 +2,25 @@
 
     torchx run -s local_cwd components.dlrm:train -j 1x2
     torchx run -s slurm components.dlrm:train -j 2x8 -h aws_p4d.24xlarge --batch_size 8192
+    torchx run components.dlrm:plan -j 2x8 -h aws_p4d.24xlarge --batch_size 8192   # does it fit?
 
-Every component builds its role with TorchX's own ``dist.torchrun`` and runs an app module
-of this project (``python -m apps.dlrm.train``); the app's options are this component's
-arguments, so ``torchx run components.dlrm:train --help`` is the app's manual too.
+Every component runs an app module of this project (``python -m apps.dlrm.train``), training
+ones under TorchX's own ``dist.torchrun``; the app's options are the component's arguments, so
+``torchx run components.dlrm:train --help`` is the app's manual too.
 """
 
 from torchx import specs
-from torchx.components import dist
+from torchx.components import utils
 
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.options import to_argv
-from components.launch import Launch
+from apps.dlrm.target import PlanTarget
+from components.launch import DEFAULT_IMAGE, Launch
+from components.plan_check import PlanCheck
 from components.signature import component_args, reject_unknown, take
 
 
-@component_args(Launch, TrainConfig)
+@component_args(Launch, PlanCheck, TrainConfig)
 def train(**kwargs) -> specs.AppDef:
     """Trains, validates and tests a DLRM whose embedding tables are sharded across all ranks.
 
@@ -27,25 +30,28 @@ def train(**kwargs) -> specs.AppDef:
     across ranks. NCCL on GPUs, gloo on CPUs. summary.json and TensorBoard events go to
     --output_dir.
     """
-    reject_unknown(kwargs, Launch, TrainConfig)
+    reject_unknown(kwargs, Launch, PlanCheck, TrainConfig)
     launch = take(Launch, kwargs)
     cfg = take(TrainConfig, kwargs)
-    return _torchrun_role(launch, "apps.dlrm.train", to_argv(cfg))
+    take(PlanCheck, kwargs).run(launch, cfg)
+    return launch.torchrun_app("apps.dlrm.train", to_argv(cfg))
 
 
-def _torchrun_role(launch: Launch, module: str, app_args: list[str]) -> specs.AppDef:
-    return dist.torchrun(
-        *app_args,
-        m=module,
-        image=launch.image,
-        name=launch.name,
-        h=launch.h or None,
-        cpu=launch.cpu,
-        gpu=launch.gpu,
-        memMB=launch.memMB,
-        j=launch.j,
-        env=launch.merged_env,
-        max_retries=launch.max_retries,
-        rdzv_port=launch.rdzv_port,
-        mounts=launch.mounts or None,
+@component_args(PlanTarget, TrainConfig)
+def plan(**kwargs) -> specs.AppDef:
+    """Previews TorchRec's sharding plan of a training job and says whether it fits.
+
+    Runs ``python -m apps.dlrm.plan``, one process on any machine, no GPU needed, in seconds:
+    give it the -j/-h (or gpu/memMB) and model options of the components.dlrm:train job to
+    check. It prints each table's placement and each rank's HBM and host memory by TorchRec's
+    planner and estimates, then ``fits: ...`` or ``does not fit: needs X GiB HBM on rank r,
+    has Y`` (and exits 1).
+    """
+    reject_unknown(kwargs, PlanTarget, TrainConfig)
+    target = take(PlanTarget, kwargs)
+    cfg = take(TrainConfig, kwargs)
+    return utils.python(
+        *to_argv(target), *to_argv(cfg), m="apps.dlrm.plan", image=DEFAULT_IMAGE, name="dlrm-plan",
+        memMB=4096,  # torch, torchrec and the planner's search on a meta-device model
     )
+

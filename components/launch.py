@@ -3,6 +3,10 @@
 import re
 from dataclasses import dataclass
 
+from torchx import specs
+from torchx.components import dist
+from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
+
 from apps.dlrm.options import ConfigError, option
 
 #: The image built by the repository's Dockerfile (``docker build -t torchrec-dlrm .``).
@@ -16,7 +20,28 @@ DEFAULT_ENV = {
     # torchrun (max_retries) or the scheduler can restart it from the last checkpoint.
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     "NCCL_DEBUG": "WARN",
+    # torchrun restarts (max_retries) otherwise reuse the rendezvous TCPStore, where restarted
+    # trainers can read the previous attempt's gloo/NCCL addresses and fail to connect
+    # (pytorch/pytorch#135712; seen here as "Gloo connectFullMesh failed ... Connection refused").
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
 }
+
+#: NCCL over EFA (reference document 004), for an ``-h`` AWS instance type with GPUs and EFA
+#: interfaces; merged over DEFAULT_ENV and under the user's ``env``. Left out of the document's
+#: list: NCCL_DEBUG=INFO (a debugging level; pass --env NCCL_DEBUG=INFO) and NCCL_IB_DISABLE=0
+#: (NCCL's default; EFA reaches NCCL through the aws-ofi-nccl plugin, not InfiniBand verbs).
+EFA_ENV = {
+    # libfabric (aws-ofi-nccl) must use the EFA provider, not fall back to TCP.
+    "FI_PROVIDER": "efa",
+    # NCCL's low-latency protocols (LL, LL128) assume each 8- or 128-byte line lands whole and
+    # in order; EFA's RDMA writes do not promise that.
+    "NCCL_PROTO": "simple",
+}
+#: Added where EFA can read and write GPU memory directly (GPUDirect RDMA); libfabric refuses
+#: FI_EFA_USE_DEVICE_RDMA=1 on instance types without it (p3dn, g5, ...). NCCL_NET_GDR_LEVEL=2
+#: (PXB): use it between a GPU and a NIC behind the same PCIe switch.
+EFA_RDMA_ENV = {"FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_NET_GDR_LEVEL": "2"}
+EFA_RDMA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300", "p6e-gb200"})
 
 _JOB_SIZE = re.compile(r"^(?:(?P<min>\d+):)?(?P<nodes>\d+)(?:x(?P<nproc>\d+))?$")
 
@@ -88,7 +113,9 @@ class Launch:
     )
     max_retries: int = option(
         0,
-        "Times a failed job is restarted (each restart resumes from the newest checkpoint).",
+        "Times failed trainers are restarted: torchrun restarts them in place, and schedulers "
+        "that support retries reschedule the job; each restart resumes from the newest "
+        "checkpoint in --checkpoint_dir.",
     )
     rdzv_port: int = option(29500, "Port of the rendezvous on the first node (multi-node jobs).")
 
@@ -100,7 +127,61 @@ class Launch:
         for name in ("gpu", "max_retries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be 0 or more")
+        self.resource = self._named_resource() if self.h else None
+
+    def _named_resource(self) -> specs.Resource:
+        """The ``-h`` instance type, checked against ``-j`` before anything is submitted."""
+        try:
+            resource = specs.resource(h=self.h)
+        except KeyError as e:
+            raise ConfigError(f"-h {self.h!r} is not a known instance type. {e.args[0]}") from None
+        nproc = self.job_size.nproc_per_node
+        if nproc is None and not resource.gpu:
+            raise ConfigError(
+                f"-j {self.j!r} gives no processes per node and -h {self.h} has no GPUs to infer them "
+                f"from: write -j {self.job_size.max_nodes}xNPROC_PER_NODE"
+            )
+        if nproc is not None and resource.gpu and nproc > resource.gpu:
+            raise ConfigError(
+                f"-j {self.j!r} asks for {nproc} processes per node but -h {self.h} has {resource.gpu} "
+                f"GPUs: use at most one process per GPU (e.g. -j {self.job_size.max_nodes}x{resource.gpu})"
+            )
+        return resource
+
+    @property
+    def instance_env(self) -> dict[str, str]:
+        """NCCL/EFA settings for the ``-h`` instance type (none without one)."""
+        if self.resource is None or not (self.resource.gpu and self.resource.devices.get(EFA_DEVICE)):
+            return {}
+        family = self.resource.capabilities.get(K8S_ITYPE, "").split(".")[0]
+        return {**EFA_ENV, **(EFA_RDMA_ENV if family in EFA_RDMA_FAMILIES else {})}
 
     @property
     def merged_env(self) -> dict[str, str]:
-        return {**DEFAULT_ENV, **self.env}
+        return {**DEFAULT_ENV, **self.instance_env, **self.env}
+
+    def torchrun_app(self, module: str, app_args: list[str]) -> specs.AppDef:
+        """The app that runs ``python -m module app_args`` under torchrun on every node.
+
+        A method here rather than a function in components/dlrm.py: TorchX's component finder
+        lists every function of a registered module that passes its linter, so a helper there
+        would show up in ``torchx builtins`` as a component.
+        """
+        # torchrun restarts failed trainers in place as often as the scheduler may restart the job:
+        # a killed process costs a restart from the newest checkpoint, not a rescheduled job.
+        env = {**self.merged_env, "PET_MAX_RESTARTS": str(self.max_retries)}
+        return dist.torchrun(
+            *app_args,
+            m=module,
+            image=self.image,
+            name=self.name,
+            h=self.h or None,
+            cpu=self.cpu,
+            gpu=self.gpu,
+            memMB=self.memMB,
+            j=self.j,
+            env=env,
+            max_retries=self.max_retries,
+            rdzv_port=self.rdzv_port,
+            mounts=self.mounts or None,
+        )

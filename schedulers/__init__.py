@@ -1,1 +1,1 @@
-"""Scheduler plugins and named resources that TorchX needs beyond its built-ins."""
+"""Schedulers TorchX lacks (``aws_batch``); torchx_plugins/ registers them with TorchX."""

@@ -16,6 +16,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.distributed.planner.types import (
     HardwareConfig,
     KernelConfig,
+    Stats,
     TopologyFactory,
     TrainerConfig,
 )
@@ -78,8 +79,14 @@ def make_topology(
     )
 
 
-def make_planner(cfg: TrainConfig, topology: Topology) -> EmbeddingShardingPlanner:
-    """TorchRec's planner; an explicit --sharding_type becomes a constraint on every table."""
+def make_planner(
+    cfg: TrainConfig, topology: Topology, stats: list[Stats] | None = None
+) -> EmbeddingShardingPlanner:
+    """TorchRec's planner; an explicit --sharding_type becomes a constraint on every table.
+
+    ``stats`` replace TorchRec's default report: the planner hands its chosen placement, with
+    per-shard storage estimates, only to them (the plan preview reads it there).
+    """
     constraints = None
     if cfg.sharding_type != "auto":
         constraints = {
@@ -87,7 +94,7 @@ def make_planner(cfg: TrainConfig, topology: Topology) -> EmbeddingShardingPlann
             for i in range(cfg.num_sparse_features)
         }
     return EmbeddingShardingPlanner(
-        topology=topology, batch_size=cfg.batch_size, constraints=constraints
+        topology=topology, batch_size=cfg.batch_size, constraints=constraints, stats=stats
     )
 
 
@@ -155,16 +162,21 @@ def shard_model(
     )
 
 
+def plan_tables(plan: ShardingPlan) -> dict[str, dict]:
+    """Per table, in table order: sharding type, compute kernel and the ranks holding shards."""
+    tables = sorted(plan.plan[EBC_PATH].items(), key=lambda kv: _table_index(kv[0]))
+    return {
+        table: {"type": s.sharding_type, "kernel": s.compute_kernel, "ranks": list(s.ranks or [])}
+        for table, s in tables
+    }
+
+
 def describe_plan(plan: ShardingPlan) -> str:
     """One line per table: sharding type, compute kernel and ranks."""
-    lines = []
-    for table, sharding in sorted(plan.plan[EBC_PATH].items(), key=lambda kv: _table_index(kv[0])):
-        ranks = sharding.ranks or []
-        lines.append(
-            f"{table}: {sharding.sharding_type} ({sharding.compute_kernel}) on ranks "
-            f"{','.join(str(r) for r in ranks) or '-'}"
-        )
-    return "\n".join(lines)
+    return "\n".join(
+        f"{table}: {s['type']} ({s['kernel']}) on ranks {','.join(map(str, s['ranks'])) or '-'}"
+        for table, s in plan_tables(plan).items()
+    )
 
 
 def _table_index(name: str) -> int:

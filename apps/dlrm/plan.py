@@ -1,0 +1,274 @@
+"""Preview the sharding plan of a training job: ``python -m apps.dlrm.plan --help``.
+
+Runs TorchRec's planner as a dry run -- no process group, no GPU, a few seconds -- for the job
+that ``components.dlrm:train`` launches with the same ``-j``/``-h`` and model options, prints
+where each embedding table goes and how much HBM and host memory each rank needs by TorchRec's
+own estimates, and says plainly whether it fits. ``torchx run components.dlrm:plan`` runs this
+app; ``components.dlrm:train --check_plan true`` runs the same check before it launches.
+"""
+
+import contextlib
+import logging
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+# TorchRec's own per-rank memory accounting, the figures its planner stats table prints (torchrec
+# 1.8.0; tests/test_plan.py exercises them).
+from torchrec.distributed.planner.stats import (
+    _collapse_consecutive_ranks,
+    _compute_mem_usage_and_perf,
+    _compute_storage,
+)
+from torchrec.distributed.planner.types import (
+    PlannerError,
+    PlannerErrorType,
+    ShardingOption,
+    Stats,
+    StorageReservation,
+    Topology,
+)
+from torchrec.distributed.types import ShardingPlan
+
+from apps.dlrm.config import TrainConfig, check_int8_comms
+from apps.dlrm.model import build_model, table_configs
+from apps.dlrm.optim import check_embedding_optimizer, fuse_embedding_optimizer
+from apps.dlrm.options import ConfigError, add_options, build_parser
+from apps.dlrm.sharding import (
+    check_comm_precisions,
+    make_planner,
+    make_sharder,
+    make_topology,
+    planner_offers,
+)
+from apps.dlrm.target import Cluster, GiB, PlanTarget
+
+#: Without memory limits the planner always finds a placement: it shows what a job that does not
+#: fit would need on each rank.
+UNLIMITED = 2**60
+
+ADVICE = (
+    "use more ranks (-j), nodes with more memory (-h, --hbm_gb, --memMB), smaller tables or a "
+    "smaller --batch_size"
+)
+
+
+class _PlannerReport(Stats):
+    """What the planner reports about the plan it chose (TorchRec hands it only to its Stats)."""
+
+    best_plan: list[ShardingOption]
+    topology: Topology
+    storage_reservation: StorageReservation
+
+    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals,
+            num_plans, run_time, best_plan, *args, **kwargs) -> None:
+        self.best_plan, self.topology = best_plan, topology
+        self.storage_reservation = storage_reservation
+
+
+@dataclass
+class Preview:
+    cluster: Cluster
+    batch_size: int
+    plan: ShardingPlan  # what the training job would be sharded with (if it fits)
+    tables: list[ShardingOption]  # TorchRec's placement, in table order, with shard storage
+    hbm_used: list[int]  # bytes per rank: its shards, the dense part and the input features
+    ddr_used: list[int]
+    hbm_usable: int  # bytes per rank the planner may fill: HBM less its reserve
+    reserve_percent: float
+    fits: bool
+    planner_error: str = ""  # why the planner found no plan, when it did not
+
+    def verdict(self) -> str:
+        """One line: ``fits: ...`` or ``does not fit: needs X GiB HBM on rank r, has Y ...``."""
+        cuda = self.cluster.device == "cuda"
+        if self.fits:
+            peaks = [_peak(self.hbm_used, self.hbm_usable, "usable HBM")] if cuda else []
+            peaks.append(_peak(self.ddr_used, self.cluster.ddr_per_rank, "host memory"))
+            return "fits: at most " + " and ".join(peaks)
+        limits = [("host memory", self.ddr_used, self.cluster.ddr_per_rank)]
+        if cuda:
+            limits.insert(0, ("HBM", self.hbm_used, self.hbm_usable))
+        short = [
+            (used / max(has, 1), kind, rank, used, has)
+            for kind, usage, has in limits
+            for rank, used in enumerate(usage)
+            if used > has
+        ]
+        if not short:  # the placement without limits happens to fit: say what the planner said
+            return f"does not fit: TorchRec's planner found no placement ({self.planner_error}); {ADVICE}"
+        _, kind, rank, used, has = max(short, key=lambda s: s[0])  # the first, of equals
+        text = f"does not fit: needs {_gib(used)} {kind} on rank {rank}, has {_gib(has)}"
+        if kind == "HBM":
+            text += (
+                f" ({_gib(self.cluster.hbm_per_rank)} less the {self.reserve_percent:.0%} "
+                "TorchRec's planner keeps free), and no placement fits with tables cached from its "
+                f"{_gib(self.cluster.ddr_per_rank)} of host memory either"
+            )
+        return f"{text}; {ADVICE}"
+
+    def render(self) -> str:
+        """The plan, one line per table and one per rank, then the verdict."""
+        kinds = {"HBM": "hbm", "host memory": "ddr"} if self.cluster.device == "cuda" else {"host memory": "ddr"}
+        per_rank = {"hbm": self.hbm_used, "ddr": self.ddr_used}
+        header = f"TorchRec sharding plan for {self.cluster.describe()}, batch {self.batch_size} per rank"
+        if not self.fits:
+            header += " -- placed without memory limits, to show what it needs"
+        capacity = f"{_gib(self.cluster.ddr_per_rank)} host memory"
+        if "hbm" in kinds.values():
+            capacity = f"{_gib(self.cluster.hbm_per_rank)} HBM ({_gib(self.hbm_usable)} usable), {capacity}"
+        tables = [["table", "rows", "dim", "sharding", "kernel", "ranks", *kinds]]
+        for option in self.tables:
+            ranks = sorted({shard.rank for shard in option.shards})
+            tables.append([
+                option.name,
+                f"{option.tensor.shape[0]:,}",
+                str(option.tensor.shape[1]),
+                option.sharding_type,
+                option.compute_kernel,
+                ",".join(_collapse_consecutive_ranks(ranks)),
+                *(_gib(sum(getattr(shard.storage, kind) for shard in option.shards)) for kind in kinds.values()),
+            ])
+        ranks = [["rank", *kinds]] + [
+            [str(rank), *(_gib(per_rank[kind][rank]) for kind in kinds.values())]
+            for rank in range(self.cluster.world_size)
+        ]
+        return "\n".join([
+            header,
+            f"per rank: {capacity}",
+            "",
+            *_columns(tables),
+            "",
+            *_columns(ranks),
+            "(a rank's memory: its table shards with their optimizer state, plus TorchRec's "
+            "estimates for the dense part and the input features)",
+            "",
+            self.verdict(),
+        ])
+
+
+def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
+    """TorchRec's plan for ``cfg`` on ``cluster``, and each rank's memory, without any GPU.
+
+    The model is built and its optimizer fused exactly as the training app does, on the meta
+    device, so the planner sees the same tables and estimates the same storage.
+    """
+    device = torch.device(cluster.device)
+    check_embedding_optimizer(cfg, device)
+    check_comm_precisions(cfg, device)
+    sharder = make_sharder(cfg)
+    if not planner_offers(cfg, sharder, cluster.device):
+        raise ConfigError(
+            f"--sharding_type {cfg.sharding_type}: TorchRec's planner offers no row-wise kinds for "
+            "CPU ranks (the app builds that plan itself at start-up), so it cannot estimate this "
+            "plan; preview the job on GPUs (-h, or --gpu with --hbm_gb) or use another sharding type"
+        )
+    model = build_model(cfg, dense_device=torch.device("meta"))
+    fuse_embedding_optimizer(cfg, model.model.sparse_arch.parameters())
+    report, error = _PlannerReport(), ""
+    try:
+        plan = _plan(cfg, model, sharder, _topology(cluster), report)
+    except PlannerError as e:
+        if e.error_type != PlannerErrorType.INSUFFICIENT_STORAGE:
+            raise ConfigError(f"TorchRec's planner found no plan: {_first_line(e)}") from None
+        error = _first_line(e)
+        try:
+            plan = _plan(cfg, model, sharder, _topology(cluster, unlimited=True), report)
+        except PlannerError as unlimited:
+            raise ConfigError(f"TorchRec's planner found no plan: {_first_line(unlimited)}") from None
+    check_int8_comms(cfg, [option.sharding_type for option in report.best_plan])
+    reserve, dense, kjt = _compute_storage(report.storage_reservation, report.topology)
+    _, hbm_used, ddr_used, _ = _compute_mem_usage_and_perf(report.topology, report.best_plan, dense, kjt)
+    order = {table.name: i for i, table in enumerate(table_configs(cfg))}
+    return Preview(
+        cluster=cluster,
+        batch_size=cfg.batch_size,
+        plan=plan,
+        tables=sorted(report.best_plan, key=lambda option: order[option.name]),
+        hbm_used=hbm_used,
+        ddr_used=ddr_used,
+        hbm_usable=int(cluster.hbm_per_rank * (1 - reserve)),
+        reserve_percent=reserve,
+        fits=not error,
+        planner_error=error,
+    )
+
+
+def check_plan_fits(cfg: TrainConfig, target: PlanTarget) -> Preview:
+    """The preview of a job about to be launched; raises ConfigError if its plan does not fit."""
+    result = preview(cfg, target.cluster)
+    if not result.fits:
+        raise ConfigError(f"--check_plan: {result.verdict()}")
+    return result
+
+
+def _topology(cluster: Cluster, unlimited: bool = False) -> Topology:
+    hbm = UNLIMITED if unlimited and cluster.device == "cuda" else cluster.hbm_per_rank
+    ddr = UNLIMITED if unlimited else cluster.ddr_per_rank
+    return make_topology(cluster.world_size, cluster.nproc_per_node, cluster.device, hbm, ddr)
+
+
+def _plan(cfg, model, sharder, topology: Topology, report: _PlannerReport) -> ShardingPlan:
+    """TorchRec's planner without a process group: ``plan`` where the app calls ``collective_plan``."""
+    with _quiet_planner():
+        return make_planner(cfg, topology, stats=[report]).plan(model, [sharder])
+
+
+@contextlib.contextmanager
+def _quiet_planner() -> Iterator[None]:
+    """Silences the planner's warnings that do not apply to a preview: that dense sizes may be off
+    in a dry run (ours are exact: meta tensors have their real shapes), that data-parallel tables
+    have no sharding spec (they never do), and its FutureWarning about its storage reservation."""
+    root = logging.getLogger()  # TorchRec logs some of them through the root logger itself
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0].strip()
+
+
+def _gib(size: int) -> str:
+    return f"{size / GiB:.2f} GiB"
+
+
+def _peak(used: list[int], has: int, kind: str) -> str:
+    rank = max(range(len(used)), key=used.__getitem__)
+    return f"{_gib(used[rank])} of {_gib(has)} {kind} (rank {rank})"
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser(
+        PlanTarget,
+        prog="python -m apps.dlrm.plan",
+        description="Preview TorchRec's sharding plan and each rank's memory for a training job "
+        "(the same -j/-h and model options as components.dlrm:train), on any machine, and say "
+        "whether it fits. Exits 1 if it does not.",
+    )
+    add_options(parser, TrainConfig)
+    args = vars(parser.parse_args(argv))
+    try:
+        target = PlanTarget(**{k: args.pop(k) for k in PlanTarget.__dataclass_fields__})
+        result = preview(TrainConfig(**args), target.cluster)
+    except ConfigError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)  # a value's fault: no usage dump
+        sys.exit(2)
+    print(result.render())
+    sys.exit(0 if result.fits else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""``torchx run --dryrun`` prints, for each scheduler, the request a cluster would accept.
+
+The request for a 2-node p4d job is generated through TorchX's CLI, as a user runs it, and
+compared with a reviewed golden file under tests/golden/ (run-to-run values replaced by
+placeholders; UPDATE_GOLDEN=1 rewrites them). The Volcano job is also validated offline
+against a schema of the Volcano Job API and the Kubernetes client's pod models, since no API
+server can run here; the sbatch script is parsed by bash.
+"""
+
+import ast
+import copy
+import json
+import os
+import re
+import subprocess
+
+import pytest
+import torchx
+import yaml
+
+from tests.conftest import BIN, process_env
+from tests.golden_files import assert_matches_golden
+from tests.volcano_validation import validate_volcano_job
+
+TRAIN_2X8 = ["components.dlrm:train", "-j", "2x8", "-h", "aws_p4d.24xlarge", "--batch_size", "8192"]
+KUBERNETES_CFG = "queue=dlrm,service_account=dlrm-trainer,validate_spec=False"
+_SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def dryrun(cwd, scheduler: str, *options: str) -> str:
+    """The SCHEDULER REQUEST part of ``torchx run --dryrun``'s output, run in ``cwd``."""
+    env = process_env()
+    env.pop("LOGLEVEL", None)  # dist.torchrun copies it into the job's environment
+    result = subprocess.run(
+        [os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", scheduler, *options, *TRAIN_2X8],
+        capture_output=True, text=True, timeout=120, cwd=cwd, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout.split("=== SCHEDULER REQUEST ===\n", 1)[1]
+
+
+def normalised(text: str, **placeholders: str) -> str:
+    """``text`` with run-to-run values replaced: ``placeholders`` maps a placeholder to its value."""
+    for placeholder, value in placeholders.items():
+        text = text.replace(value, f"<{placeholder.replace('_', '-')}>")
+    text = _SESSION_ID.sub("<session-id>", text)
+    return text.replace(torchx.__version__, "<torchx-version>")
+
+
+def test_local_cwd_runs_both_nodes_here(tmp_path):
+    request = ast.literal_eval(dryrun(tmp_path, "local_cwd"))
+    log_root = request["log_dir"].rsplit("/torchx/", 1)[0]
+    text = json.dumps(request, indent=2) + "\n"
+    text = normalised(text, log_dir=log_root, app_id=request["app_id"], cwd=str(tmp_path))
+    assert_matches_golden("local_cwd_train_2x8_p4d.json", text)
+    replicas = request["role_params"]["train"]
+    assert len(replicas) == 2 and {r["cwd"] for r in replicas} == {str(tmp_path)}
+
+
+def test_slurm_sbatch_script_is_a_valid_heterogeneous_job(tmp_path):
+    command, script = dryrun(tmp_path, "slurm").split("\n#----------------\n# SBATCH_SCRIPT\n#----------------\n")
+    assert command.strip() == "sbatch --parsable $SBATCH_SCRIPT"
+    syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    assert_matches_golden("slurm_train_2x8_p4d.sh", normalised(script))
+    # one part per node, each a whole p4d with its 8 GPUs
+    parts = [line for line in script.splitlines() if line.startswith("#SBATCH --job-name")]
+    assert len(parts) == 2 and all("--gpus-per-task=8" in part for part in parts)
+
+
+@pytest.fixture(scope="module")
+def volcano_job(tmp_path_factory) -> str:
+    return dryrun(tmp_path_factory.mktemp("k8s"), "kubernetes", "-cfg", KUBERNETES_CFG, "--workspace", "")
+
+
+def test_kubernetes_volcano_job_is_valid_and_complete(volcano_job):
+    job = yaml.safe_load(volcano_job)
+    assert validate_volcano_job(job) == []
+    assert job["spec"]["queue"] == "dlrm" and job["spec"]["schedulerName"] == "volcano"
+    assert [task["name"] for task in job["spec"]["tasks"]] == ["train-0", "train-1"]
+    for task in job["spec"]["tasks"]:
+        pod = task["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == "4"
+        assert {"mountPath": "/dev/shm", "name": "dshm"} in container["volumeMounts"]
+        assert {"emptyDir": {"medium": "Memory"}, "name": "dshm"} in pod["volumes"]
+        assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p4d.24xlarge"}
+        assert pod["serviceAccountName"] == "dlrm-trainer"
+    # Dumped again without line wrapping: the printed YAML wraps long commands where the app id's
+    # length puts them, and the golden file should read as one command per line.
+    text = normalised(json.dumps(job), app_id=job["metadata"]["name"])
+    assert_matches_golden("kubernetes_train_2x8_p4d.yaml", yaml.safe_dump(json.loads(text), width=1000))
+
+
+def _spec(job):
+    return job["spec"]["tasks"][0]["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    "break_it, fragment",
+    [
+        (lambda job: _spec(job).update(nodeSelecter={"a": "b"}), "changes in a round trip through V1PodTemplateSpec"),
+        (lambda job: job["spec"].update(queue=5), "spec.queue: 5 is not of type 'string'"),
+        (lambda job: job["spec"].update(maxRetry=-1), "spec.maxRetry: -1 is less than the minimum"),
+        (lambda job: _spec(job)["containers"][0].pop("name"), "not a V1PodTemplateSpec"),
+        (lambda job: _spec(job)["containers"][0]["ports"][0].update(containerPort="29500"),
+         "not a V1PodTemplateSpec"),
+        (lambda job: _spec(job)["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "8 GPUs"}),
+         "'8 GPUs' is not a Kubernetes quantity"),
+        (lambda job: _spec(job)["containers"][0]["resources"]["requests"].update(cpu="97"),
+         "requests.cpu 97 exceeds limits.cpu"),
+        (lambda job: _spec(job)["containers"][0]["resources"]["requests"].update({"nvidia.com/gpu": "4"}),
+         "requests.nvidia.com/gpu 4 must equal limits.nvidia.com/gpu 8"),
+        (lambda job: job["spec"]["tasks"][0].update(name="t" * 60), "longer than 63 characters"),
+        (lambda job: job["metadata"].update(name="DLRM_job"), "not a DNS-1123 label"),
+    ],
+)
+def test_volcano_validation_refuses_what_a_cluster_would(volcano_job, break_it, fragment):
+    job = copy.deepcopy(yaml.safe_load(volcano_job))
+    break_it(job)
+    errors = validate_volcano_job(job)
+    assert any(fragment in error for error in errors), errors

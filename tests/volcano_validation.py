@@ -1,0 +1,112 @@
+"""Offline validation of a Volcano Job: what a Kubernetes API server with Volcano would check.
+
+No API server can run here, so a generated job is checked against
+
+- a JSON Schema of the Volcano Job API's fields (tests/schemas/volcano_job_v1alpha1.yaml, see its
+  README), in which a field the API does not declare is an error: the API server would silently
+  prune it;
+- the official Kubernetes client's models: every task's pod template must deserialize into
+  ``V1PodTemplateSpec`` (which refuses missing required fields) and serialize back unchanged,
+  so no field is unknown to Kubernetes or of the wrong type;
+- the pod rules neither schema expresses that a GPU job can break: resource quantities parse,
+  requests do not exceed limits, extended resources (GPUs, EFA) are whole numbers with
+  request equal to limit, and names fit Kubernetes' limits (the 63-character pod name check
+  is TorchX's own, skipped when a dry run cannot reach a cluster).
+"""
+
+import functools
+import json
+import os
+import re
+from decimal import Decimal
+from typing import Any
+
+import jsonschema
+import yaml
+from kubernetes.client import ApiClient
+from kubernetes.utils import parse_quantity
+
+SCHEMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas", "volcano_job_v1alpha1.yaml")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Resources the kubelet can overcommit; every other (nvidia.com/gpu, vpc.amazonaws.com/efa,
+# hugepages) must be requested whole and exactly at its limit.
+_OVERCOMMITTABLE = {"cpu", "memory", "ephemeral-storage"}
+
+
+def validate_volcano_job(job: dict[str, Any]) -> list[str]:
+    """Every reason a Kubernetes API server with Volcano would refuse or alter ``job``; [] if none."""
+    errors = [
+        f"{'.'.join(str(p) for p in error.absolute_path) or '<job>'}: {error.message}"
+        for error in _validator().iter_errors(job)
+    ]
+    name = job.get("metadata", {}).get("name", "")
+    if not _DNS_LABEL.match(name) or len(name) > 63:
+        errors.append(f"metadata.name {name!r} is not a DNS-1123 label")
+    for i, task in enumerate(job.get("spec", {}).get("tasks", [])):
+        where = f"spec.tasks.{i}"
+        pod_name = f"{name}-{task.get('name')}-{task.get('replicas', 1) - 1}"
+        if len(pod_name) > 63:
+            errors.append(f"{where}: pod name {pod_name!r} is longer than 63 characters")
+        errors += [f"{where}.template: {e}" for e in _pod_template_errors(task.get("template", {}))]
+    return errors
+
+
+@functools.cache
+def _validator() -> jsonschema.Validator:
+    with open(SCHEMA) as f:
+        return jsonschema.Draft7Validator(yaml.safe_load(f))
+
+
+def _pod_template_errors(template: dict[str, Any]) -> list[str]:
+    api = ApiClient()
+    try:
+        model = api.deserialize(json.dumps(template), "V1PodTemplateSpec", "application/json")
+    except (ValueError, TypeError) as e:  # the models refuse a missing required field
+        return [f"not a V1PodTemplateSpec: {e}"]
+    errors = []
+    round_trip = api.sanitize_for_serialization(model)
+    if round_trip != template:
+        errors.append(
+            "changes in a round trip through V1PodTemplateSpec (unknown fields or wrong types): "
+            f"{_difference(template, round_trip)}"
+        )
+    for container in template.get("spec", {}).get("containers", []):
+        errors += [f"container {container.get('name')}: {e}" for e in _resource_errors(container)]
+    return errors
+
+
+def _resource_errors(container: dict[str, Any]) -> list[str]:
+    resources = container.get("resources", {})
+    quantities: dict[str, dict[str, Decimal]] = {}
+    errors = []
+    for kind in ("requests", "limits"):
+        for resource, text in resources.get(kind, {}).items():
+            try:
+                quantities.setdefault(kind, {})[resource] = parse_quantity(text)
+            except ValueError:
+                errors.append(f"{kind}.{resource} {text!r} is not a Kubernetes quantity")
+    requests, limits = quantities.get("requests", {}), quantities.get("limits", {})
+    for resource, request in requests.items():
+        if resource in limits and request > limits[resource]:
+            errors.append(f"requests.{resource} {request} exceeds limits.{resource} {limits[resource]}")
+    for resource in (set(requests) | set(limits)) - _OVERCOMMITTABLE:
+        values = [q[resource] for q in (requests, limits) if resource in q]
+        if any(v != v.to_integral_value() for v in values):
+            errors.append(f"{resource} must be a whole number, got {values}")
+        if len(values) == 2 and values[0] != values[1]:
+            errors.append(f"requests.{resource} {values[0]} must equal limits.{resource} {values[1]}")
+    return errors
+
+
+def _difference(expected: Any, actual: Any, path: str = "") -> str:
+    """The first place where two JSON values differ, for a readable error."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        for key in expected.keys() | actual.keys():
+            if expected.get(key) != actual.get(key):
+                return _difference(expected.get(key), actual.get(key), f"{path}.{key}")
+    if isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual):
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            if e != a:
+                return _difference(e, a, f"{path}[{i}]")
+    return f"{path.lstrip('.') or '<template>'}: {expected!r} became {actual!r}"
