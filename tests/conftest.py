@@ -16,6 +16,13 @@ TINY = [
 ]
 
 
+def tiny(**overrides) -> list[str]:
+    """TINY with some options replaced (TorchX refuses an option given twice)."""
+    values = dict(zip(TINY[::2], TINY[1::2]))
+    values.update({f"--{name}": str(value) for name, value in overrides.items()})
+    return [part for item in values.items() for part in item]
+
+
 def process_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # torchrun and torchx of this venv

@@ -9,27 +9,12 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from apps.dlrm.config import parse_train_config
 from apps.dlrm.distributed import all_reduce_mean, init_distributed
 from apps.dlrm.model import EBC_PATH
 from apps.dlrm.train import build_training
-
-
-def load_full_weights(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
-    """Copies unsharded weights into this rank's shards (and its dense replicas)."""
-    state = model.state_dict()
-    assert set(state) == set(full), sorted(set(state) ^ set(full))
-    with torch.no_grad():
-        for name, tensor in state.items():
-            if isinstance(tensor, ShardedTensor):
-                for shard in tensor.local_shards():
-                    rows, cols = shard.metadata.shard_offsets
-                    h, w = shard.metadata.shard_sizes
-                    shard.tensor.copy_(full[name][rows : rows + h, cols : cols + w])
-            else:
-                tensor.copy_(full[name])
+from tests.shards import copy_into
 
 
 def main() -> None:
@@ -37,7 +22,7 @@ def main() -> None:
     cfg = parse_train_config(app_args)
     env = init_distributed()
     run = build_training(cfg, env)
-    load_full_weights(run.model, torch.load(init_path))
+    copy_into(run.model, torch.load(init_path))
     batches = run.data.train_batches()
     losses = []
     for _ in range(int(steps)):

@@ -86,6 +86,18 @@ class TrainConfig:
     dense_learning_rate: float = option(
         0.01, "Learning rate of the dense MLPs; 0 uses --learning_rate."
     )
+    lr_warmup_steps: int = option(
+        0, "Steps over which the learning rates ramp up linearly from 0; 0: no warmup."
+    )
+    lr_decay_start: int = option(
+        0, "Step at which the learning rates start to decay (with --lr_decay_steps > 0)."
+    )
+    lr_decay_steps: int = option(
+        0,
+        "Steps of polynomial (power 2) decay of the learning rates, as in TorchRec's DLRM "
+        "example (MLPerf: --lr_warmup_steps 2750 --lr_decay_start 49315 --lr_decay_steps 27772); "
+        "0: no decay.",
+    )
     embedding_optimizer: str = option(
         "rowwise_adagrad",
         "Optimizer of the embedding tables, fused into the backward pass (adam: GPU only).",
@@ -130,6 +142,18 @@ class TrainConfig:
         "Directory that receives summary.json and TensorBoard event files; empty: none.",
     )
 
+    # --- checkpoints ---------------------------------------------------------------------------
+    checkpoint_dir: str = option(
+        "",
+        "Where checkpoints go: a directory or fsspec URL (file://, s3://, gs://; memory:// "
+        "for one process). A run resumes from the newest committed checkpoint there, without "
+        "any other flag. Empty: no checkpoints.",
+    )
+    checkpoint_every: int = option(
+        500, "Save a checkpoint every N steps (and always after the last); 0: only after the last."
+    )
+    keep_last: int = option(2, "Committed checkpoints to keep; older ones are deleted.")
+
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             choices = field.metadata.get("choices")
@@ -146,11 +170,13 @@ class TrainConfig:
             "batch_size",
             "steps",
             "log_every",
+            "keep_last",
             "dcn_num_layers",
             "dcn_low_rank_dim",
         ):
             _require_positive(name, getattr(self, name))
-        for name in ("validate_every", "val_batches", "test_batches"):
+        for name in ("validate_every", "val_batches", "test_batches", "lr_warmup_steps",
+                     "lr_decay_start", "lr_decay_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be 0 or more")
         for name in ("learning_rate", "zipf_exponent"):
@@ -159,6 +185,11 @@ class TrainConfig:
             raise ConfigError(
                 f"--dense_learning_rate {self.dense_learning_rate} must be positive "
                 "(or 0 to use --learning_rate)"
+            )
+        if self.lr_decay_steps and self.lr_decay_start < self.lr_warmup_steps:
+            raise ConfigError(
+                f"--lr_decay_start {self.lr_decay_start} is inside the warmup "
+                f"(--lr_warmup_steps {self.lr_warmup_steps}): warmup must finish before decay starts"
             )
         self._check_table_sizes()
         self._check_layer_sizes()

@@ -4,11 +4,14 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -78,3 +81,22 @@ def all_reduce_mean(value: float, env: DistEnv) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=env.device)
     dist.all_reduce(tensor)
     return tensor.item() / env.world_size
+
+
+def decided_by_main(decide: Callable[[], T], env: DistEnv) -> T:
+    """Runs ``decide`` on rank 0 only and gives every rank its result, or raises its error.
+
+    For choices every rank must agree on (which checkpoint to resume from) and checks that
+    should run once (can the checkpoint location be written), without racing each other.
+    """
+    box: list[Any] = [None]
+    if env.is_main:
+        try:
+            box[0] = ("ok", decide())
+        except Exception as e:  # noqa: BLE001 - re-raised on every rank below
+            box[0] = ("error", e)
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status == "error":
+        raise value
+    return value

@@ -1,8 +1,9 @@
-"""Optimizers: a fused one for the embedding tables, a regular one for the dense MLPs.
+"""Optimizers and the learning-rate schedule.
 
 The embedding optimizer is fused into the backward pass (TorchRec's ``apply_optimizer_in_backward``
 turns it into an FBGEMM kernel that updates only the rows a batch touched); the dense optimizer
-is an ordinary ``torch.optim`` optimizer over the remaining parameters.
+is an ordinary ``torch.optim`` optimizer over the remaining parameters. Both are combined into
+one ``CombinedOptimizer`` that the pipeline steps, the schedule scales and checkpoints save.
 """
 
 from typing import Any, Iterable
@@ -10,6 +11,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
+from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -71,3 +73,44 @@ def dense_optimizer(cfg: TrainConfig, model: nn.Module) -> CombinedOptimizer:
             cls, kwargs = optimizer_class(optimizer, lr)
             optimizers.append((name, KeyedOptimizerWrapper(group, lambda ps, c=cls, k=kwargs: c(ps, **k))))
     return CombinedOptimizer(optimizers)
+
+
+def training_optimizer(cfg: TrainConfig, model: DistributedModelParallel) -> CombinedOptimizer:
+    """Every optimizer of the sharded model in one.
+
+    The fused optimizer's update happens inside backward; it is here so that the pipeline's
+    ``zero_grad``/``step`` hand it the scheduled learning rate, and so that checkpoints save it.
+    """
+    return CombinedOptimizer([("fused", model.fused_optimizer), ("dense", dense_optimizer(cfg, model))])
+
+
+def lr_scale(cfg: TrainConfig, step: int) -> float:
+    """The factor on the learning rates at 0-based ``step``, as in TorchRec's DLRM example.
+
+    Linear warmup over ``lr_warmup_steps``; from ``lr_decay_start`` a polynomial (power 2)
+    decay over ``lr_decay_steps``, then frozen at its last value.
+    """
+    if step < cfg.lr_warmup_steps:
+        return (step + 1) / cfg.lr_warmup_steps
+    if cfg.lr_decay_steps:
+        decayed = min(step - cfg.lr_decay_start, cfg.lr_decay_steps - 1)
+        if decayed >= 0:
+            return ((cfg.lr_decay_steps - decayed) / cfg.lr_decay_steps) ** 2
+    return 1.0
+
+
+class LRSchedule:
+    """Sets every param group's learning rate from the step: a pure function, so resuming at a
+    step restores the schedule exactly without any saved scheduler state."""
+
+    def __init__(self, cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> None:
+        self._cfg = cfg
+        self._groups = optimizer.param_groups
+        self._base = [group["lr"] for group in self._groups]
+
+    def apply(self, step: int) -> float:
+        """Sets the learning rates for 0-based ``step``; returns the scale applied."""
+        scale = lr_scale(self._cfg, step)
+        for group, base in zip(self._groups, self._base):
+            group["lr"] = base * scale
+        return scale

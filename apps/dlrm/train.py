@@ -23,14 +23,21 @@ from torchrec.distributed.train_pipeline import (
     TrainPipelineSparseDist,
 )
 from torchrec.distributed.types import ShardingPlan
+from torchrec.optim.keyed import CombinedOptimizer
 
+from apps.dlrm.checkpoint import open_checkpoints, restore, save
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data import make_dataset
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.distributed import DistEnv, all_reduce_mean, init_distributed
 from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.model import build_model
-from apps.dlrm.optim import check_embedding_optimizer, dense_optimizer, fuse_embedding_optimizer
+from apps.dlrm.optim import (
+    LRSchedule,
+    check_embedding_optimizer,
+    fuse_embedding_optimizer,
+    training_optimizer,
+)
 from apps.dlrm.options import ConfigError
 from apps.dlrm.report import Reporter, setup_logging
 from apps.dlrm.sharding import (
@@ -38,6 +45,7 @@ from apps.dlrm.sharding import (
     check_comm_precisions,
     describe_plan,
     make_sharder,
+    plan_tables,
     shard_model,
 )
 
@@ -76,9 +84,11 @@ def pipeline_paused(pipeline):
 
 @dataclass
 class Training:
-    """Everything a training run steps: the sharded model, its pipeline and its data."""
+    """Everything a training run steps: the sharded model, its optimizers, pipeline and data."""
 
     model: DistributedModelParallel
+    optimizer: CombinedOptimizer
+    schedule: LRSchedule
     pipeline: TrainPipeline
     plan: ShardingPlan
     data: SyntheticClickLogs
@@ -98,35 +108,44 @@ def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
     sharder = make_sharder(cfg)
     plan = build_plan(cfg, model, sharder, env)
     sharded = shard_model(model, plan, sharder, env)
-    pipeline = make_pipeline(cfg, sharded, dense_optimizer(cfg, sharded), env.device)
-    return Training(sharded, pipeline, plan, make_dataset(cfg, env))
+    optimizer = training_optimizer(cfg, sharded)
+    pipeline = make_pipeline(cfg, sharded, optimizer, env.device)
+    return Training(
+        sharded, optimizer, LRSchedule(cfg, optimizer), pipeline, plan, make_dataset(cfg, env)
+    )
 
 
 def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     reporter = Reporter(cfg.output_dir, enabled=env.is_main)
+    store, resume_from = open_checkpoints(cfg, env)
     run = build_training(cfg, env)
-    pipeline, data, plan = run.pipeline, run.data, run.plan
-    reporter.log("sharding plan (%s):\n%s", cfg.sharding_type, describe_plan(plan))
+    tables = plan_tables(run.plan)
+    reporter.log("sharding plan (%s):\n%s", cfg.sharding_type, describe_plan(run.plan))
+    progress = {"step": 0, "train_loss": float("nan")}
+    if resume_from is not None:
+        progress = restore(store, resume_from, run.model, run.optimizer, tables, cfg, env)
+        reporter.log("resumed from %s (step %d)", resume_from.url, progress["step"])
 
     reporter.log(
-        "training %d steps of %d samples x %d ranks on %s (%s)",
-        cfg.steps, cfg.batch_size, env.world_size, env.device.type, env.backend,
+        "training steps %d..%d of %d samples x %d ranks on %s (%s)",
+        progress["step"] + 1, cfg.steps, cfg.batch_size, env.world_size, env.device.type, env.backend,
     )
     global_batch = cfg.batch_size * env.world_size
-    batches = data.train_batches(start_step=0)
+    batches = run.data.train_batches(start_step=progress["step"])
     throughput, window_meter = Throughput(), Throughput()
     window: list[torch.Tensor] = []
-    last_loss = float("nan")
-    reporter.progress(total=cfg.steps, initial=0)
+    reporter.progress(total=cfg.steps, initial=progress["step"])
     stopwatch = Stopwatch()
-    for step in range(1, cfg.steps + 1):
-        loss, _, _ = pipeline.progress(batches)
+    for step in range(progress["step"] + 1, cfg.steps + 1):
+        run.schedule.apply(step - 1)
+        loss, _, _ = run.pipeline.progress(batches)
         window.append(loss)
         elapsed = stopwatch.lap()
         throughput.add(elapsed, global_batch)
         window_meter.add(elapsed, global_batch)
+        progress["step"] = step
         if step % cfg.log_every == 0 or step == cfg.steps:
-            last_loss = all_reduce_mean(torch.stack(window)[-1].item(), env)
+            progress["train_loss"] = all_reduce_mean(window[-1].item(), env)
             window_loss = all_reduce_mean(torch.stack(window).mean().item(), env)
             reporter.scalars(
                 "train", {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}, step
@@ -140,16 +159,20 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         else:
             reporter.step()
         if cfg.validate_every and step % cfg.validate_every == 0 and step < cfg.steps:
-            with pipeline_paused(pipeline) as plain_model:
-                val = evaluate(plain_model, data.eval_batches("val", cfg.val_batches), env, data.teacher_logits)
+            with pipeline_paused(run.pipeline) as plain_model:
+                val = evaluate(plain_model, run.data.eval_batches("val", cfg.val_batches), env, run.data.teacher_logits)
             reporter.scalars("val", val, step)
             reporter.log("step %d validation: %s", step, _fmt_metrics(val))
-            stopwatch.lap()  # validation time is not training time
+        if store and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
+            progress["train_loss"] = all_reduce_mean(loss.item(), env)
+            url = save(store, run.model, run.optimizer, progress, tables, cfg, env)
+            reporter.log("step %d: checkpoint committed at %s", step, url)
+        stopwatch.lap()  # validation and checkpoint time is not training time
     reporter.close_progress()
 
-    with pipeline_paused(pipeline) as plain_model:
-        val = evaluate(plain_model, data.eval_batches("val", cfg.val_batches), env, data.teacher_logits)
-        test = evaluate(plain_model, data.eval_batches("test", cfg.test_batches), env)
+    with pipeline_paused(run.pipeline) as plain_model:
+        val = evaluate(plain_model, run.data.eval_batches("val", cfg.val_batches), env, run.data.teacher_logits)
+        test = evaluate(plain_model, run.data.eval_batches("test", cfg.test_batches), env)
     reporter.scalars("val", val, cfg.steps)
     reporter.scalars("test", test, cfg.steps)
     reporter.log("validation: %s", _fmt_metrics(val))
@@ -163,15 +186,16 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         "test_auroc": test["auroc"],
         "test_log_loss": test["log_loss"],
         "test_accuracy": test["accuracy"],
-        "final_train_loss": last_loss,
+        "final_train_loss": progress["train_loss"],
+        "resumed_from_step": resume_from.step if resume_from else None,
         "samples_per_sec": throughput.samples_per_sec,
         "train_seconds": throughput.seconds,
-        "steps": cfg.steps,
+        "steps": progress["step"],
         "world_size": env.world_size,
         "global_batch_size": global_batch,
         "device": env.device.type,
         "backend": env.backend,
-        "sharding_plan": describe_plan(plan).splitlines(),
+        "sharding_plan": describe_plan(run.plan).splitlines(),
         "config": dataclasses.asdict(cfg),
     }
     path = reporter.write_summary(summary)

@@ -1,0 +1,438 @@
+"""Sharded, atomic checkpoints at any fsspec URL, and the choice of the one to resume from.
+
+Layout under ``--checkpoint_dir`` (a local path, ``file://``, ``s3://``, ``gs://``, ``memory://``)::
+
+    step_00001200/
+        __0_0.distcp, __1_0.distcp, ...   each rank's own shards (torch.distributed.checkpoint)
+        .metadata                          where every tensor's shards are, written once all ranks wrote
+        manifest.json                      config, package versions, world size, sharding plan
+        COMMITTED                          written last: only now does the checkpoint count
+
+Embedding tables are never gathered: every rank writes and reads only its own shards, and
+``torch.distributed.checkpoint`` reshards them when the world size or sharding changes. A
+directory without ``COMMITTED``, or whose files do not match its ``.metadata``, is skipped with a
+warning and never resumed from. Old checkpoints are deleted only after a newer one is committed.
+"""
+
+import dataclasses
+import importlib.metadata
+import io
+import json
+import logging
+import posixpath
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.futures import Future
+from torchrec.optim.keyed import KeyedOptimizer
+
+from apps.dlrm.config import TrainConfig
+from apps.dlrm.distributed import DistEnv, decided_by_main
+from apps.dlrm.options import ConfigError
+
+logger = logging.getLogger(__name__)
+
+COMMIT_MARKER = "COMMITTED"
+MANIFEST = "manifest.json"
+METADATA = ".metadata"
+PROGRESS = ("step", "train_loss")  # what the training loop needs to continue
+_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+
+
+# Bytes fetched per round trip when loading: bounds the memory a load needs beyond the model.
+_READ_BATCH_BYTES = 512 * 2**20
+
+
+class BatchedFsspecReader(FsspecReader):
+    """DCP's fsspec reader, fetching the byte ranges of many tensors in one request.
+
+    DCP's own reader hands ``torch.load`` a view of the remote file, whose many small reads and
+    seeks each become a request to the object store (over 3x slower than reading the same
+    bytes here on S3). This one fetches up to ``_READ_BATCH_BYTES`` of ranges at once with
+    fsspec's ``cat_ranges`` (concurrent on object stores) and deserialises from memory.
+    """
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        items = [(req, self.storage_data[req.storage_index]) for req in plan.items]
+        if any(info.transform_descriptors for _, info in items):
+            return super().read_data(plan, planner)  # compressed/transformed: DCP's own path
+        batch: list = []
+        for item in items + [None]:
+            if item is None or sum(info.length for _, info in batch) + item[1].length > _READ_BATCH_BYTES:
+                self._load_batch(batch, planner)
+                batch = []
+            if item is not None:
+                batch.append(item)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _load_batch(self, batch: list, planner: LoadPlanner) -> None:
+        if not batch:
+            return
+        # DCP writes a rank's tensors back to back: adjacent ranges become one request.
+        batch = sorted(batch, key=lambda item: (item[1].relative_path, item[1].offset))
+        spans: list[list] = []  # [path, start, end, items]
+        for item in batch:
+            info = item[1]
+            if spans and spans[-1][0] == info.relative_path and spans[-1][2] == info.offset:
+                spans[-1][2] = info.offset + info.length
+                spans[-1][3].append(item)
+            else:
+                spans.append([info.relative_path, info.offset, info.offset + info.length, [item]])
+        blobs = self.fs.fs.cat_ranges(
+            [self.fs.concat_path(self.path, path) for path, *_ in spans],
+            [start for _, start, _, _ in spans],
+            [end for _, _, end, _ in spans],
+            on_error="raise",
+        )
+        for (_, start, _, items), blob in zip(spans, blobs):
+            view = memoryview(blob)
+            for req, info in items:
+                data = io.BytesIO(view[info.offset - start : info.offset - start + info.length])
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, data)
+                    continue
+                tensor = torch.load(data, map_location="cpu", weights_only=True)
+                tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+                target = planner.resolve_tensor(req).detach()
+                target.copy_(tensor)
+                planner.commit_tensor(req, target)
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint location or checkpoint cannot be used; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    url: str
+    step: int
+    manifest: dict[str, Any]
+
+
+class CheckpointStore:
+    """The checkpoints under one URL. Reads and deletions are done by one rank (rank 0)."""
+
+    def __init__(self, url: str, keep_last: int) -> None:
+        self.url = url.rstrip("/")
+        self.keep_last = keep_last
+        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+
+    def step_url(self, step: int) -> str:
+        return f"{self.url}/step_{step:08d}"
+
+    def _path(self, step: int) -> str:
+        return posixpath.join(self.root, f"step_{step:08d}")
+
+    # --- start-up checks ---------------------------------------------------------------------
+
+    def check_writable(self) -> None:
+        """Writes and removes a probe file, so that a bad location fails before training."""
+        probe = posixpath.join(self.root, f".write-probe-{uuid.uuid4().hex}")
+        try:
+            # Only real directories need making: on object stores makedirs would create the
+            # bucket, and a missing bucket must be reported, not silently created.
+            if isinstance(self.fs, LocalFileSystem):
+                self.fs.makedirs(self.root, exist_ok=True)
+            with self.fs.open(probe, "wb") as f:
+                f.write(b"probe")
+            self.fs.rm(probe)
+        except Exception as e:  # noqa: BLE001 - every failure here means the same: unusable
+            raise CheckpointError(
+                f"--checkpoint_dir {self.url} is not writable ({type(e).__name__}: {e}). "
+                + _storage_hint(self.url, e)
+            ) from None
+
+    # --- listing -----------------------------------------------------------------------------
+
+    def _steps(self) -> list[int]:
+        """The step of every step_* directory, committed or not."""
+        if not self.fs.exists(self.root):
+            return []
+        names = (posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False))
+        return sorted(int(m.group(1)) for m in map(_STEP_DIR.match, names) if m)
+
+    def _is_committed(self, step: int) -> bool:
+        return self.fs.exists(posixpath.join(self._path(step), COMMIT_MARKER))
+
+    def committed_steps(self) -> list[int]:
+        return [step for step in self._steps() if self._is_committed(step)]
+
+    def newest(self) -> Checkpoint | None:
+        """The newest committed checkpoint whose files are all there; others are skipped."""
+        for step in reversed(self._steps()):
+            problem = self._problem(step)
+            if problem:
+                logger.warning("skipping checkpoint %s: %s", self.step_url(step), problem)
+                continue
+            with self.fs.open(posixpath.join(self._path(step), MANIFEST), "r") as f:
+                return Checkpoint(self.step_url(step), step, json.load(f))
+        return None
+
+    def _problem(self, step: int) -> str | None:
+        """Why the checkpoint of ``step`` cannot be resumed from, or None."""
+        if not self._is_committed(step):
+            return "not committed (its writer stopped before every rank had finished)"
+        path = self._path(step)
+        try:
+            with self.fs.open(posixpath.join(path, MANIFEST), "r") as f:
+                json.load(f)
+            metadata = FsspecReader(self.step_url(step)).read_metadata()
+        except Exception as e:  # noqa: BLE001 - unreadable for any reason: damaged
+            return f"damaged ({type(e).__name__}: {e})"
+        needed: dict[str, int] = {}
+        for info in (metadata.storage_data or {}).values():
+            end = info.offset + info.length
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+        for name, size in needed.items():
+            file = posixpath.join(path, name)
+            if not self.fs.exists(file) or self.fs.size(file) < size:
+                return f"damaged (shard file {name} is missing or truncated)"
+        return None
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], rank: int) -> str:
+        """Collective: every rank writes its shards; rank 0 commits and prunes. Returns the URL."""
+        url = self.step_url(step)
+        if rank == 0 and self.fs.exists(self._path(step)):
+            assert not self._is_committed(step), f"{url} is committed already"
+            # A leftover of a run that died while writing this step: never committed, garbage.
+            self.fs.rm(self._path(step), recursive=True)
+        dist.barrier()
+        dcp.save(state, storage_writer=FsspecWriter(url, sync_files=False))
+        # dcp.save returns on every rank once the coordinator has written .metadata.
+        if rank == 0:
+            with self.fs.open(posixpath.join(self._path(step), MANIFEST), "w") as f:
+                json.dump(manifest, f, indent=2, sort_keys=True)
+            with self.fs.open(posixpath.join(self._path(step), COMMIT_MARKER), "w") as f:
+                f.write(json.dumps({"step": step, "time": time.time()}) + "\n")
+            self._prune(newest=step)
+        return url
+
+    def _prune(self, newest: int) -> None:
+        """Deletes committed checkpoints beyond ``keep_last`` and dead uncommitted older ones."""
+        keep = set(self.committed_steps()[-self.keep_last:])
+        for step in self._steps():
+            if step < newest and step not in keep:
+                self.fs.rm(self._path(step), recursive=True)
+                logger.info("deleted old checkpoint %s", self.step_url(step))
+
+    def load(self, checkpoint: Checkpoint, state: dict[str, Any]) -> None:
+        """Collective: every rank reads the shards it holds under its current sharding."""
+        # A local file is read fastest by DCP itself (torch.load straight from the file).
+        local = isinstance(self.fs, LocalFileSystem)
+        reader = FsspecReader(checkpoint.url) if local else BatchedFsspecReader(checkpoint.url)
+        dcp.load(state, storage_reader=reader)
+
+
+
+def _storage_hint(url: str, error: Exception) -> str:
+    name = type(error).__name__
+    if url.startswith("s3://"):
+        if "Credentials" in name or "credentials" in str(error):
+            return (
+                "Set AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), "
+                "and AWS_ENDPOINT_URL for an S3-compatible server."
+            )
+        if isinstance(error, FileNotFoundError) or "NoSuchBucket" in str(error):
+            return f"Create the bucket {url[5:].split('/', 1)[0]!r} first, or fix its name."
+        if isinstance(error, PermissionError):
+            return "Grant these credentials write access to the bucket, or choose another one."
+    if isinstance(error, PermissionError):
+        return "Choose a directory this user can write to."
+    return "Check the URL and the storage's credentials (see README: Checkpoints)."
+
+
+# --- what a checkpoint is for ------------------------------------------------------------------
+
+def model_signature(cfg: TrainConfig) -> dict[str, Any]:
+    """The options that fix the shapes of the saved tensors (and of the optimizer states)."""
+    signature = {
+        "num_dense_features": cfg.num_dense_features,
+        "table_sizes": cfg.table_sizes,
+        "embedding_dim": cfg.embedding_dim,
+        "dense_arch_layer_sizes": cfg.dense_arch_layer_sizes,
+        "over_arch_layer_sizes": cfg.over_arch_layer_sizes,
+        "interaction_type": cfg.interaction_type,
+        "embedding_optimizer": cfg.embedding_optimizer,
+        "dense_optimizer": cfg.dense_optimizer,
+    }
+    if cfg.interaction_type == "dcn":
+        signature.update(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim)
+    if cfg.interaction_type == "projection":
+        signature.update(
+            interaction_branch1_layer_sizes=cfg.interaction_branch1_layer_sizes,
+            interaction_branch2_layer_sizes=cfg.interaction_branch2_layer_sizes,
+        )
+    return signature
+
+
+def package_versions() -> dict[str, str | None]:
+    versions = {}
+    for name in ("torch", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchx-nightly"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def check_compatible(checkpoint: Checkpoint, cfg: TrainConfig, plan: dict[str, dict[str, Any]]) -> None:
+    """Refuses, before any step, a checkpoint this run cannot continue from."""
+    saved = checkpoint.manifest.get("model", {})
+    wanted = model_signature(cfg)
+    differences = [
+        f"{name}: {_fmt(saved.get(name))} there, {_fmt(value)} here"
+        for name, value in wanted.items()
+        if saved.get(name) != value
+    ]
+    if differences:
+        raise CheckpointError(
+            f"checkpoint {checkpoint.url} was written for another model ("
+            + "; ".join(differences)
+            + "). Resume with the options it was written with, or use a new --checkpoint_dir."
+        )
+    for table, saved_sharding in checkpoint.manifest.get("sharding_plan", {}).items():
+        problem = _optimizer_state_move(saved_sharding, plan.get(table, {}))
+        if problem:
+            raise CheckpointError(
+                f"checkpoint {checkpoint.url} cannot be resumed with this sharding: table {table} "
+                f"{problem}. Resume with the checkpoint's sharding ({saved_sharding['type']} over "
+                f"{len(saved_sharding['ranks'])} ranks) for that table."
+            )
+
+
+# Sharding kinds whose optimizer state is one tensor per table, sharded by rows: DCP reshards
+# it among them freely.
+_ROW_SHARDED_STATE = {"table_wise", "row_wise", "table_row_wise"}
+
+
+def _optimizer_state_move(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """Why a table's optimizer state cannot move from sharding ``saved`` to ``current``."""
+    before, after = saved["type"], current.get("type")
+    if before in _ROW_SHARDED_STATE and after in _ROW_SHARDED_STATE:
+        return None
+    if before == after == "data_parallel":
+        return None
+    if before == after == "column_wise" and len(saved["ranks"]) == len(current.get("ranks", [])):
+        return None
+    if "column_wise" in (before, after):
+        return (
+            f"was column_wise over {len(saved['ranks'])} ranks and would be {after} over "
+            f"{len(current.get('ranks', []))}: FBGEMM keeps one optimizer state per column shard, "
+            "which cannot be resharded"
+        )
+    return (
+        f"was {before} and would be {after}: data-parallel tables keep their optimizer state "
+        "outside FBGEMM, in another layout"
+    )
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, list):
+        if value and all(v == value[0] for v in value) and len(value) > 3:
+            return f"{len(value)}x{value[0]}"
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+# --- the training run's checkpoints -------------------------------------------------------------
+
+def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> tuple[CheckpointStore | None, Checkpoint | None]:
+    """Collective. The store of ``--checkpoint_dir`` and the checkpoint to resume from (if any).
+
+    Rank 0 checks that the location is writable and picks the newest committed checkpoint;
+    every rank gets the same answer or raises the same error, before any training step.
+    """
+    if not cfg.checkpoint_dir:
+        return None, None
+    if cfg.checkpoint_dir.startswith("memory://") and env.world_size > 1:
+        raise CheckpointError(
+            f"--checkpoint_dir {cfg.checkpoint_dir}: memory:// lives inside one process, so "
+            f"{env.world_size} ranks cannot share it; use a directory or an s3:// / gs:// URL"
+        )
+    store = CheckpointStore(cfg.checkpoint_dir, cfg.keep_last)
+
+    def newest() -> Checkpoint | None:
+        store.check_writable()
+        return store.newest()
+
+    return store, decided_by_main(newest, env)
+
+
+def training_state(model: nn.Module, optimizer: KeyedOptimizer, progress: dict[str, Any], rank: int) -> dict[str, Any]:
+    """What a checkpoint holds: DCP calls ``state_dict``/``load_state_dict`` on the stateful parts.
+
+    The model's tables and the fused optimizer's states are sharded tensors: each rank saves and
+    loads only its own shards. The model's state dict holds views of its weights, so DCP loads
+    into them in place (no second copy through ``load_state_dict``). Progress and the per-rank
+    RNG state are top-level tensors: DCP mistakes a nested dict of plain numbers for its
+    pre-2.4 format when, as here, each rank holds the optimizer states of its own tables only.
+    """
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer,
+        "progress": torch.tensor([float(progress[name]) for name in PROGRESS], dtype=torch.float64),
+        f"rng_rank{rank}": torch.get_rng_state(),
+    }
+
+
+def restore(
+    store: CheckpointStore,
+    checkpoint: Checkpoint,
+    model: nn.Module,
+    optimizer: KeyedOptimizer,
+    plan: dict[str, dict[str, Any]],
+    cfg: TrainConfig,
+    env: DistEnv,
+) -> dict[str, Any]:
+    """Collective. Loads ``checkpoint`` into the model and optimizers; returns its progress."""
+    check_compatible(checkpoint, cfg, plan)
+    state = training_state(model, optimizer, checkpoint.manifest["progress"], env.rank)
+    rng_key = f"rng_rank{env.rank}"
+    if checkpoint.manifest["world_size"] != env.world_size:
+        del state[rng_key]  # other ranks, other streams: keep this process's own
+    store.load(checkpoint, state)
+    if rng_key in state:
+        torch.set_rng_state(state[rng_key])
+    values = state["progress"].tolist()
+    progress = dict(zip(PROGRESS, values))
+    progress["step"] = int(progress["step"])
+    return progress
+
+
+def save(
+    store: CheckpointStore,
+    model: nn.Module,
+    optimizer: KeyedOptimizer,
+    progress: dict[str, Any],
+    plan: dict[str, dict[str, Any]],
+    cfg: TrainConfig,
+    env: DistEnv,
+) -> str:
+    """Collective. Saves and commits the checkpoint of ``progress["step"]``."""
+    manifest = {
+        "step": progress["step"],
+        "world_size": env.world_size,
+        "progress": progress,
+        "model": model_signature(cfg),
+        "sharding_plan": plan,
+        "config": dataclasses.asdict(cfg),
+        "versions": package_versions(),
+    }
+    state = training_state(model, optimizer, progress, env.rank)
+    return store.save(progress["step"], state, manifest, env.rank)

@@ -1,0 +1,295 @@
+"""Checkpoints: atomic, sharded, exact to resume, reshardable, at any fsspec URL, and refused
+early when they or their location cannot be used."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import fsspec
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+from apps.dlrm.checkpoint import (
+    COMMIT_MARKER,
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    check_compatible,
+    model_signature,
+    open_checkpoints,
+)
+from apps.dlrm.config import TrainConfig
+from apps.dlrm.distributed import DistEnv
+from tests.conftest import BIN, REPO, TINY, assert_ok, run, tiny, torchrun
+from tests.moto_server import aws, moto_endpoint  # noqa: F401  (fixtures)
+from tests.shards import assemble
+
+
+def train_app(tmp, name, *args, nproc=2, **kwargs):
+    """Runs the app under torchrun; returns (result, summary or None)."""
+    out = tmp / name
+    result = torchrun(["-m", "apps.dlrm.train", *TINY, "--output_dir", str(out), *args], nproc=nproc,
+                      done=str(out / "summary.json"), **kwargs)
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
+    return result, summary
+
+
+def listing(path) -> dict[str, tuple[int, float]]:
+    """Every file under ``path`` with its size and modification time."""
+    files = {}
+    for root, _, names in os.walk(path):
+        for name in names:
+            stat = os.stat(os.path.join(root, name))
+            files[os.path.relpath(os.path.join(root, name), path)] = (stat.st_size, stat.st_mtime_ns)
+    return files
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """40 steps on 2 ranks, a checkpoint every 10 steps, the last 2 kept."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    result, summary = train_app(tmp, "out", "--checkpoint_dir", str(tmp / "ckpt"), "--checkpoint_every", "10",
+                                "--keep_last", "2")
+    assert_ok(result)
+    return tmp / "ckpt", summary
+
+
+def test_commits_every_interval_and_keeps_the_last(uninterrupted):
+    ckpt, summary = uninterrupted
+    assert summary["resumed_from_step"] is None
+    assert sorted(os.listdir(ckpt)) == ["step_00000030", "step_00000040"]
+    for step in (30, 40):
+        directory = ckpt / f"step_{step:08d}"
+        names = set(os.listdir(directory))
+        assert {COMMIT_MARKER, "manifest.json", ".metadata", "__0_0.distcp", "__1_0.distcp"} <= names
+        manifest = json.loads((directory / "manifest.json").read_text())
+        assert manifest["step"] == step and manifest["world_size"] == 2
+        assert manifest["model"]["table_sizes"] == [2000] * 26
+        assert set(manifest["versions"]) >= {"torch", "torchrec", "torchx-nightly"}
+        assert len(manifest["sharding_plan"]) == 26
+        assert manifest["config"]["checkpoint_every"] == 10
+
+
+def test_resume_continues_exactly_where_it_stopped(uninterrupted, tmp_path):
+    _, reference = uninterrupted
+    ckpt = str(tmp_path / "ckpt")
+    first, stopped = train_app(tmp_path, "first", "--checkpoint_dir", ckpt, "--steps", "20")
+    assert_ok(first)
+    # the same command again, with the full step count: no flag says "resume"
+    second, resumed = train_app(tmp_path, "second", "--checkpoint_dir", ckpt, "--checkpoint_every", "10")
+    assert_ok(second)
+    assert stopped["resumed_from_step"] is None and resumed["resumed_from_step"] == 20
+    assert resumed["steps"] == 40
+    assert resumed["final_train_loss"] == reference["final_train_loss"]  # bit for bit
+    assert resumed["val_auroc"] == reference["val_auroc"]
+
+
+def saved_tensors(step_dir: str, names: list[str]) -> dict[str, torch.Tensor]:
+    """Whole tensors straight from a checkpoint, read in one process."""
+    metadata = FsspecReader(step_dir).read_metadata().state_dict_metadata
+    state = {name: torch.empty(tuple(metadata[name].size)) for name in names}
+    dcp.load(state, storage_reader=FsspecReader(step_dir), no_dist=True)
+    return state
+
+
+def assert_resumes_resharded(step_dir, tmp_path, nproc: int, sharding: str, step: int) -> None:
+    """Resumes ``step_dir``'s checkpoint on ``nproc`` ranks with ``sharding``; the tables and
+    their optimizer state equal what was saved."""
+    result = torchrun([f"{REPO}/tests/checkpoint_worker.py", str(tmp_path / "dump"), *TINY,
+                       "--checkpoint_dir", str(step_dir.parent), "--sharding_type", sharding], nproc=nproc)
+    assert_ok(result)
+    dumps = [torch.load(tmp_path / f"dump.rank{r}.pt") for r in range(nproc)]
+    assert {s["type"] for s in dumps[0]["plan"].values()} == {sharding}
+    assert dumps[0]["progress"]["step"] == step
+    pieces = [d["pieces"] for d in dumps]
+    names = [n for n in pieces[0] if ("embedding_bags" in n and n.startswith("model."))
+             or (n.startswith("optimizer.state.fused") and n.endswith("momentum1"))]
+    assert len(names) == 2 * 26  # every table and its row-wise Adagrad state
+    expected = saved_tensors(str(step_dir), names)
+    for name in names:
+        assert torch.equal(assemble(pieces, name, tuple(expected[name].shape)), expected[name]), name
+
+
+def test_two_rank_checkpoint_resumes_on_one_rank_row_wise(uninterrupted, tmp_path):
+    ckpt, _ = uninterrupted
+    shutil.copytree(ckpt, tmp_path / "ckpt")
+    assert_resumes_resharded(tmp_path / "ckpt" / "step_00000040", tmp_path, nproc=1, sharding="row_wise", step=40)
+
+
+def test_one_rank_checkpoint_resumes_on_two_ranks_table_row_wise(tmp_path):
+    result, _ = train_app(tmp_path, "one", "--checkpoint_dir", str(tmp_path / "ckpt"), "--steps", "10", nproc=1)
+    assert_ok(result)
+    assert_resumes_resharded(tmp_path / "ckpt" / "step_00000010", tmp_path, nproc=2, sharding="table_row_wise",
+                             step=10)
+
+
+def test_uncommitted_and_damaged_checkpoints_are_skipped(uninterrupted, tmp_path, caplog):
+    ckpt, _ = uninterrupted
+    shutil.copytree(ckpt, tmp_path / "ckpt")
+    store = CheckpointStore(str(tmp_path / "ckpt"), keep_last=2)
+    assert store.newest().step == 40
+    newest = tmp_path / "ckpt" / "step_00000040"
+    (newest / COMMIT_MARKER).rename(tmp_path / "marker")
+    assert store.newest().step == 30
+    assert "step_00000040: not committed" in caplog.text
+    (tmp_path / "marker").rename(newest / COMMIT_MARKER)
+    shard = newest / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    assert store.newest().step == 30
+    assert "shard file __1_0.distcp is missing or truncated" in caplog.text
+    (tmp_path / "ckpt" / "step_00000030" / ".metadata").write_bytes(b"garbage")
+    assert store.newest() is None
+    assert "step_00000030: damaged" in caplog.text
+
+
+def test_incompatible_checkpoint_is_refused_before_training_and_kept(uninterrupted, tmp_path):
+    ckpt, _ = uninterrupted
+    shutil.copytree(ckpt, tmp_path / "ckpt")
+    before = listing(tmp_path / "ckpt")
+    result = run([sys.executable, "-m", "apps.dlrm.train", *TINY, "--num_embeddings", "3000",
+                  "--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "out")])
+    assert result.returncode == 2
+    assert "was written for another model (table_sizes: 26x2000 there, 26x3000 here)" in result.stderr
+    assert "step 20/40" not in result.stderr
+    assert listing(tmp_path / "ckpt") == before
+
+
+def test_unwritable_local_directory_is_refused_at_start(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    result = run([sys.executable, "-m", "apps.dlrm.train", *TINY, "--output_dir", str(tmp_path / "out"),
+                  "--checkpoint_dir", str(tmp_path / "file" / "ckpt")])
+    assert result.returncode == 2
+    assert f"--checkpoint_dir {tmp_path / 'file' / 'ckpt'} is not writable" in result.stderr
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def make_bucket(name: str) -> None:
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+
+
+def test_checkpoints_on_s3_resume(aws, tmp_path):
+    make_bucket("dlrm-ckpt")
+    url = "s3://dlrm-ckpt/runs/a"
+    first, _ = train_app(tmp_path, "first", "--checkpoint_dir", url, "--steps", "20")
+    assert_ok(first)
+    s3 = fsspec.filesystem("s3")
+    assert s3.exists("dlrm-ckpt/runs/a/step_00000020/COMMITTED")
+    second, summary = train_app(tmp_path, "second", "--checkpoint_dir", url, "--steps", "30")
+    assert_ok(second)
+    assert summary["resumed_from_step"] == 20 and summary["steps"] == 30
+    assert s3.exists("dlrm-ckpt/runs/a/step_00000030/COMMITTED")
+
+
+@pytest.mark.parametrize(
+    "url, unset, message",
+    [
+        ("s3://no-such-bucket/ckpt", [], "Create the bucket 'no-such-bucket' first"),
+        ("s3://dlrm-ckpt/ckpt", ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"], "Set AWS credentials"),
+    ],
+)
+def test_unusable_s3_location_is_refused_at_start(aws, tmp_path, monkeypatch, url, unset, message):
+    make_bucket("dlrm-ckpt")
+    for name in unset:
+        monkeypatch.delenv(name)
+    result = run([sys.executable, "-m", "apps.dlrm.train", *TINY, "--checkpoint_dir", url,
+                  "--output_dir", str(tmp_path / "out")], timeout=180)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"--checkpoint_dir {url} is not writable" in result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def trainer_pids(marker: str) -> list[int]:
+    """Trainer processes (not torchrun itself) whose command line contains ``marker``."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "-m apps.dlrm.train" in cmd and marker in cmd and "torch.distributed.run" not in cmd and "torchrun" not in cmd:
+            pids.append(int(pid))
+    return pids
+
+
+def test_a_killed_trainer_is_restarted_from_the_last_checkpoint(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    job = subprocess.Popen(
+        [os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2",
+         "--max_retries", "1", *tiny(steps=400), "--checkpoint_every", "50",
+         "--checkpoint_dir", str(ckpt), "--output_dir", str(out)],
+        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.time() + 300
+    while not (ckpt / "step_00000050" / COMMIT_MARKER).exists():
+        assert job.poll() is None and time.time() < deadline, "no checkpoint was committed"
+        time.sleep(0.05)
+    committed = max(int(d.split("_")[1]) for d in os.listdir(ckpt) if (ckpt / d / COMMIT_MARKER).exists())
+    victim = trainer_pids(str(ckpt))[0]
+    os.kill(victim, signal.SIGKILL)
+    log, _ = job.communicate(timeout=600)
+    assert job.returncode == 0, log[-5000:]
+    assert "SUCCEEDED" in log
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 400
+    # no more than one checkpoint interval was redone
+    assert summary["resumed_from_step"] >= committed
+    assert f"resumed from {ckpt}/step_" in log
+
+
+# --- pure logic ------------------------------------------------------------------------------
+
+def test_prune_deletes_only_after_a_newer_commit():
+    store = CheckpointStore("memory://prune-test/ckpt", keep_last=2)
+    fs = store.fs
+    for step, committed in [(10, True), (20, True), (25, False), (30, True), (40, False)]:
+        fs.pipe(f"{store.root}/step_{step:08d}/.metadata", b"x")
+        if committed:
+            fs.pipe(f"{store.root}/step_{step:08d}/{COMMIT_MARKER}", b"{}")
+    store._prune(newest=30)
+    # 10 goes (beyond keep_last), 25 goes (uncommitted, older than a commit), 40 stays: it
+    # may be the newer checkpoint some other writer is still producing
+    assert store.committed_steps() == [20, 30]
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(store.root, detail=False)) == [
+        "step_00000020", "step_00000030", "step_00000040"]
+
+
+@pytest.mark.parametrize(
+    "saved, current, problem",
+    [
+        (("table_wise", [1]), ("row_wise", [0, 1, 2]), None),
+        (("row_wise", [0, 1]), ("table_row_wise", [0]), None),
+        (("column_wise", [0, 1]), ("column_wise", [1, 0]), None),
+        (("data_parallel", [0, 1]), ("data_parallel", [0]), None),
+        (("column_wise", [0, 1]), ("row_wise", [0]), "was column_wise over 2 ranks and would be row_wise over 1"),
+        (("column_wise", [0, 1]), ("column_wise", [0, 1, 2]), "one optimizer state per column shard"),
+        (("table_wise", [0]), ("column_wise", [0]), "cannot be resharded"),
+        (("table_wise", [0]), ("data_parallel", [0, 1]), "was table_wise and would be data_parallel"),
+    ],
+)
+def test_which_sharding_changes_keep_the_optimizer_state(saved, current, problem):
+    cfg = TrainConfig()
+    manifest = {"model": model_signature(cfg), "sharding_plan": {"t_cat_0": {"type": saved[0], "ranks": saved[1]}}}
+    checkpoint = Checkpoint("file:///ckpt/step_00000010", 10, manifest)
+    plan = {"t_cat_0": {"type": current[0], "ranks": current[1]}}
+    if problem is None:
+        check_compatible(checkpoint, cfg, plan)
+    else:
+        with pytest.raises(CheckpointError, match=problem):
+            check_compatible(checkpoint, cfg, plan)
+
+
+def test_memory_urls_are_refused_for_several_ranks():
+    env = DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, device=torch.device("cpu"), backend="gloo")
+    with pytest.raises(CheckpointError, match="memory:// lives inside one process"):
+        open_checkpoints(TrainConfig(checkpoint_dir="memory://x"), env)
