@@ -25,7 +25,7 @@ from torchrec.distributed.train_pipeline import (
 from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
-from apps.dlrm.checkpoint import open_checkpoints, restore, save
+from apps.dlrm.checkpoint import CheckpointStore, open_checkpoints, restore, save
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data import make_dataset
 from apps.dlrm.data.synthetic import SyntheticClickLogs
@@ -115,21 +115,26 @@ def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
     )
 
 
-def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
-    reporter = Reporter(cfg.output_dir, enabled=env.is_main)
-    store, resume_from = open_checkpoints(cfg, env)
-    run = build_training(cfg, env)
-    tables = plan_tables(run.plan)
-    reporter.log("sharding plan (%s):\n%s", cfg.sharding_type, describe_plan(run.plan))
-    progress = {"step": 0, "train_loss": float("nan")}
-    if resume_from is not None:
-        progress = restore(store, resume_from, run.model, run.optimizer, tables, cfg, env)
-        reporter.log("resumed from %s (step %d)", resume_from.url, progress["step"])
+def evaluate_split(run: Training, split: str, num_batches: int, env: DistEnv) -> dict[str, float]:
+    """Metrics on this split (with the teacher's ceiling on validation data that has one)."""
+    teacher = run.data.teacher_logits if split == "val" else None
+    with pipeline_paused(run.pipeline) as plain_model:
+        return evaluate(plain_model, run.data.eval_batches(split, num_batches), env, teacher)
 
-    reporter.log(
-        "training steps %d..%d of %d samples x %d ranks on %s (%s)",
-        progress["step"] + 1, cfg.steps, cfg.batch_size, env.world_size, env.device.type, env.backend,
-    )
+
+def fit(
+    cfg: TrainConfig,
+    env: DistEnv,
+    run: Training,
+    progress: dict[str, Any],
+    store: CheckpointStore | None,
+    reporter: Reporter,
+) -> Throughput:
+    """Trains from ``progress["step"]`` to ``cfg.steps``, validating and checkpointing on the way.
+
+    Updates ``progress`` (step, last training loss) in place; returns the training throughput.
+    """
+    tables = plan_tables(run.plan)
     global_batch = cfg.batch_size * env.world_size
     batches = run.data.train_batches(start_step=progress["step"])
     throughput, window_meter = Throughput(), Throughput()
@@ -144,7 +149,10 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         throughput.add(elapsed, global_batch)
         window_meter.add(elapsed, global_batch)
         progress["step"] = step
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        checkpoint_due = store is not None and (
+            step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+        )
+        if step % cfg.log_every == 0 or step == cfg.steps or checkpoint_due:
             progress["train_loss"] = all_reduce_mean(window[-1].item(), env)
             window_loss = all_reduce_mean(torch.stack(window).mean().item(), env)
             reporter.scalars(
@@ -159,25 +167,39 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         else:
             reporter.step()
         if cfg.validate_every and step % cfg.validate_every == 0 and step < cfg.steps:
-            with pipeline_paused(run.pipeline) as plain_model:
-                val = evaluate(plain_model, run.data.eval_batches("val", cfg.val_batches), env, run.data.teacher_logits)
+            val = evaluate_split(run, "val", cfg.val_batches, env)
             reporter.scalars("val", val, step)
             reporter.log("step %d validation: %s", step, _fmt_metrics(val))
-        if store and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
-            progress["train_loss"] = all_reduce_mean(loss.item(), env)
+        if checkpoint_due:
             url = save(store, run.model, run.optimizer, progress, tables, cfg, env)
             reporter.log("step %d: checkpoint committed at %s", step, url)
         stopwatch.lap()  # validation and checkpoint time is not training time
     reporter.close_progress()
+    return throughput
 
-    with pipeline_paused(run.pipeline) as plain_model:
-        val = evaluate(plain_model, run.data.eval_batches("val", cfg.val_batches), env, run.data.teacher_logits)
-        test = evaluate(plain_model, run.data.eval_batches("test", cfg.test_batches), env)
+
+def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+    """The whole run: resume or start, train, validate and test, and write summary.json."""
+    reporter = Reporter(cfg.output_dir, enabled=env.is_main)
+    store, resume_from = open_checkpoints(cfg, env)
+    run = build_training(cfg, env)
+    reporter.log("sharding plan (%s):\n%s", cfg.sharding_type, describe_plan(run.plan))
+    progress = {"step": 0, "train_loss": float("nan")}
+    if resume_from is not None:
+        progress = restore(store, resume_from, run.model, run.optimizer, plan_tables(run.plan), cfg, env)
+        reporter.log("resumed from %s (step %d)", resume_from.url, progress["step"])
+    reporter.log(
+        "training steps %d..%d of %d samples x %d ranks on %s (%s)",
+        progress["step"] + 1, cfg.steps, cfg.batch_size, env.world_size, env.device.type, env.backend,
+    )
+    throughput = fit(cfg, env, run, progress, store, reporter)
+
+    val = evaluate_split(run, "val", cfg.val_batches, env)
+    test = evaluate_split(run, "test", cfg.test_batches, env)
     reporter.scalars("val", val, cfg.steps)
     reporter.scalars("test", test, cfg.steps)
     reporter.log("validation: %s", _fmt_metrics(val))
     reporter.log("test: %s", _fmt_metrics(test))
-
     summary: dict[str, Any] = {
         "val_auroc": val["auroc"],
         "val_log_loss": val["log_loss"],
@@ -192,7 +214,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         "train_seconds": throughput.seconds,
         "steps": progress["step"],
         "world_size": env.world_size,
-        "global_batch_size": global_batch,
+        "global_batch_size": cfg.batch_size * env.world_size,
         "device": env.device.type,
         "backend": env.backend,
         "sharding_plan": describe_plan(run.plan).splitlines(),
