@@ -3,6 +3,7 @@
     torchx run -s local_cwd components.dlrm:train -j 1x2
     torchx run -s slurm components.dlrm:train -j 2x8 -h aws_p4d.24xlarge --batch_size 8192
     torchx run components.dlrm:plan -j 2x8 -h aws_p4d.24xlarge --batch_size 8192   # does it fit?
+    torchx run -s local_cwd components.dlrm:preprocess --input /data/criteo --output /data/criteo_npy
 
 Every component runs an app module of this project (``python -m apps.dlrm.train``), training
 ones under TorchX's own ``dist.torchrun``; the app's options are the component's arguments, so
@@ -13,8 +14,10 @@ from torchx import specs
 from torchx.components import utils
 
 from apps.dlrm.config import TrainConfig
+from apps.dlrm.criteo.config import PreprocessConfig
 from apps.dlrm.options import to_argv
 from apps.dlrm.target import PlanTarget
+from components.cpu_launch import CpuLaunch
 from components.launch import DEFAULT_IMAGE, Launch
 from components.plan_check import PlanCheck
 from components.signature import component_args, reject_unknown, take
@@ -55,3 +58,17 @@ def plan(**kwargs) -> specs.AppDef:
         memMB=4096,  # torch, torchrec and the planner's search on a meta-device model
     )
 
+
+@component_args(CpuLaunch, PreprocessConfig)
+def preprocess(**kwargs) -> specs.AppDef:
+    """Converts Criteo TSV click logs (1TB or Kaggle) into the binary files --data criteo trains on.
+
+    Runs ``python -m apps.dlrm.preprocess`` as one process on any scheduler, no GPU needed: it
+    converts the input files in parallel over the node's cores (give it many with cpu or -h),
+    streaming, so memory does not grow with the file size. Bad lines are skipped or repaired
+    and counted per kind in --output/report.json; a rerun skips the days that are complete.
+    """
+    reject_unknown(kwargs, CpuLaunch, PreprocessConfig)
+    launch = take(CpuLaunch, kwargs)
+    cfg = take(PreprocessConfig, kwargs)
+    return launch.python_app("apps.dlrm.preprocess", to_argv(cfg))

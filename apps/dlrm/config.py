@@ -8,6 +8,8 @@
 import dataclasses
 from dataclasses import dataclass
 
+from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES
+from apps.dlrm.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
 from apps.dlrm.options import ConfigError, option, parse_config
 
 SHARDING_TYPES = (
@@ -24,7 +26,7 @@ INTERACTIONS = ("dot", "dcn", "projection")
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam")
 DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
 PIPELINES = ("sparse_dist", "base")
-DATASETS = ("synthetic",)
+DATASETS = ("synthetic", "criteo")
 
 
 @dataclass
@@ -72,12 +74,49 @@ class TrainConfig:
     data: str = option(
         "synthetic",
         "Training data. synthetic: generated on the fly, heavy-tailed ids and labels from a "
-        "hidden teacher model.",
+        "hidden teacher model. criteo: Criteo click logs preprocessed by "
+        "`python -m apps.dlrm.preprocess` (see --data_path).",
         choices=DATASETS,
     )
-    seed: int = option(0, "Seed of the model initialisation and of the synthetic data.")
+    seed: int = option(
+        0, "Seed of the model initialisation, of the synthetic data and of the Criteo shuffling."
+    )
     zipf_exponent: float = option(
         1.1, "Synthetic data: exponent of the power law that ids are drawn from (> 0)."
+    )
+    data_path: str = option(
+        "",
+        "Criteo: the folder (or fsspec URL, e.g. s3://bucket/criteo_npy) that "
+        "`python -m apps.dlrm.preprocess --output` wrote. Its files are memory-mapped; a URL is "
+        "first copied to --data_cache_dir.",
+    )
+    data_cache_dir: str = option(
+        "",
+        "Criteo with a URL --data_path: the node-local folder it is copied to (files already "
+        "there with the same size are reused); empty: a folder named after the URL in the "
+        "system's temporary folder.",
+    )
+    table_size_preset: str = option("none", PRESET_HELP, choices=PRESET_CHOICES)
+    eval_days: int = option(
+        1,
+        "Criteo: the last N days (files) are held out, MLPerf style: the first half of the "
+        "held-out rows validates, the second half tests; the other days train.",
+    )
+    eval_fraction: float = option(
+        1.0,
+        "Criteo: the fraction of the rows of the --eval_days days that is held out (their last "
+        "rows; the others train), e.g. 0.1 to hold out the last tenth of a single file such as "
+        "Kaggle's train.txt.",
+    )
+    shuffle: bool = option(
+        True,
+        "Criteo: shuffle the training rows every epoch, deterministically from --seed, in "
+        "blocks of --shuffle_block_rows consecutive rows; false: file order.",
+    )
+    shuffle_block_rows: int = option(
+        1024,
+        "Criteo: consecutive rows that stay together when shuffling; smaller blocks mix "
+        "better, larger blocks read faster.",
     )
     # --- training ----------------------------------------------------------------------------
     batch_size: int = option(512, "Training samples per rank per step.")
@@ -134,8 +173,14 @@ class TrainConfig:
     validate_every: int = option(
         0, "Validate every N training steps; 0 validates only after training."
     )
-    val_batches: int = option(40, "Validation batches per rank.")
-    test_batches: int = option(40, "Test batches per rank, run once after training.")
+    val_batches: int = option(
+        40, "Validation batches per rank; 0: none with synthetic data, the whole split with criteo."
+    )
+    test_batches: int = option(
+        40,
+        "Test batches per rank, run once after training; 0: none with synthetic data, the whole "
+        "split with criteo.",
+    )
     log_every: int = option(100, "Log the training loss and throughput every N steps.")
     output_dir: str = option(
         "outputs",
@@ -191,10 +236,37 @@ class TrainConfig:
                 f"--lr_decay_start {self.lr_decay_start} is inside the warmup "
                 f"(--lr_warmup_steps {self.lr_warmup_steps}): warmup must finish before decay starts"
             )
+        self._check_data()
         self._check_table_sizes()
         self._check_layer_sizes()
         if self.sharding_type in ROW_WISE_KINDS:
             check_int8_comms(self, [self.sharding_type])
+
+    def _check_data(self) -> None:
+        self.num_embeddings_per_feature = preset_table_sizes(
+            self.table_size_preset, self.num_embeddings_per_feature
+        )
+        if self.data == "criteo":
+            if not self.data_path:
+                raise ConfigError(
+                    "--data criteo needs --data_path: the folder (or URL) that "
+                    "`python -m apps.dlrm.preprocess --output` wrote"
+                )
+            if (self.num_dense_features, self.num_sparse_features) != (INT_FEATURES, CAT_FEATURES):
+                raise ConfigError(
+                    f"--data criteo has {INT_FEATURES} dense and {CAT_FEATURES} sparse features: "
+                    f"--num_dense_features {self.num_dense_features} and --num_sparse_features "
+                    f"{self.num_sparse_features} must be {INT_FEATURES} and {CAT_FEATURES}"
+                )
+        elif self.data_path:
+            raise ConfigError(f"--data_path {self.data_path} is read only with --data criteo")
+        for name in ("eval_days", "shuffle_block_rows"):
+            _require_positive(name, getattr(self, name))
+        if not 0 < self.eval_fraction <= 1:
+            raise ConfigError(
+                f"--eval_fraction {self.eval_fraction} must be in (0, 1]: the share of the "
+                "--eval_days days' rows held out for validation and test"
+            )
 
     def _check_table_sizes(self) -> None:
         sizes = self.num_embeddings_per_feature

@@ -27,8 +27,7 @@ from torchrec.optim.keyed import CombinedOptimizer
 
 from apps.dlrm.checkpoint import CheckpointStore, open_checkpoints, restore, save
 from apps.dlrm.config import TrainConfig, parse_train_config
-from apps.dlrm.data import make_dataset
-from apps.dlrm.data.synthetic import SyntheticClickLogs
+from apps.dlrm.data import ClickLogs, make_dataset
 from apps.dlrm.distributed import DistEnv, all_reduce_mean, init_distributed
 from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.model import build_model
@@ -91,7 +90,7 @@ class Training:
     schedule: LRSchedule
     pipeline: TrainPipeline
     plan: ShardingPlan
-    data: SyntheticClickLogs
+    data: ClickLogs
 
 
 def build_training(cfg: TrainConfig, env: DistEnv) -> Training:

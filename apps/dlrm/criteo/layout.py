@@ -1,0 +1,201 @@
+"""The binary layout of preprocessed Criteo click logs, and how it is written and read.
+
+A preprocessed folder holds, for every input file ``<day>`` (its name without ``.gz``,
+``.tsv``, ``.txt`` or ``.csv``), three NumPy ``.npy`` files with one row per sample, in the
+order of the input lines that were kept::
+
+    <day>_dense.npy    float32 [rows, 13]  log(1 + max(x, 0)) of the 13 integer features;
+                                           a missing value counts as 0 (so it becomes 0.0)
+    <day>_sparse.npy   int32   [rows, 26]  the 26 categorical features as embedding-table
+                                           rows: feature f is in [0, num_embeddings_f); with
+                                           --categorical_ids hash the 32-bit value modulo
+                                           num_embeddings_f, a missing value being the value 0
+                                           (as in TorchRec); vocabulary: see vocabulary.py
+    <day>_labels.npy   int32   [rows, 1]   the click label, 0 or 1
+    <day>_report.json  this file's counts (rows read, written, skipped and repaired per kind);
+                       written last, so its presence marks the day as complete
+
+and, for the whole folder::
+
+    manifest.json      format and version, the settings every day was written with (table
+                       sizes, how categorical values became ids) and the days in order
+    report.json        the counts of all days together (rows_read, rows_written, skipped,
+                       repaired) and per day
+    vocabulary/        only with --categorical_ids vocabulary: per-day value counts and the
+                       per-feature vocabularies (see apps.dlrm.criteo.vocabulary)
+
+``.npy`` is NumPy's own format (version 1.0: a 128-byte header, then the little-endian,
+C-ordered array), so every file is memory-mapped with ``np.load(path, mmap_mode="r")``. The
+names, shapes and dtypes are those of TorchRec's binary Criteo files, so TorchRec's
+``InMemoryBinaryCriteoIterDataPipe`` reads them too.
+
+Arrays are streamed to disk as they are produced: a file starts with a header reserving room
+for any row count, rows are appended, and the header is rewritten with the final shape when
+the file is complete. Every file is written under a temporary name and renamed when complete,
+so a folder never holds a partial file under a final name.
+"""
+
+import io
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from apps.dlrm.options import ConfigError
+
+INT_FEATURES = 13
+CAT_FEATURES = 26
+
+FORMAT = "dlrm-criteo-npy"
+FORMAT_VERSION = 1
+
+MANIFEST = "manifest.json"
+REPORT = "report.json"
+VOCABULARY_DIR = "vocabulary"
+
+#: Array name -> (dtype, columns) of every day.
+ARRAYS = {
+    "dense": (np.dtype("<f4"), INT_FEATURES),
+    "sparse": (np.dtype("<i4"), CAT_FEATURES),
+    "labels": (np.dtype("<i4"), 1),
+}
+
+# Room for the largest possible row count: the header is rewritten in place once rows are known.
+_HEADER_PLACEHOLDER_ROWS = np.iinfo(np.int64).max
+
+
+def array_file(day: str, array: str) -> str:
+    return f"{day}_{array}.npy"
+
+
+def day_report_file(day: str) -> str:
+    return f"{day}_report.json"
+
+
+def day_files(day: str) -> list[str]:
+    """The files of one day, the report (the completion mark) last."""
+    return [array_file(day, name) for name in ARRAYS] + [day_report_file(day)]
+
+
+def temporary_name(path: str) -> str:
+    """Where ``path`` is written before it is complete: a hidden name in the same folder."""
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        out, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    )
+    return out.getvalue()
+
+
+class NpyAppender:
+    """Writes a 2-D ``.npy`` file row block by row block, without knowing the row count first.
+
+    The file is written under a temporary name; :meth:`commit` fixes the header and renames it.
+    """
+
+    def __init__(self, path: str, dtype: np.dtype, columns: int) -> None:
+        self.path = path
+        self.dtype = dtype
+        self.columns = columns
+        self.rows = 0
+        self._tmp = temporary_name(path)
+        self._header_len = len(_npy_header(dtype, (_HEADER_PLACEHOLDER_ROWS, columns)))
+        self._file: BinaryIO = open(self._tmp, "wb")
+        self._file.write(_npy_header(dtype, (_HEADER_PLACEHOLDER_ROWS, columns)))
+
+    def append(self, rows: np.ndarray) -> None:
+        assert rows.dtype == self.dtype and rows.ndim == 2 and rows.shape[1] == self.columns
+        self._file.write(np.ascontiguousarray(rows).data)
+        self.rows += rows.shape[0]
+
+    def commit(self) -> None:
+        header = _npy_header(self.dtype, (self.rows, self.columns))
+        # The placeholder has the longest shape, and headers are padded to 64 bytes: same length.
+        assert len(header) == self._header_len, (len(header), self._header_len)
+        self._file.seek(0)
+        self._file.write(header)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self.path)
+
+    def discard(self) -> None:
+        self._file.close()
+        if os.path.exists(self._tmp):
+            os.remove(self._tmp)
+
+
+def write_json(path: str, value: Any) -> None:
+    """Writes ``value`` as JSON to ``path`` atomically (temporary name, then rename)."""
+    tmp = temporary_name(path)
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+@dataclass
+class DayArrays:
+    """One complete day of a preprocessed folder, memory-mapped."""
+
+    day: str
+    dense: np.ndarray  # float32 [rows, 13]
+    sparse: np.ndarray  # int32 [rows, 26]
+    labels: np.ndarray  # int32 [rows, 1]
+
+    @property
+    def rows(self) -> int:
+        return self.labels.shape[0]
+
+
+def open_folder(folder: str) -> tuple[dict, list[DayArrays]]:
+    """The manifest and the memory-mapped days of a preprocessed folder, checked for
+    completeness and consistency; a folder that does not fit is a ConfigError naming the fix."""
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.exists(path):
+        raise ConfigError(
+            f"{folder} has no {MANIFEST}: it is not a folder written by "
+            "`python -m apps.dlrm.preprocess --output`"
+        )
+    manifest = read_json(path)
+    if (manifest.get("format"), manifest.get("version")) != (FORMAT, FORMAT_VERSION):
+        raise ConfigError(
+            f"{path} describes format {manifest.get('format')} version {manifest.get('version')}, "
+            f"but this code reads {FORMAT} version {FORMAT_VERSION}: preprocess the click logs again"
+        )
+    days = []
+    for day in manifest["days"]:
+        if not os.path.exists(os.path.join(folder, day_report_file(day))):
+            raise ConfigError(
+                f"day {day} of {folder} is incomplete (no {day_report_file(day)}): rerun "
+                "`python -m apps.dlrm.preprocess` with the same options to finish it"
+            )
+        arrays = {}
+        for name, (dtype, columns) in ARRAYS.items():
+            array = np.load(os.path.join(folder, array_file(day, name)), mmap_mode="r")
+            if array.dtype != dtype or array.ndim != 2 or array.shape[1] != columns:
+                raise ConfigError(
+                    f"{array_file(day, name)} in {folder} holds {array.dtype} {array.shape}, "
+                    f"not {dtype} [rows, {columns}]: preprocess this day again"
+                )
+            arrays[name] = array
+        if len({array.shape[0] for array in arrays.values()}) != 1:
+            raise ConfigError(
+                f"the files of day {day} in {folder} have different row counts "
+                f"({', '.join(f'{k} {v.shape[0]}' for k, v in arrays.items())}): preprocess it again"
+            )
+        days.append(DayArrays(day, **arrays))
+    return manifest, days

@@ -1,0 +1,280 @@
+"""Criteo click logs, preprocessed (``python -m apps.dlrm.preprocess``), as TorchRec batches.
+
+The days of the folder (layout: :mod:`apps.dlrm.criteo.layout`) are memory-mapped and read as
+one sequence of rows, in day order. The last ``--eval_days`` days are held out MLPerf style:
+of their last ``--eval_fraction`` of rows, the first half (rounded up) is the validation split
+and the rest the test split; every row before them trains.
+
+Training. With ``W`` ranks and ``--batch_size B``, a step consumes a global batch of ``G = B * W``
+rows of the epoch's row order, and rank ``r`` takes its ``r``-th slice of ``B`` rows, so ranks
+never overlap. An epoch is ``floor(train rows / G)`` steps; the rows left over are not lost, as
+the order changes every epoch. With ``--shuffle`` (the default) the epoch's order is the training
+rows cut into blocks of ``--shuffle_block_rows`` consecutive rows, the blocks permuted by a
+generator seeded with ``(--seed, epoch)``; without, it is the file order. A batch is therefore a
+pure function of (seed, step, rank): resuming at step ``s`` yields exactly the batches an
+uninterrupted run yields from step ``s``.
+
+Evaluation. ``eval_batches(split, n)`` walks the split in order, ``G`` rows per global batch,
+rank ``r`` taking its slice. ``n = 0`` means the whole split: the rows after the last full
+global batch form one more, smaller batch, split as evenly as possible over the ranks (at most
+``W - 1`` rows, fewer than one per rank, are left out). A larger ``n`` than the split holds is
+capped at the whole split. Every rank gets the same number of batches, as the sharded model's
+collectives require.
+
+Batches are assembled with numpy slice copies (a few per batch, never a loop over rows) into
+tensors that are pinned when training on a GPU, by a background thread that keeps a few batches
+ready, so the training loop does not wait on page faults or disk reads.
+"""
+
+import itertools
+import logging
+import math
+import queue
+import threading
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from apps.dlrm.config import TrainConfig
+from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, open_folder
+from apps.dlrm.model import feature_names
+from apps.dlrm.options import ConfigError
+
+logger = logging.getLogger("apps.dlrm.data")
+
+# Batches the background thread keeps ready.
+PREFETCH_BATCHES = 4
+
+Range = tuple[int, int]  # [start, stop) in the rows of all days, in day order
+
+
+class CriteoClickLogs:
+    """Rank ``rank``'s batches of a preprocessed Criteo folder."""
+
+    # Real labels have no hidden teacher to compare with (no AUROC ceiling).
+    teacher_logits = None
+
+    def __init__(self, cfg: TrainConfig, folder: str, rank: int, world_size: int, pin_memory: bool) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.pin_memory = pin_memory
+        self.keys = feature_names(CAT_FEATURES)
+        manifest, self.days = open_folder(folder)
+        _check_table_sizes(manifest["num_embeddings_per_feature"], cfg.table_sizes, folder)
+        self._day_starts = np.cumsum([0] + [day.rows for day in self.days])
+        self.splits = _split(self.days, cfg.eval_days, cfg.eval_fraction, folder)
+        self.global_batch = cfg.batch_size * world_size
+        train_rows = self.splits["train"][1]
+        self.steps_per_epoch = train_rows // self.global_batch
+        if not self.steps_per_epoch:
+            raise ConfigError(
+                f"{folder} has {train_rows} training rows, fewer than one global batch "
+                f"(--batch_size {cfg.batch_size} x {world_size} ranks): lower --batch_size"
+            )
+        self._block_rows = cfg.shuffle_block_rows if cfg.shuffle else train_rows
+        self._kjt_layouts: dict[int, dict] = {}
+        logger.info(
+            "criteo %s: %d days, %s rows: train %s (%d steps per epoch), validation %s, test %s",
+            folder, len(self.days), f"{int(self._day_starts[-1]):,}", f"{train_rows:,}",
+            self.steps_per_epoch, *(f"{stop - start:,}" for start, stop in
+                                    (self.splits["val"], self.splits["test"])),
+        )
+
+    # --- iteration -----------------------------------------------------------------------------
+
+    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+        """This rank's training batches from ``start_step`` on, without end."""
+        order = _EpochOrder(self.splits["train"][1], self._block_rows, self.cfg.seed, self.cfg.shuffle)
+        return _prefetched(lambda step: self._batch(order.ranges(*self._train_slice(step))),
+                           itertools.count(start_step))
+
+    def eval_batches(self, split: str, num_batches: int) -> Iterator[Batch]:
+        """This rank's batches of ``split`` ("val" or "test"); ``num_batches`` 0: all of it."""
+        ranges = self._eval_ranges(split, num_batches)
+        return _prefetched(lambda i: self._batch([ranges[i]]), range(len(ranges)))
+
+    def _train_slice(self, step: int) -> tuple[int, int, int]:
+        """(epoch, first, last) positions of this rank's rows of ``step`` in the epoch's order."""
+        epoch, index = divmod(step, self.steps_per_epoch)
+        first = index * self.global_batch + self.rank * self.cfg.batch_size
+        return epoch, first, first + self.cfg.batch_size
+
+    def _eval_ranges(self, split: str, num_batches: int) -> list[Range]:
+        start, stop = self.splits[split]
+        b, w = self.cfg.batch_size, self.world_size
+        full, rest = divmod(stop - start, self.global_batch)
+        firsts = [start + i * self.global_batch + self.rank * b for i in range(full)]
+        ranges = [(first, first + b) for first in firsts]
+        if rest >= w:  # the tail: rest // w or rest // w + 1 rows per rank
+            sizes = [rest // w + (r < rest % w) for r in range(w)]
+            first = start + full * self.global_batch + sum(sizes[: self.rank])
+            ranges.append((first, first + sizes[self.rank]))
+        if num_batches:
+            ranges = ranges[:num_batches]
+        return ranges
+
+    # --- batch assembly ------------------------------------------------------------------------
+
+    def _batch(self, ranges: list[Range]) -> Batch:
+        size = sum(stop - start for start, stop in ranges)
+        dense = self._empty((size, INT_FEATURES), torch.float32)
+        ids = self._empty((CAT_FEATURES, size), torch.int32)
+        labels = self._empty((size,), torch.float32)
+        dense_np, ids_np, labels_np = dense.numpy(), ids.numpy(), labels.numpy()
+        at = 0
+        for start, stop in ranges:
+            for day, lo, hi in self._day_slices(start, stop):
+                n = hi - lo
+                dense_np[at : at + n] = day.dense[lo:hi]
+                ids_np[:, at : at + n] = day.sparse[lo:hi].T  # KJT values are feature-major
+                labels_np[at : at + n] = day.labels[lo:hi, 0]
+                at += n
+        return Batch(
+            dense_features=dense,
+            sparse_features=KeyedJaggedTensor(keys=self.keys, values=ids.view(-1), **self._kjt_layout(size)),
+            labels=labels,
+        )
+
+    def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=self.pin_memory)
+
+    def _kjt_layout(self, size: int) -> dict:
+        """One id per feature per sample: the same lengths and offsets for every batch of a size."""
+        if size not in self._kjt_layouts:
+            count = CAT_FEATURES * size
+            self._kjt_layouts[size] = dict(
+                lengths=torch.ones(count, dtype=torch.int32),
+                offsets=torch.arange(count + 1, dtype=torch.int32),
+                stride=size,
+                length_per_key=[size] * CAT_FEATURES,
+                offset_per_key=[size * f for f in range(CAT_FEATURES + 1)],
+                index_per_key={key: f for f, key in enumerate(self.keys)},
+            )
+        return self._kjt_layouts[size]
+
+    def _day_slices(self, start: int, stop: int) -> Iterator[tuple[DayArrays, int, int]]:
+        """The pieces of rows [start, stop) in each day they span, as (day, lo, hi)."""
+        d = int(np.searchsorted(self._day_starts, start, side="right")) - 1
+        while start < stop:
+            day_start = int(self._day_starts[d])
+            hi = min(stop, int(self._day_starts[d + 1]))
+            if hi > start:
+                yield self.days[d], start - day_start, hi - day_start
+            start = hi
+            d += 1
+
+
+class _EpochOrder:
+    """The training rows of an epoch: blocks of consecutive rows, permuted per epoch."""
+
+    def __init__(self, rows: int, block_rows: int, seed: int, shuffle: bool) -> None:
+        self.rows = rows
+        self.block_rows = block_rows
+        self.seed = seed
+        self.shuffle = shuffle
+        self.blocks = math.ceil(rows / block_rows)
+        self._epoch = -1
+
+    def _load(self, epoch: int) -> None:
+        if epoch == self._epoch:
+            return
+        order = np.arange(self.blocks)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.blocks)
+        sizes = np.full(self.blocks, self.block_rows, dtype=np.int64)
+        sizes[-1] = self.rows - self.block_rows * (self.blocks - 1)
+        self._order = order
+        self._ends = np.cumsum(sizes[order])  # position where each block of the order ends
+        self._epoch = epoch
+
+    def ranges(self, epoch: int, first: int, last: int) -> list[Range]:
+        """The row ranges at positions [first, last) of the epoch's order."""
+        self._load(epoch)
+        k = int(np.searchsorted(self._ends, first, side="right"))
+        ranges = []
+        while first < last:
+            block_start = int(self._ends[k - 1]) if k else 0
+            n = min(last, int(self._ends[k])) - first
+            row = int(self._order[k]) * self.block_rows + first - block_start
+            ranges.append((row, row + n))
+            first += n
+            k += 1
+        return ranges
+
+
+def _split(days: list[DayArrays], eval_days: int, eval_fraction: float, folder: str) -> dict[str, Range]:
+    total = sum(day.rows for day in days)
+    held_days = days[-eval_days:]
+    held = int(sum(day.rows for day in held_days) * eval_fraction)
+    if held < 2 or held >= total:
+        raise ConfigError(
+            f"{folder} has {len(days)} days ({total:,} rows): --eval_days {eval_days} "
+            f"--eval_fraction {eval_fraction} hold out {held:,} rows, which leaves "
+            f"{'no validation or test rows' if held < 2 else 'no training rows'}: "
+            "hold out fewer days (or a fraction of them) or preprocess more days"
+        )
+    val_start = total - held
+    test_start = val_start + math.ceil(held / 2)
+    return {"train": (0, val_start), "val": (val_start, test_start), "test": (test_start, total)}
+
+
+def _check_table_sizes(preprocessed: list[int], training: list[int], folder: str) -> None:
+    small = [f for f, (p, t) in enumerate(zip(preprocessed, training)) if t < p]
+    if small:
+        raise ConfigError(
+            f"{folder} was preprocessed for embedding tables of "
+            f"{','.join(map(str, preprocessed))} rows, but features "
+            f"{', '.join(map(str, small[:5]))}{' ...' if len(small) > 5 else ''} have smaller "
+            f"tables here ({','.join(map(str, training))}): train with "
+            f"--num_embeddings_per_feature {','.join(map(str, preprocessed))} (or the "
+            "--table_size_preset it was preprocessed with)"
+        )
+
+
+_END = object()
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _prefetched(make: Callable[[int], Batch], indices: Iterable[int]) -> Iterator[Batch]:
+    """``make(i)`` for every ``i``, computed by a background thread a few batches ahead."""
+    ready: queue.Queue = queue.Queue(maxsize=PREFETCH_BATCHES)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for i in indices:
+                if not put(make(i)):
+                    return
+            put(_END)
+        except BaseException as e:  # handed to the consumer, which raises it
+            put(_Failed(e))
+
+    thread = threading.Thread(target=produce, name="criteo-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()

@@ -1,0 +1,39 @@
+"""Preprocess Criteo TSV click logs for training: ``python -m apps.dlrm.preprocess --help``.
+
+    python -m apps.dlrm.preprocess --input /data/criteo/ --output /data/criteo_npy \\
+        --table_size_preset mlperf
+    torchrun --nproc_per_node 8 -m apps.dlrm.train --data criteo --data_path /data/criteo_npy \\
+        --table_size_preset mlperf
+
+The layout of the output is documented in :mod:`apps.dlrm.criteo.layout`; how bad lines are
+handled in :mod:`apps.dlrm.criteo.parse`. Exit status: 0 when every input file is converted,
+1 when some failed (the others are complete and a rerun converts only what is missing), 2 for
+a bad option.
+"""
+
+import logging
+import sys
+
+from apps.dlrm.criteo.config import parse_preprocess_config
+from apps.dlrm.criteo.pipeline import PreprocessFailed, preprocess
+from apps.dlrm.options import ConfigError
+
+logger = logging.getLogger("apps.dlrm.preprocess")
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_preprocess_config(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr)
+    try:
+        preprocess(cfg)
+    except ConfigError as e:
+        logger.error("%s", e)
+        sys.exit(2)
+    except PreprocessFailed as e:
+        logger.error("%s", e)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Where and how a single-process CPU role runs (components.dlrm:preprocess).
+
+``CpuLaunch`` has the arguments of :class:`components.launch.Launch` that mean something for one
+process without GPUs. Its fields are Launch's own (names, defaults, help) and Launch validates
+them, so the two cannot drift apart.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+from torchx import specs
+from torchx.components import utils
+
+from components.launch import Launch
+
+_LAUNCH = {f.name: f for f in dataclasses.fields(Launch)}
+
+
+def _same_as_launch(name: str, help: str | None = None) -> dataclasses.Field:
+    field = _LAUNCH[name]
+    metadata = {**field.metadata, "help": help} if help else field.metadata
+    if field.default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=field.default_factory, metadata=metadata)
+    return dataclasses.field(default=field.default, metadata=metadata)
+
+
+@dataclass
+class CpuLaunch:
+    name: str = _same_as_launch("name")
+    image: str = _same_as_launch("image")
+    h: str | None = _same_as_launch("h")
+    cpu: int = _same_as_launch("cpu")
+    memMB: int = _same_as_launch("memMB")
+    env: dict[str, str] = _same_as_launch("env")
+    mounts: list[str] = _same_as_launch("mounts")
+    max_retries: int = _same_as_launch(
+        "max_retries", "Times the scheduler restarts the job if it fails; a restart resumes it."
+    )
+
+    def __post_init__(self) -> None:
+        self.launch()  # Launch's checks: a bad value fails before anything is submitted
+
+    def launch(self) -> Launch:
+        """The Launch these arguments stand for: one process, no GPU."""
+        return Launch(j="1x1", gpu=0, **dataclasses.asdict(self))
+
+    def python_app(self, module: str, app_args: list[str]) -> specs.AppDef:
+        """The app that runs ``python -m module app_args`` as one process (TorchX's utils.python).
+
+        A method rather than a function in components/dlrm.py, which TorchX lists as components.
+        """
+        launch = self.launch()
+        app = utils.python(
+            *app_args, m=module, image=launch.image, name=launch.name, h=launch.h or None,
+            cpu=launch.cpu, gpu=0, memMB=launch.memMB, mounts=launch.mounts or None,
+        )
+        (role,) = app.roles
+        role.env.update(launch.merged_env)
+        role.max_retries = launch.max_retries
+        return app
