@@ -1,1 +1,3 @@
-"""Schedulers TorchX lacks (``aws_batch``); torchx_plugins/ registers them with TorchX."""
+"""Schedulers TorchX needs beyond its built-ins, registered as plugins in torchx_plugins/:
+``aws_batch`` (removed from torchx-nightly) and ``slurm`` (TorchX's own, with job status that works
+on Slurm 22.05 and later)."""
