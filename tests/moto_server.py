@@ -6,7 +6,6 @@ the (dummy) credentials come from the environment.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,9 @@ import urllib.request
 
 import pytest
 
+from apps.dlrm.distributed import free_port
+
 REGION = "us-west-2"  # not us-east-1: moto refuses a LocationConstraint there
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict | None = None) -> None:
@@ -32,7 +27,7 @@ def _post(url: str, body: dict | None = None) -> None:
 @pytest.fixture(scope="session")
 def moto_endpoint():
     """Starts moto_server once per session; yields its endpoint URL."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

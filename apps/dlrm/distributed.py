@@ -3,6 +3,7 @@
 import datetime
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -40,7 +41,7 @@ def init_distributed(timeout_s: int = 600) -> DistEnv:
     if "RANK" not in os.environ:
         os.environ.update(
             RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
         )
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
@@ -68,9 +69,8 @@ def init_distributed(timeout_s: int = 600) -> DistEnv:
     return env
 
 
-def _free_port() -> int:
-    import socket
-
+def free_port() -> int:
+    """A TCP port on loopback that is free now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
