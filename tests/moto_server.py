@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 import pytest
+import s3fs
 
 from apps.dlrm.distributed import free_port
 
@@ -55,6 +56,8 @@ def moto_endpoint():
 def aws(moto_endpoint, monkeypatch):
     """A clean AWS account on the loopback server; the standard AWS variables point at it."""
     _post(moto_endpoint + "/moto-api/reset")
+    # fsspec reuses S3 filesystem instances, with their listings of the account just reset.
+    s3fs.S3FileSystem.clear_instance_cache()
     _post(moto_endpoint + "/moto-api/config", {"batch": {"use_docker": False}})
     env = {
         "AWS_ENDPOINT_URL": moto_endpoint,
