@@ -27,6 +27,7 @@ from apps.dlrm.checkpoint import (
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.distributed import DistEnv
 from tests.conftest import BIN, REPO, TINY, assert_ok, run, tiny, torchrun
+from tests.gcs_server import gcs, gcs_endpoint  # noqa: F401  (fixtures)
 from tests.moto_server import aws, moto_endpoint  # noqa: F401  (fixtures)
 from tests.shards import assemble
 
@@ -186,6 +187,20 @@ def test_checkpoints_on_s3_resume(aws, tmp_path):
     assert_ok(second)
     assert summary["resumed_from_step"] == 20 and summary["steps"] == 30
     assert s3.exists("dlrm-ckpt/runs/a/step_00000030/COMMITTED")
+
+
+def test_checkpoints_on_gcs_resume(gcs, tmp_path):
+    fs = fsspec.filesystem("gs")
+    fs.mkdir("dlrm-ckpt-gcs")
+    url = "gs://dlrm-ckpt-gcs/runs/a"
+    first, trained = train_app(tmp_path, "first", "--checkpoint_dir", url, "--steps", "20")
+    assert_ok(first)
+    assert fs.exists("dlrm-ckpt-gcs/runs/a/step_00000020/COMMITTED")
+    # One save only: the emulator lacks GCS's moveTo, which gcsfs retries for ~30 s per save.
+    second, resumed = train_app(tmp_path, "second", "--checkpoint_dir", url, "--steps", "20")
+    assert_ok(second)
+    assert resumed["resumed_from_step"] == 20 and resumed["steps"] == 20
+    assert resumed["val_auroc"] == trained["val_auroc"]  # the same model came back
 
 
 @pytest.mark.parametrize(
