@@ -46,7 +46,6 @@ logger = logging.getLogger(__name__)
 
 COMMIT_MARKER = "COMMITTED"
 MANIFEST = "manifest.json"
-METADATA = ".metadata"
 PROGRESS = ("step", "train_loss")  # what the training loop needs to continue
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 
