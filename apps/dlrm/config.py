@@ -5,12 +5,11 @@
 (``torchx run components.dlrm:train --help``), whose arguments are these same fields.
 """
 
-import dataclasses
 from dataclasses import dataclass
 
 from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES
 from apps.dlrm.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
-from apps.dlrm.options import ConfigError, option, parse_config
+from apps.dlrm.options import ConfigError, check_choices, option, parse_config
 
 SHARDING_TYPES = (
     "auto",
@@ -200,13 +199,7 @@ class TrainConfig:
     keep_last: int = option(2, "Committed checkpoints to keep; older ones are deleted.")
 
     def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            choices = field.metadata.get("choices")
-            value = getattr(self, field.name)
-            if choices and value not in choices:
-                raise ConfigError(
-                    f"--{field.name} {value!r} is not supported: use one of {', '.join(choices)}"
-                )
+        check_choices(self)
         for name in (
             "num_dense_features",
             "num_sparse_features",

@@ -34,6 +34,21 @@ def field_default(field: dataclasses.Field) -> Any:
     return field.default
 
 
+def check_choices(config: Any) -> None:
+    """Refuses a field of the dataclass ``config`` whose value is not one of its choices.
+
+    argparse checks choices on the app's command line; this also covers a dataclass built
+    from TorchX component arguments or in code.
+    """
+    for field in options_of(type(config)):
+        choices = field.metadata.get("choices")
+        value = getattr(config, field.name)
+        if choices and value not in choices:
+            raise ConfigError(
+                f"--{field.name} {value!r} is not supported: use one of {', '.join(choices)}"
+            )
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("true", "1", "yes", "on"):

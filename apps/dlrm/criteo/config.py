@@ -4,12 +4,11 @@
 and the arguments of the TorchX component ``components.dlrm:preprocess``.
 """
 
-import dataclasses
 from dataclasses import dataclass
 
 from apps.dlrm.criteo.layout import CAT_FEATURES
 from apps.dlrm.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
-from apps.dlrm.options import ConfigError, option, parse_config
+from apps.dlrm.options import ConfigError, check_choices, option, parse_config
 
 CATEGORICAL_IDS = ("hash", "vocabulary")
 
@@ -59,13 +58,7 @@ class PreprocessConfig:
     )
 
     def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            choices = field.metadata.get("choices")
-            if choices and getattr(self, field.name) not in choices:
-                raise ConfigError(
-                    f"--{field.name} {getattr(self, field.name)!r} is not supported: use one "
-                    f"of {', '.join(choices)}"
-                )
+        check_choices(self)
         if not self.input:
             raise ConfigError(
                 "--input is missing: give the Criteo TSV files, a folder of them or a URL "
