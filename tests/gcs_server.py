@@ -3,40 +3,20 @@
 gcsfs talks to it as it talks to GCS, once STORAGE_EMULATOR_HOST points there.
 """
 
-import os
-import subprocess
-import sys
-import time
-import urllib.request
-
 import pytest
 
-from apps.dlrm.distributed import free_port
+from tests.loopback import loopback_server
 
 
 @pytest.fixture(scope="session")
 def gcs_endpoint():
-    port = free_port()
-    server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator"), "start",
-         "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            urllib.request.urlopen(endpoint + "/storage/v1/b", timeout=2).read()
-            break
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                server.kill()
-                raise RuntimeError("gcp-storage-emulator did not start")
-            time.sleep(0.2)
-    yield endpoint
-    server.terminate()
-    server.wait(timeout=10)
+    """Starts gcp-storage-emulator once per session; yields its endpoint URL."""
+    with loopback_server(
+        "gcp-storage-emulator",
+        lambda port: ["start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+        "/storage/v1/b",
+    ) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

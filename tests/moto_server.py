@@ -5,16 +5,12 @@ the (dummy) credentials come from the environment.
 """
 
 import json
-import os
-import subprocess
-import sys
-import time
 import urllib.request
 
 import pytest
 import s3fs
 
-from apps.dlrm.distributed import free_port
+from tests.loopback import loopback_server
 
 REGION = "us-west-2"  # not us-east-1: moto refuses a LocationConstraint there
 
@@ -28,28 +24,10 @@ def _post(url: str, body: dict | None = None) -> None:
 @pytest.fixture(scope="session")
 def moto_endpoint():
     """Starts moto_server once per session; yields its endpoint URL."""
-    port = free_port()
-    server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).read()
-            break
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                server.kill()
-                raise RuntimeError("moto_server did not start")
-            time.sleep(0.2)
-    # No Docker engine here: Batch jobs must not try to start containers.
-    _post(endpoint + "/moto-api/config", {"batch": {"use_docker": False}})
-    yield endpoint
-    server.terminate()
-    server.wait(timeout=10)
+    with loopback_server("moto_server", lambda port: ["-H", "127.0.0.1", "-p", str(port)], "/moto-api/") as endpoint:
+        # No Docker engine here: Batch jobs must not try to start containers.
+        _post(endpoint + "/moto-api/config", {"batch": {"use_docker": False}})
+        yield endpoint
 
 
 @pytest.fixture
