@@ -26,7 +26,7 @@ def worker(urls: list[str], rows: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from apps.dlrm.checkpoint import CheckpointStore, open_checkpoints, restore, save
+    from apps.dlrm.checkpoint import open_checkpoints, restore, save
     from apps.dlrm.config import TrainConfig
     from apps.dlrm.distributed import init_distributed
     from apps.dlrm.sharding import plan_tables

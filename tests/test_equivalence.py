@@ -2,7 +2,6 @@
 unsharded process, from the same weights on the same samples, follow the same loss trajectory."""
 
 import json
-import sys
 
 import pytest
 import torch

@@ -33,16 +33,9 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingPlan
 
 from apps.dlrm.config import TrainConfig, check_int8_comms
-from apps.dlrm.model import build_model, table_configs
-from apps.dlrm.optim import check_embedding_optimizer, fuse_embedding_optimizer
+from apps.dlrm.model import table_configs
 from apps.dlrm.options import ConfigError, add_options, build_parser
-from apps.dlrm.sharding import (
-    check_comm_precisions,
-    make_planner,
-    make_sharder,
-    make_topology,
-    planner_offers,
-)
+from apps.dlrm.sharding import make_planner, make_topology, model_to_shard, planner_offers
 from apps.dlrm.target import Cluster, GiB, PlanTarget
 
 #: Without memory limits the planner always finds a placement: it shows what a job that does not
@@ -155,18 +148,13 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
     The model is built and its optimizer fused exactly as the training app does, on the meta
     device, so the planner sees the same tables and estimates the same storage.
     """
-    device = torch.device(cluster.device)
-    check_embedding_optimizer(cfg, device)
-    check_comm_precisions(cfg, device)
-    sharder = make_sharder(cfg)
+    model, sharder = model_to_shard(cfg, torch.device(cluster.device), dense_device=torch.device("meta"))
     if not planner_offers(cfg, sharder, cluster.device):
         raise ConfigError(
             f"--sharding_type {cfg.sharding_type}: TorchRec's planner offers no row-wise kinds for "
             "CPU ranks (the app builds that plan itself at start-up), so it cannot estimate this "
             "plan; preview the job on GPUs (-h, or --gpu with --hbm_gb) or use another sharding type"
         )
-    model = build_model(cfg, dense_device=torch.device("meta"))
-    fuse_embedding_optimizer(cfg, model.model.sparse_arch.parameters())
     report, error = _PlannerReport(), ""
     try:
         plan = _plan(cfg, model, sharder, _topology(cluster), report)

@@ -29,7 +29,8 @@ from torchrec.distributed.types import ShardingPlan
 
 from apps.dlrm.config import TrainConfig, check_int8_comms
 from apps.dlrm.distributed import DistEnv
-from apps.dlrm.model import EBC_PATH
+from apps.dlrm.model import EBC_PATH, build_model
+from apps.dlrm.optim import check_embedding_optimizer, fuse_embedding_optimizer
 from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,21 @@ def check_comm_precisions(cfg: TrainConfig, device: torch.device) -> None:
                 f"--{name} fp8 needs GPUs: FBGEMM's fp8 codec has no CPU kernel; "
                 "use fp16, bf16 or int8 on CPU"
             )
+
+
+def model_to_shard(
+    cfg: TrainConfig, device: torch.device, dense_device: torch.device
+) -> tuple[nn.Module, EmbeddingBagCollectionSharder]:
+    """The unsharded model (tables on the meta device, optimizer fused) and its sharder.
+
+    What the training app shards on ``device`` and what the plan preview plans for it: one
+    recipe, so the preview's planner sees the tables and storage the job will have.
+    """
+    check_embedding_optimizer(cfg, device)
+    check_comm_precisions(cfg, device)
+    model = build_model(cfg, dense_device=dense_device)
+    fuse_embedding_optimizer(cfg, model.model.sparse_arch.parameters())
+    return model, make_sharder(cfg)
 
 
 def make_sharder(cfg: TrainConfig) -> EmbeddingBagCollectionSharder:

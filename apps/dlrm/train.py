@@ -30,23 +30,10 @@ from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data import ClickLogs, make_dataset
 from apps.dlrm.distributed import DistEnv, all_reduce_mean, init_distributed
 from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
-from apps.dlrm.model import build_model
-from apps.dlrm.optim import (
-    LRSchedule,
-    check_embedding_optimizer,
-    fuse_embedding_optimizer,
-    training_optimizer,
-)
+from apps.dlrm.optim import LRSchedule, training_optimizer
 from apps.dlrm.options import ConfigError
 from apps.dlrm.report import Reporter, setup_logging
-from apps.dlrm.sharding import (
-    build_plan,
-    check_comm_precisions,
-    describe_plan,
-    make_sharder,
-    plan_tables,
-    shard_model,
-)
+from apps.dlrm.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
 
 logger = logging.getLogger("apps.dlrm")
 
@@ -95,16 +82,12 @@ class Training:
 
 def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
     """Checks what depends on the device, then builds, plans and shards the model."""
-    check_embedding_optimizer(cfg, env.device)
-    check_comm_precisions(cfg, env.device)
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
         torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
     # Same seed on every rank: DDP needs identical dense weights to start from.
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, dense_device=env.device)
-    fuse_embedding_optimizer(cfg, model.model.sparse_arch.parameters())
-    sharder = make_sharder(cfg)
+    model, sharder = model_to_shard(cfg, env.device, dense_device=env.device)
     plan = build_plan(cfg, model, sharder, env)
     sharded = shard_model(model, plan, sharder, env)
     optimizer = training_optimizer(cfg, sharded)
