@@ -32,21 +32,11 @@ def process_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def aborted_at_exit(result: subprocess.CompletedProcess) -> bool:
-    """gloo rarely aborts a process at exit after it finished its work: not a failure of ours."""
-    out = result.stdout + result.stderr
-    return result.returncode != 0 and ("Signal 6" in out or "SIGABRT" in out or "exitcode  : -6" in out)
-
-
-def run(cmd: list[str], *, timeout: int = 600, cwd: str | None = None, done: str | None = None,
-        **env: str) -> subprocess.CompletedProcess:
-    """Runs ``cmd``; a run whose ``done`` file exists and that only aborted at exit counts as passed."""
-    result = subprocess.run(
+def run(cmd: list[str], *, timeout: int = 600, cwd: str | None = None, **env: str) -> subprocess.CompletedProcess:
+    """Runs ``cmd`` to its end; its exit status is the job's: any failure fails the test."""
+    return subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=process_env(**env)
     )
-    if done and os.path.exists(done) and aborted_at_exit(result):
-        result = subprocess.CompletedProcess(result.args, 0, result.stdout, result.stderr)
-    return result
 
 
 def torchrun(args: list[str], *, nproc: int = 2, **kwargs) -> subprocess.CompletedProcess:

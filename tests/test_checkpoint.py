@@ -35,8 +35,7 @@ from tests.shards import assemble
 def train_app(tmp, name, *args, nproc=2, **kwargs):
     """Runs the app under torchrun; returns (result, summary or None)."""
     out = tmp / name
-    result = torchrun(["-m", "apps.dlrm.train", *TINY, "--output_dir", str(out), *args], nproc=nproc,
-                      done=str(out / "summary.json"), **kwargs)
+    result = torchrun(["-m", "apps.dlrm.train", *TINY, "--output_dir", str(out), *args], nproc=nproc, **kwargs)
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
     return result, summary
 

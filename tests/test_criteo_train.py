@@ -37,7 +37,6 @@ def test_preprocess_then_train_two_ranks_on_the_criteo_files(tmp_path):
     result = torchrun(
         ["-m", "apps.dlrm.train", "--data", "criteo", "--data_path", str(data), "--output_dir", str(out),
          *tiny(val_batches=0, test_batches=0)],
-        done=str(out / "summary.json"),
     )
     assert_ok(result)
     summary = json.loads((out / "summary.json").read_text())

@@ -49,7 +49,6 @@ def test_sharded_training_matches_unsharded_reference(sharding_type, tmp_path):
     out = tmp_path / "losses.json"
     result = torchrun(
         [f"{REPO}/tests/equivalence_worker.py", str(tmp_path / "init.pt"), str(out), str(STEPS), *to_argv(cfg)],
-        done=str(out),
     )
     assert_ok(result)
     sharded = json.loads(out.read_text())

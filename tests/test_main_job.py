@@ -13,7 +13,6 @@ def test_main_job_trains_a_sharded_dlrm_that_learns(tmp_path):
         [os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2",
          "--output_dir", str(out)],
         cwd=str(tmp_path),  # any directory: the component and app come from the installed project
-        done=str(out / "summary.json"),
     )
     assert_ok(result)
     summary = json.loads((out / "summary.json").read_text())

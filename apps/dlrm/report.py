@@ -15,6 +15,13 @@ from tqdm import tqdm
 logger = logging.getLogger("apps.dlrm.report")
 
 
+class _ProgressBar(tqdm):
+    """tqdm without its monitor thread, which tqdm starts with the first bar and never stops:
+    no thread of the app may outlive training (see apps/dlrm/data/criteo.py, _prefetched)."""
+
+    monitor_interval = 0
+
+
 # Warnings that libraries raise about their own internals, which a user cannot act on.
 _LIBRARY_WARNINGS = (
     r"`broadcast_buffers` is deprecated",
@@ -47,7 +54,7 @@ class Reporter:
         self.output_dir = output_dir
         self.enabled = enabled
         self._writer = None
-        self._bar: tqdm | None = None
+        self._bar: _ProgressBar | None = None
         # On a terminal the bar redraws in place; in a log file (torchx, a scheduler) it is
         # printed as a line every 30 s and log lines are not interleaved with redraws.
         self._interactive = sys.stderr.isatty()
@@ -59,7 +66,7 @@ class Reporter:
 
     def progress(self, total: int, initial: int) -> None:
         """Starts the training progress bar."""
-        self._bar = tqdm(
+        self._bar = _ProgressBar(
             total=total,
             initial=initial,
             unit="step",

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.train_pipeline import (
@@ -49,7 +50,7 @@ def evaluate(model: nn.Module, batches: Iterator[Batch], env: DistEnv, teacher=N
     metrics = EvalMetrics(env.device, with_teacher=teacher is not None)
     was_training = model.training
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), contextlib.closing(batches):
         for batch in batches:
             teacher_logits = teacher(batch) if teacher is not None else None
             _, (_, logits, labels) = model(batch.to(env.device))
@@ -118,44 +119,45 @@ def fit(
     """
     tables = plan_tables(run.plan)
     global_batch = cfg.batch_size * env.world_size
-    batches = run.data.train_batches(start_step=progress["step"])
     throughput, window_meter = Throughput(), Throughput()
     window: list[torch.Tensor] = []
     reporter.progress(total=cfg.steps, initial=progress["step"])
     stopwatch = Stopwatch()
-    for step in range(progress["step"] + 1, cfg.steps + 1):
-        run.schedule.apply(step - 1)
-        loss, _, _ = run.pipeline.progress(batches)
-        window.append(loss)
-        elapsed = stopwatch.lap()
-        throughput.add(elapsed, global_batch)
-        window_meter.add(elapsed, global_batch)
-        progress["step"] = step
-        checkpoint_due = store is not None and (
-            step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-        )
-        if step % cfg.log_every == 0 or step == cfg.steps or checkpoint_due:
-            progress["train_loss"] = all_reduce_mean(window[-1].item(), env)
-            window_loss = all_reduce_mean(torch.stack(window).mean().item(), env)
-            reporter.scalars(
-                "train", {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}, step
+    # Closed when training ends or fails: a data loader's threads must not outlive it.
+    with contextlib.closing(run.data.train_batches(start_step=progress["step"])) as batches:
+        for step in range(progress["step"] + 1, cfg.steps + 1):
+            run.schedule.apply(step - 1)
+            loss, _, _ = run.pipeline.progress(batches)
+            window.append(loss)
+            elapsed = stopwatch.lap()
+            throughput.add(elapsed, global_batch)
+            window_meter.add(elapsed, global_batch)
+            progress["step"] = step
+            checkpoint_due = store is not None and (
+                step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
             )
-            reporter.log(
-                "step %d/%d  loss %.4f  %.0f samples/s",
-                step, cfg.steps, window_loss, window_meter.samples_per_sec,
-            )
-            window, window_meter = [], Throughput()
-            reporter.step(loss=window_loss)
-        else:
-            reporter.step()
-        if cfg.validate_every and step % cfg.validate_every == 0 and step < cfg.steps:
-            val = evaluate_split(run, "val", cfg.val_batches, env)
-            reporter.scalars("val", val, step)
-            reporter.log("step %d validation: %s", step, _fmt_metrics(val))
-        if checkpoint_due:
-            url = save(store, run.model, run.optimizer, progress, tables, cfg, env)
-            reporter.log("step %d: checkpoint committed at %s", step, url)
-        stopwatch.lap()  # validation and checkpoint time is not training time
+            if step % cfg.log_every == 0 or step == cfg.steps or checkpoint_due:
+                progress["train_loss"] = all_reduce_mean(window[-1].item(), env)
+                window_loss = all_reduce_mean(torch.stack(window).mean().item(), env)
+                reporter.scalars(
+                    "train", {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}, step
+                )
+                reporter.log(
+                    "step %d/%d  loss %.4f  %.0f samples/s",
+                    step, cfg.steps, window_loss, window_meter.samples_per_sec,
+                )
+                window, window_meter = [], Throughput()
+                reporter.step(loss=window_loss)
+            else:
+                reporter.step()
+            if cfg.validate_every and step % cfg.validate_every == 0 and step < cfg.steps:
+                val = evaluate_split(run, "val", cfg.val_batches, env)
+                reporter.scalars("val", val, step)
+                reporter.log("step %d validation: %s", step, _fmt_metrics(val))
+            if checkpoint_due:
+                url = save(store, run.model, run.optimizer, progress, tables, cfg, env)
+                reporter.log("step %d: checkpoint committed at %s", step, url)
+            stopwatch.lap()  # validation and checkpoint time is not training time
     reporter.close_progress()
     return throughput
 
@@ -213,6 +215,7 @@ def _fmt_metrics(values: dict[str, float]) -> str:
     return "  ".join(f"{name} {value:.4f}" for name, value in sorted(values.items()))
 
 
+@record  # a failing rank's traceback goes to torchrun's error file, which TorchX reports
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_train_config(argv)
     env = init_distributed()

@@ -244,7 +244,14 @@ class _Failed:
 
 
 def _prefetched(make: Callable[[int], Batch], indices: Iterable[int]) -> Iterator[Batch]:
-    """``make(i)`` for every ``i``, computed by a background thread a few batches ahead."""
+    """``make(i)`` for every ``i``, computed by a background thread a few batches ahead.
+
+    Closing the iterator (``close()``, or exhausting it) stops and joins the thread: callers
+    must close it before the process exits. A thread left building a batch while the
+    interpreter shuts down is killed as it takes the GIL back inside a torch call, and that
+    aborts the whole process ("terminate called without an active exception", SIGABRT) after
+    its work is done, so the job ends FAILED.
+    """
     ready: queue.Queue = queue.Queue(maxsize=PREFETCH_BATCHES)
     stop = threading.Event()
 
@@ -278,3 +285,4 @@ def _prefetched(make: Callable[[int], Batch], indices: Iterable[int]) -> Iterato
             yield item
     finally:
         stop.set()
+        thread.join()  # at most one batch to finish: put() gives up within 0.1 s once stopped

@@ -1,0 +1,59 @@
+"""A job that finished its work ends SUCCEEDED, every time.
+
+A rank used to abort at exit now and then ("terminate called without an active exception",
+SIGABRT) after writing summary.json, so the scheduler reported FAILED: the Criteo loader's
+prefetch thread was still building a batch inside a torch call when the interpreter shut down,
+and was killed as it took the GIL back. Training now closes its data iterators, which join their
+threads, before the process exits.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import BIN, REPO, assert_ok, process_env, run, tiny
+from tests.test_criteo_data import write_folder
+
+
+@pytest.fixture(scope="module")
+def criteo(tmp_path_factory):
+    return write_folder(tmp_path_factory.mktemp("criteo"), [3000, 3000, 3000, 2000], sizes=2000)
+
+
+def test_training_leaves_no_thread_running(criteo, tmp_path):
+    """The cause itself: after the app's main returns, only the main thread is left."""
+    code = (
+        "import sys, threading\n"
+        "from apps.dlrm.train import main\n"
+        "main(sys.argv[1:])\n"
+        "print('threads:', sorted(t.name for t in threading.enumerate()))\n"
+    )
+    args = tiny(data="criteo", data_path=criteo, validate_every=20, output_dir=tmp_path / "out")
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                            timeout=300, cwd=REPO, env=process_env())
+    assert_ok(result)
+    assert "threads: ['MainThread']" in result.stdout, result.stdout[-2000:]
+
+
+def torchx_job(tmp_path, name: str, *args: str) -> subprocess.CompletedProcess:
+    return run([os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2",
+                "--output_dir", str(tmp_path / name), *args], cwd=str(tmp_path), timeout=300)
+
+
+def test_ten_short_jobs_all_end_succeeded(criteo, tmp_path):
+    """Five rounds of two jobs at once, one per data kind: the load under which ranks aborted."""
+    jobs = []
+    for i in range(5):
+        jobs.append((f"synthetic{i}", tiny(seed=i)))
+        jobs.append((f"criteo{i}", tiny(seed=i, data="criteo", data_path=criteo)))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda job: torchx_job(tmp_path, job[0], *job[1]), jobs))
+    for (name, _), result in zip(jobs, results):
+        assert result.returncode == 0 and "job finished: SUCCEEDED" in result.stderr + result.stdout, (
+            f"{name}: exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+        )
+        assert json.loads((tmp_path / name / "summary.json").read_text())["steps"] == 40
