@@ -170,7 +170,7 @@ class Launch:
         # torchrun restarts failed trainers in place as often as the scheduler may restart the job:
         # a killed process costs a restart from the newest checkpoint, not a rescheduled job.
         env = {**self.merged_env, "PET_MAX_RESTARTS": str(self.max_retries)}
-        return dist.torchrun(
+        app = dist.torchrun(
             *app_args,
             m=module,
             image=self.image,
@@ -185,3 +185,18 @@ class Launch:
             rdzv_port=self.rdzv_port,
             mounts=self.mounts or None,
         )
+        (role,) = app.roles
+        role.args = [*role.args[:-1], _through_our_torchrun(role.args[-1])]
+        return app
+
+
+def _through_our_torchrun(command: str) -> str:
+    """TorchX's ``torchrun ...`` command line, run by ``python -m apps.dlrm.torchrun`` instead.
+
+    Same arguments; ours picks this host's address and network interface for multi-node jobs,
+    which torchrun guesses from the hostname (wrongly where it resolves to loopback).
+    """
+    head = "torchrun "
+    if not command.startswith(head):
+        raise AssertionError(f"TorchX's dist.torchrun no longer starts with {head!r}: {command}")
+    return "python -m apps.dlrm.torchrun " + command[len(head):]

@@ -28,10 +28,10 @@ def test_default_job_is_two_trainers_on_one_node():
     app = dlrm.train()
     (role,) = app.roles
     cmd = app_command(app)
-    assert cmd[0] == "torchrun"
+    assert cmd[:3] == ["python", "-m", "apps.dlrm.torchrun"]  # torchrun, picking host addresses
     assert cmd[cmd.index("--nnodes") + 1] == "1"
     assert cmd[cmd.index("--nproc_per_node") + 1] == "2"
-    assert cmd[cmd.index("-m") + 1] == "apps.dlrm.train"
+    assert cmd[cmd.index("-m", 3) + 1] == "apps.dlrm.train"
     assert role.num_replicas == 1
     assert role.max_retries == 0
     for key, value in DEFAULT_ENV.items():
