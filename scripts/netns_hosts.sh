@@ -7,6 +7,7 @@
 #   scripts/netns_hosts.sh exec NAME I COMMAND...            # runs COMMAND on host I
 #   scripts/netns_hosts.sh addr NAME I                       # host I's address (0: the bridge's)
 #   scripts/netns_hosts.sh disk NAME I                       # where host I's disk is, seen from here
+#   scripts/netns_hosts.sh kill NAME I                       # SIGKILL to every process of host I
 #   scripts/netns_hosts.sh down NAME                         # kills every process, deletes it all
 #
 # NAME (at most 9 letters and digits) keeps several sets apart. The hosts are on 10.213.X.0/24,
@@ -49,17 +50,23 @@ addr() {
   if [ "$i" = 0 ]; then echo "$(subnet "$name").254"; else echo "$(subnet "$name").$i"; fi
 }
 
+# SIGKILL to every process of a host (its namespace), until none is left: a host that dies.
+kill_host() {
+  local ns=$1 pids try
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    [ -n "$pids" ] || return 0
+    # shellcheck disable=SC2086
+    kill -9 $pids 2>/dev/null || true
+    sleep 0.2
+  done
+  [ -z "$(ip netns pids "$ns" 2>/dev/null || true)" ] || die "processes of $ns survive SIGKILL"
+}
+
 down() {
-  local name=$1 ns pids i dir
+  local name=$1 ns dir
   for ns in $(ip netns list | awk '{ print $1 }' | grep -E "^${name}h[0-9]+$" || true); do
-    # Every process of the host: the namespace stays alive as long as one is left.
-    for i in 1 2 3 4 5 6 7 8 9 10; do
-      pids=$(ip netns pids "$ns" 2>/dev/null || true)
-      [ -n "$pids" ] || break
-      # shellcheck disable=SC2086
-      kill -9 $pids 2>/dev/null || true
-      sleep 0.2
-    done
+    kill_host "$ns"  # the namespace stays alive as long as one of its processes does
     ip netns del "$ns" 2>/dev/null || true
   done
   ip link del "${name}br" 2>/dev/null || true
@@ -138,6 +145,7 @@ command -v ip >/dev/null || die "needs iproute2's ip (apt-get install iproute2)"
 case "${1:-}" in
   up) [ $# -ge 3 ] || die "usage: $0 up NAME COUNT [HOSTNAME_PREFIX]"; check_name "$2"; up "$2" "$3" "${4:-host}" ;;
   down) [ $# -eq 2 ] || die "usage: $0 down NAME"; check_name "$2"; down "$2" ;;
+  kill) [ $# -eq 3 ] || die "usage: $0 kill NAME I"; check_name "$2"; kill_host "$(netns "$2" "$3")" ;;
   exec) [ $# -ge 4 ] || die "usage: $0 exec NAME I COMMAND..."; check_name "$2"; shift; exec_on "$@" ;;
   addr) [ $# -eq 3 ] || die "usage: $0 addr NAME I"; check_name "$2"; addr "$2" "$3" ;;
   disk) [ $# -eq 3 ] || die "usage: $0 disk NAME I"; check_name "$2"; echo "$(state "$2")/disk/$3" ;;

@@ -61,10 +61,9 @@ class Hosts:
         self._started.append(process)
         return process
 
-    def kill(self, process: subprocess.Popen) -> None:
-        """SIGKILL to every process of ``process``'s session: a host that dies."""
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    def kill(self, host: int) -> None:
+        """SIGKILL to every process of ``host``: a host that dies."""
+        self._script("kill", self.name, str(host))
 
 
 def wait_all(processes: list[subprocess.Popen], timeout: float) -> list[int]:

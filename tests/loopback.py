@@ -1,4 +1,5 @@
-"""Starting a server program of the test venv on a free loopback port, for the tests' fixtures."""
+"""Starting a server program of the test venv on a free port of a local address (loopback, or
+this machine's address on the test hosts' bridge), for the tests' fixtures."""
 
 import contextlib
 import os
@@ -12,16 +13,17 @@ from apps.dlrm.distributed import free_port
 
 
 @contextlib.contextmanager
-def loopback_server(program: str, args: Callable[[int], list[str]], ready_path: str) -> Iterator[str]:
-    """Runs ``program args(port)`` until the block ends; yields ``http://127.0.0.1:PORT``
-    once ``ready_path`` answers."""
+def loopback_server(program: str, args: Callable[[int], list[str]], ready_path: str,
+                    host: str = "127.0.0.1") -> Iterator[str]:
+    """Runs ``program args(port)`` until the block ends; yields ``http://HOST:PORT`` once
+    ``ready_path`` answers. ``args`` must make the program listen on ``host``."""
     port = free_port()
     server = subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), program), *args(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"http://{host}:{port}"
     deadline = time.time() + 60
     while True:
         try:

@@ -4,8 +4,10 @@ Tests talk to it through boto3/s3fs exactly as they would talk to AWS: only the 
 the (dummy) credentials come from the environment.
 """
 
+import contextlib
 import json
 import urllib.request
+from typing import Iterator
 
 import pytest
 import s3fs
@@ -21,12 +23,31 @@ def _post(url: str, body: dict | None = None) -> None:
     urllib.request.urlopen(request, timeout=10).read()
 
 
+@contextlib.contextmanager
+def moto_server(host: str = "127.0.0.1") -> Iterator[str]:
+    """moto_server listening on ``host`` until the block ends; yields its endpoint URL."""
+    with loopback_server("moto_server", lambda port: ["-H", host, "-p", str(port)], "/moto-api/", host) as endpoint:
+        # No Docker engine here: Batch jobs must not try to start containers.
+        _post(endpoint + "/moto-api/config", {"batch": {"use_docker": False}})
+        yield endpoint
+
+
+def aws_env(endpoint: str) -> dict[str, str]:
+    """The standard AWS variables, pointing at the moto server at ``endpoint``."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint():
     """Starts moto_server once per session; yields its endpoint URL."""
-    with loopback_server("moto_server", lambda port: ["-H", "127.0.0.1", "-p", str(port)], "/moto-api/") as endpoint:
-        # No Docker engine here: Batch jobs must not try to start containers.
-        _post(endpoint + "/moto-api/config", {"batch": {"use_docker": False}})
+    with moto_server() as endpoint:
         yield endpoint
 
 
@@ -37,14 +58,7 @@ def aws(moto_endpoint, monkeypatch):
     # fsspec reuses S3 filesystem instances, with their listings of the account just reset.
     s3fs.S3FileSystem.clear_instance_cache()
     _post(moto_endpoint + "/moto-api/config", {"batch": {"use_docker": False}})
-    env = {
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-        "AWS_REGION": REGION,
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    env = aws_env(moto_endpoint)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env

@@ -21,6 +21,7 @@ import json
 import logging
 import posixpath
 import re
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -154,6 +155,22 @@ class CheckpointStore:
                 f"--checkpoint_dir {self.url} is not writable ({type(e).__name__}: {e}). "
                 + _storage_hint(self.url, e)
             ) from None
+
+    def write_share_probe(self) -> tuple[str, str]:
+        """Writes a probe file with a random token; returns (its path, the token)."""
+        token = uuid.uuid4().hex
+        path = posixpath.join(self.root, f".share-probe-{token}")
+        with self.fs.open(path, "w") as f:
+            f.write(token)
+        return path, token
+
+    def reads_share_probe(self, path: str, token: str) -> bool:
+        """Whether this process sees the probe another rank wrote."""
+        try:
+            with self.fs.open(path, "r") as f:
+                return f.read() == token
+        except OSError:
+            return False
 
     # --- listing -----------------------------------------------------------------------------
 
@@ -370,7 +387,35 @@ def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> tuple[CheckpointStore | 
         store.check_writable()
         return store.newest()
 
-    return store, decided_by_main(newest, env)
+    resume_from = decided_by_main(newest, env)
+    check_shared(store, env)
+    return store, resume_from
+
+
+def check_shared(store: CheckpointStore, env: DistEnv) -> None:
+    """Collective. Refuses a location the job's hosts do not all see as one and the same.
+
+    A local folder on each host (or an S3 endpoint of each host's own) would let every host
+    write its own ranks' shards where no other host sees them: the checkpoint would never be
+    complete anywhere, and every restart would begin from step 0. Rank 0 writes a probe and every
+    rank must read it back, before any step.
+    """
+    if env.num_nodes < 2:
+        return
+    probe = decided_by_main(store.write_share_probe, env)
+    seen = store.reads_share_probe(*probe)
+    views: list[Any] = [None] * env.world_size
+    dist.all_gather_object(views, (seen, socket.gethostname()))
+    if env.is_main:
+        store.fs.rm(probe[0])
+    blind = sorted({host for ok, host in views if not ok})
+    if blind:
+        raise CheckpointError(
+            f"--checkpoint_dir {store.url} is not shared by every host of the job: "
+            f"{', '.join(blind)} cannot read what rank 0 wrote there, so no checkpoint could ever be "
+            "complete. Use a folder that every host mounts (NFS, FSx, EFS, ...) or an object store "
+            "URL (s3://, gs://) that every host reaches"
+        )
 
 
 def training_state(model: nn.Module, optimizer: KeyedOptimizer, progress: dict[str, Any], rank: int) -> dict[str, Any]:
