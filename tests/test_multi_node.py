@@ -159,3 +159,19 @@ def test_criteo_from_s3_is_copied_once_to_each_hosts_own_disk(two_hosts, tmp_pat
                 assert a.read() == b.read(), (host, name)
     expected = one_host_loss(tmp_path / "local", "--data", "criteo", "--data_path", folder)
     assert abs(summary_on(two_hosts, 1, "criteo")["final_train_loss"] - expected) <= 1e-6
+
+
+def test_an_elastic_job_grows_when_a_second_host_joins(two_hosts, tmp_path):
+    """-j 1:2x1: host 1 trains alone; when host 2 arrives, torchrun stops host 1's trainer, both
+    rendezvous again, and training resumes on 2 ranks from the newest checkpoint, resharded."""
+    job = dict(j="1:2x1", steps=300, log_every=50, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=50,
+               output_dir=f"{DISK}/elastic")
+    first = start_on(two_hosts, tmp_path, 1, "localhost", **job)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "ckpt").glob("step_*/COMMITTED")):
+        assert first.poll() is None and time.monotonic() < deadline, logs(tmp_path)
+        time.sleep(0.2)
+    second = start_on(two_hosts, tmp_path, 2, "host1", **job)
+    assert wait_all([first, second], timeout=300) == [0, 0], logs(tmp_path)
+    summary = summary_on(two_hosts, 1, "elastic")
+    assert summary["world_size"] == 2 and summary["steps"] == 300 and summary["resumed_from_step"] >= 50
