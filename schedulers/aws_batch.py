@@ -10,6 +10,7 @@ sets on every node but the main one; ``dist.torchrun`` falls back to ``localhost
 
 The app handle is ``aws_batch://SESSION/QUEUE:JOB_NAME``: the job name is made unique at dry
 run, so the handle is known before submission and is the ``TORCHX_JOB_ID`` the trainers see.
+QUEUE is the queue's name, also where ``-cfg queue=`` gives the queue's ARN.
 
 Prerequisites: a job queue whose compute environment runs on EC2 (Batch does not run MNP jobs
 on Fargate or Spot), with the instance types you ask for (``-h``) and, for EFA, a cluster
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -94,10 +96,19 @@ _JOB_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 #: Room for make_unique's "-" and random suffix within Batch's 128-character job names.
 _MAX_NAME_STEM = 100
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
+#: A job queue's name (CreateJobQueue: up to 128 letters, digits, - and _) or its ARN. Checked
+#: because the queue's name is part of the app id, which TorchX writes into the trainers'
+#: ``bash -c`` command line (``--rdzv_id``, ``${app_id}``).
+_JOB_QUEUE = re.compile(r"(?:arn:aws[a-z-]*:batch:[a-z0-9-]+:\d{12}:job-queue/)?[A-Za-z0-9_-]{1,128}")
+#: Names of environment variables that usually hold credentials: a job definition keeps its
+#: environment in plain text, readable by anyone allowed to describe it.
+_SECRET_ENV_NAME = re.compile(r"SECRET|TOKEN|PASSW|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|API_KEY", re.IGNORECASE)
 _DEVICE_PERMISSIONS = {"r": "READ", "w": "WRITE", "m": "MKNOD"}
 #: describe_jobs takes at most 100 job ids per call.
 _DESCRIBE_BATCH = 100
 _TAIL_POLL_SECONDS = 5.0
+
+logger: logging.Logger = logging.getLogger(__name__)
 
 
 class UnsupportedAppError(ComponentValidationException):
@@ -144,7 +155,7 @@ class BatchJobRequest:
 
     @property
     def app_id(self) -> str:
-        return f"{self.job['jobQueue']}:{self.job['jobName']}"
+        return _app_id(self.job["jobQueue"], self.job["jobName"])
 
     def __str__(self) -> str:
         return json.dumps(
@@ -184,8 +195,9 @@ class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
     def _submit_dryrun(self, app: AppDef, cfg: AWSBatchOpts) -> AppDryRunInfo[BatchJobRequest, AWSBatchOpts]:
         _check_opts(cfg)
         _check_app(app)
+        _warn_of_credentials(app)
         name = make_unique(_JOB_NAME_CHARS.sub("-", app.name).strip("-_")[:_MAX_NAME_STEM] or "torchx")
-        app_id = f"{cfg.queue}:{name}"
+        app_id = _app_id(cfg.queue, name)
         images_to_push = self.dryrun_push_images(app, cfg)
 
         node_ranges = []
@@ -295,7 +307,7 @@ class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
         summaries = self._job_summaries(queue, {"name": "AFTER_CREATED_AT", "values": ["0"]})
         return [
             ListAppResponse(
-                app_id=f"{queue}:{job['jobName']}",
+                app_id=_app_id(queue, job["jobName"]),
                 state=JOB_STATE[job["status"]],
                 name=job["tags"].get(TAG_APP_NAME, job["jobName"]),
             )
@@ -393,6 +405,11 @@ class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
 
 
 def _check_opts(cfg: AWSBatchOpts) -> None:
+    if not _JOB_QUEUE.fullmatch(cfg.queue):
+        raise InvalidRunConfigException(
+            f"queue={cfg.queue!r} is neither a job queue name (1 to 128 letters, digits, - and _) nor a "
+            "job queue ARN (arn:aws:batch:REGION:ACCOUNT:job-queue/NAME)", "queue", cfg
+        )
     if cfg.priority is not None:
         if not 0 <= cfg.priority <= MAX_PRIORITY:
             raise InvalidRunConfigException(
@@ -435,6 +452,18 @@ def _check_app(app: AppDef) -> None:
         raise UnsupportedAppError(
             f"roles ask for different instance types {sorted(instance_types)}; all node groups of an "
             "AWS Batch multi-node job run on one instance type"
+        )
+
+
+def _warn_of_credentials(app: AppDef) -> None:
+    """Warns, naming them but not their values, of environment variables that look like credentials."""
+    names = sorted({name for role in app.roles for name in role.env if _SECRET_ENV_NAME.search(name)})
+    if names:
+        logger.warning(
+            "environment variables %s look like credentials, which the Batch job definition keeps in plain "
+            "text for anyone allowed to describe it: give the job an IAM role instead "
+            "(-cfg job_role_arn=arn:aws:iam::ACCOUNT:role/NAME)",
+            ", ".join(names),
         )
 
 
@@ -501,6 +530,15 @@ def _resource_requirements(resource: Resource) -> list[dict[str, str]]:
 
 
 # ── reading jobs back ────────────────────────────────────────────────────────────────────
+
+
+def _app_id(queue: str, job_name: str) -> str:
+    """``QUEUE_NAME:JOB_NAME`` of a job submitted to ``queue`` (a name or an ARN).
+
+    The name, not the ARN: an ARN's ``/`` would split TorchX's app handle
+    (``SCHEDULER://SESSION/APP_ID``) and its ``:`` this app id. Batch's calls take either.
+    """
+    return f"{queue.rpartition('/')[2]}:{job_name}"
 
 
 def _parse_app_id(app_id: str) -> tuple[str, str]:

@@ -7,17 +7,41 @@ TorchX's scheduler reads ``squeue --json -j ID`` as if it listed job ID only, ea
 that have not started, so ``torchx run`` and ``torchx status`` failed with KeyError while any job
 in the queue was waiting (or had been cancelled while waiting); and it writes ``het_job_id`` as a
 number, not an object, so ``torchx list`` on a cluster without accounting failed with TypeError.
+
+And no value can rewrite the sbatch script: run options that TorchX writes into it are checked
+before anything is built or submitted, and each replica's environment is set by quoted
+``env -- NAME=VALUE ...`` arguments instead of srun's comma-separated ``--export`` list.
+
 Everything else is TorchX's: submission, ``sacct`` for finished jobs, logs, cancel, run options.
 """
 
 import json
+import re
 import subprocess
-from typing import Any
+from typing import Any, Mapping
 
 from torchx.schedulers import slurm_scheduler
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse
-from torchx.schedulers.slurm_scheduler import get_appstate_from_job
-from torchx.specs import AppState, ReplicaStatus, Role, RoleStatus
+from torchx.schedulers.slurm_scheduler import SlurmBatchRequest, SlurmOpts, SlurmReplicaRequest, get_appstate_from_job
+from torchx.specs import (
+    AppDef,
+    AppDryRunInfo,
+    AppState,
+    CfgVal,
+    InvalidRunConfigException,
+    ReplicaStatus,
+    Role,
+    RoleStatus,
+)
+from torchx.specs.finder import ComponentValidationException
+
+#: Run options that TorchX writes on the script's ``#SBATCH`` lines, space-separated and
+#: unquoted: a newline there starts shell code, and a space, quote, backslash or ``#`` changes the
+#: options sbatch reads. Their values (partition lists, times, constraint expressions, QOS
+#: names) need none of these, so they are held to the characters below rather than quoted.
+SBATCH_LINE_OPTIONS = ("partition", "time", "constraint", "qos")
+SBATCH_LINE_CHARACTERS = "letters, digits and _ . , : - * & | ! [ ] ( ) + = @ /"
+_SBATCH_LINE_VALUE = re.compile(r"[A-Za-z0-9_.,:*&|!()\[\]+=@/-]+")
 
 
 def het_job_id(job: dict[str, Any]) -> int:
@@ -37,8 +61,63 @@ def jobs_of_app(jobs: list[dict[str, Any]], app_id: str) -> list[dict[str, Any]]
     return [job for job in jobs if app_id in (str(job["job_id"]), str(het_job_id(job)))]
 
 
+def check_script_text(app: AppDef, cfg: Mapping[str, CfgVal]) -> None:
+    """Refuses run options and role names that would change the sbatch script's text.
+
+    Options on ``#SBATCH`` lines (and role names, which become ``--job-name``) take only
+    SBATCH_LINE_CHARACTERS; the other text options take printable characters: the script echoes
+    them in a comment (``# Run with: sbatch ...``) that a newline would end.
+    """
+    for key, value in cfg.items():
+        if key in SBATCH_LINE_OPTIONS and value is not None and not _SBATCH_LINE_VALUE.fullmatch(str(value)):
+            raise InvalidRunConfigException(
+                f"{key}={value!r} would change the sbatch script's #SBATCH line: {key} takes "
+                f"{SBATCH_LINE_CHARACTERS} only", key, cfg
+            )
+        if isinstance(value, str) and not value.isprintable():
+            raise InvalidRunConfigException(
+                f"{key}={value!r} has a control character (newline, tab, ...) that would change the "
+                "sbatch script: use printable characters only", key, cfg
+            )
+    for role in app.roles:
+        if not _SBATCH_LINE_VALUE.fullmatch(role.name):
+            raise ComponentValidationException(
+                f"role name {role.name!r} would change the sbatch script's #SBATCH --job-name: "
+                f"a role name takes {SBATCH_LINE_CHARACTERS} only"
+            )
+
+
+def set_env_by_command(replica: SlurmReplicaRequest) -> None:
+    """Runs the replica's command under ``env -- NAME=VALUE ...`` instead of exporting its
+    environment with srun's ``--export=ALL,NAME=VALUE,...``.
+
+    srun splits that list at every comma, values included: ``--env NCCL_SOCKET_IFNAME=eth0,eth1``
+    reached the trainers as ``eth0``, and a value ``run,LD_PRELOAD=/tmp/x.so`` set a variable of
+    its own. ``env``'s arguments are quoted like the command's, so every value arrives whole.
+    """
+    assignments = [f"{name}={value}" for name, value in replica.env.items()]
+    replica.args = ["--", *assignments, replica.entrypoint, *replica.args]
+    replica.entrypoint = "env"
+    replica.env = {}
+    # As TorchX's --export=ALL,...: the job's own environment, with these values over it.
+    replica.srun_opts["export"] = "ALL"
+
+
 class SlurmScheduler(slurm_scheduler.SlurmScheduler):
-    """TorchX's SlurmScheduler, with ``describe`` and ``list`` that work on Slurm 22.05+."""
+    """TorchX's SlurmScheduler, with ``describe`` and ``list`` that work on Slurm 22.05+, and an
+    sbatch script whose text no run option or environment value can change."""
+
+    def _pre_build_validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:
+        # Before the workspace is built: the `dir` builder copies it into a job_dir that must not
+        # exist yet, so a refusal after the copy would also refuse the corrected command.
+        super()._pre_build_validate(app, scheduler, cfg)
+        check_script_text(app, cfg)
+
+    def _submit_dryrun(self, app: AppDef, cfg: SlurmOpts) -> AppDryRunInfo[SlurmBatchRequest, SlurmOpts]:
+        dryrun_info = super()._submit_dryrun(app, cfg)
+        for replica in dryrun_info.request.replicas.values():
+            set_env_by_command(replica)
+        return dryrun_info
 
     def _describe_squeue(self, app_id: str) -> DescribeAppResponse | None:
         # Raises CalledProcessError where squeue refuses a finished job's id; describe() then

@@ -28,9 +28,10 @@ def torchx(*args: str):
     return run([os.path.join(BIN, "torchx"), *args], timeout=120)
 
 
-@pytest.fixture
-def queue(aws):  # noqa: F811 - the fixture imported above
-    """An EC2 compute environment (multi-node jobs need EC2) and a job queue on the loopback AWS."""
+@pytest.fixture(params=["name", "arn"], ids=lambda given: f"queue-{given}")
+def queue(request, aws):  # noqa: F811 - the fixture imported above
+    """An EC2 compute environment (multi-node jobs need EC2) and a job queue on the loopback AWS,
+    given as `-cfg queue=` takes it: by name or by ARN (app handles carry the name either way)."""
     iam, ec2, batch = boto3.client("iam"), boto3.client("ec2"), boto3.client("batch")
     service_role = iam.create_role(RoleName="batch-service", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
     instance_profile = iam.create_instance_profile(InstanceProfileName="ecs-instance")["InstanceProfile"]["Arn"]
@@ -52,11 +53,11 @@ def queue(aws):  # noqa: F811 - the fixture imported above
             "instanceRole": instance_profile,
         },
     )
-    batch.create_job_queue(
+    created = batch.create_job_queue(
         jobQueueName=QUEUE, state="ENABLED", priority=1,
         computeEnvironmentOrder=[{"order": 1, "computeEnvironment": "dlrm-ec2"}],
     )
-    return QUEUE
+    return created["jobQueueArn"] if request.param == "arn" else QUEUE
 
 
 @pytest.fixture
@@ -66,7 +67,7 @@ def submitted(queue):
                     "components.dlrm:train", "-j", "2x1", "--steps", "10")
     assert result.returncode == 0, result.stderr
     handle = result.stdout.strip().splitlines()[-1]
-    assert handle.startswith(f"aws_batch://torchx/{queue}:dlrm-"), result.stdout
+    assert handle.startswith(f"aws_batch://torchx/{QUEUE}:dlrm-"), result.stdout
     return handle
 
 
