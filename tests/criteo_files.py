@@ -15,8 +15,13 @@ import numpy as np
 INT_FEATURES = 13
 CAT_FEATURES = 26
 
-# Malformed lines and fields, by the kind the report counts them under.
+# Malformed lines and fields, by the kind the report counts them under. Lines are text; bytes
+# that are not UTF-8 are written from surrogates ("\udcff" is the byte 0xff).
 BAD_LINES = {
+    "undecodable": [
+        "\x1b[31m\udcff\udcfe binary garbage",  # a terminal escape code, then bytes that are not UTF-8
+        "BINARY_FIELD",  # 40 fields, one of them not UTF-8
+    ],
     "empty_line": [""],
     "wrong_column_count": [
         "TOO_FEW",  # 39 fields: a line of the unlabelled Kaggle test set
@@ -125,7 +130,10 @@ def _add_valid(day: Day, rng, pool) -> None:
 def _add_bad(day: Day, rng, pool, kind: str, text: str) -> None:
     label, ints, cats = _valid_fields(rng, pool)
     fields = _format(str(label), ints, cats, rng)
-    if kind == "empty_line":
+    if kind == "undecodable":
+        fields[1 + INT_FEATURES] = "\udcff\udcfe123456"
+        day.lines.append("\t".join(fields) if text == "BINARY_FIELD" else text)
+    elif kind == "empty_line":
         day.lines.append("")
     elif kind == "wrong_column_count":
         line = {
@@ -154,7 +162,7 @@ def _add_bad(day: Day, rng, pool, kind: str, text: str) -> None:
         day.lines.append("\t".join(fields))
         _record(day, label, ints, cats)
         kind = "bad_integer"
-    if kind in ("empty_line", "wrong_column_count", "bad_label"):
+    if kind in BAD_LINES:
         day.skipped[kind] += 1
     else:
         day.repaired[kind] += 1
@@ -162,7 +170,7 @@ def _add_bad(day: Day, rng, pool, kind: str, text: str) -> None:
 
 def write_day(day: Day, path: str, compress: bool = False, newline: str = "\n", final_newline: bool = True) -> str:
     text = newline.join(day.lines) + (newline if final_newline else "")
-    data = text.encode()
+    data = text.encode("utf-8", "surrogateescape")
     if compress:
         data = gzip.compress(data)
     with open(path, "wb") as f:

@@ -13,7 +13,7 @@ import torch
 
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.criteo.fetch import local_folder
-from apps.dlrm.criteo.layout import FORMAT, FORMAT_VERSION, array_file, day_report_file, write_json
+from apps.dlrm.criteo.layout import FORMAT, FORMAT_VERSION, array_file, checksums, day_report_file, write_json
 from apps.dlrm.data.criteo import CriteoClickLogs
 from apps.dlrm.options import ConfigError, to_argv
 
@@ -37,7 +37,7 @@ def write_folder(folder, rows_per_day: list[int], sizes: int = TABLES) -> str:
         first += rows
     write_json(os.path.join(folder, "manifest.json"), {
         "format": FORMAT, "version": FORMAT_VERSION, "categorical_ids": "hash",
-        "num_embeddings_per_feature": [sizes] * 26, "days": days,
+        "num_embeddings_per_feature": [sizes] * 26, "days": days, "files": checksums(folder, days),
     })
     return str(folder)
 
@@ -188,9 +188,12 @@ def test_table_size_preset_survives_the_command_line():
     assert parse_train_config(to_argv(cfg)) == cfg
 
 
-def test_a_url_is_copied_once_to_a_node_local_cache(folder, tmp_path):
+def test_a_url_is_copied_once_to_a_node_local_cache(folder, tmp_path, monkeypatch):
+    import tempfile
+
     import fsspec
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the checked files' stamps go
     memory = fsspec.filesystem("memory")
     for name in os.listdir(folder):
         memory.put(os.path.join(folder, name), f"/criteo/{name}")
@@ -198,7 +201,7 @@ def test_a_url_is_copied_once_to_a_node_local_cache(folder, tmp_path):
     assert local_folder("memory://criteo", cache, copier=True) == cache
     assert sorted(os.listdir(cache)) == sorted(os.listdir(folder))
     mtime = os.stat(os.path.join(cache, "day_0_sparse.npy")).st_mtime_ns
-    local_folder("memory://criteo", cache, copier=True)  # same sizes: not copied again
+    local_folder("memory://criteo", cache, copier=True)  # checked before: not copied again
     assert os.stat(os.path.join(cache, "day_0_sparse.npy")).st_mtime_ns == mtime
     assert local_folder("memory://criteo", cache, copier=False) == cache  # the others only wait
     assert rows_of(next(dataset(cache).eval_batches("val", 1))) == list(range(2883, 2983))

@@ -105,7 +105,8 @@ def test_empty_and_all_bad_files_are_days_without_rows(tmp_path):
     (tmp_path / "day_2").write_text("1\t2\t3\n\n")  # one short line, one empty line
     report = preprocess(config([str(tmp_path / "day_*")], tmp_path / "out"))
     assert report["rows_written"] == 0
-    assert report["days"]["day_2"]["skipped"] == {"empty_line": 1, "wrong_column_count": 1, "bad_label": 0}
+    assert report["days"]["day_2"]["skipped"] == {"undecodable": 0, "empty_line": 1, "wrong_column_count": 1,
+                                                  "bad_label": 0}
     assert np.load(tmp_path / "out" / "day_1_sparse.npy").shape == (0, 26)
 
 

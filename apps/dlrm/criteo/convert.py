@@ -33,6 +33,12 @@ class DayFailed(Exception):
     """A day could not be converted (unreadable or corrupt file); its message names the file."""
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that does not print as itself escaped (``\\x1b``), on one
+    line: an error may quote input bytes, which must never reach a terminal as they are."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def dense_features(ints: np.ndarray) -> np.ndarray:
     """log(1 + x) of the non-negative part of the integer features ([13, n]), as float32 [n, 13]."""
     dense = ints.astype(np.float32)
@@ -89,17 +95,16 @@ def convert_day(
                 done = position()
             progress(position() - done)
         counts.written = writers["labels"].rows
-        for writer in writers.values():
-            writer.commit()
+        digests = {name: writer.commit() for name, writer in writers.items()}
     except Exception as e:
         for writer in writers.values():
             writer.discard()
-        raise DayFailed(f"{source.url}: {type(e).__name__}: {e}") from e
+        raise DayFailed(printable(f"{source.url}: {type(e).__name__}: {e}")) from e
+    report = {**counts.to_json(), "files": {array_file(day, name): digests[name] for name in ARRAYS if name in digests}}
     if counter is not None:
         counter.save(vocabulary.counts_file(vocab_dir, day))
-        write_json(lines_file(output, day), counts.to_json())  # last: marks the first pass done
+        write_json(lines_file(output, day), report)  # last: marks the first pass done
         return None
-    report = counts.to_json()
     write_json(os.path.join(output, day_report_file(day)), report)  # last: marks the day done
     return report
 
@@ -127,11 +132,12 @@ def finish_day(output: str, day: str, progress: Callable[[int], None]) -> dict:
             block = np.asarray(values[start : start + _LOOKUP_ROWS])
             sparse.append(table.lookup(block))
             progress(block.nbytes)
-        sparse.commit()
+        digest = sparse.commit()
     except Exception as e:
         sparse.discard()
-        raise DayFailed(f"day {day}: {type(e).__name__}: {e}") from e
+        raise DayFailed(printable(f"day {day}: {type(e).__name__}: {e}")) from e
     report = read_json(lines_file(output, day))
+    report.setdefault("files", {})[array_file(day, "sparse")] = digest
     write_json(os.path.join(output, day_report_file(day)), report)  # last: marks the day done
     os.remove(values_path)  # the ids replace the raw values
     return report

@@ -12,13 +12,16 @@ order of the input lines that were kept::
                                            num_embeddings_f, a missing value being the value 0
                                            (as in TorchRec); vocabulary: see vocabulary.py
     <day>_labels.npy   int32   [rows, 1]   the click label, 0 or 1
-    <day>_report.json  this file's counts (rows read, written, skipped and repaired per kind);
-                       written last, so its presence marks the day as complete
+    <day>_report.json  this file's counts (rows read, written, skipped and repaired per kind)
+                       and the size and SHA-256 of its three arrays; written last, so its
+                       presence marks the day as complete
 
 and, for the whole folder::
 
     manifest.json      format and version, the settings every day was written with (table
-                       sizes, how categorical values became ids) and the days in order
+                       sizes, how categorical values became ids), the days in order and
+                       ("files") the size and SHA-256 of every file of every complete day: a
+                       copy of the folder (a URL --data_path) is checked against them
     report.json        the counts of all days together (rows_read, rows_written, skipped,
                        repaired) and per day
     vocabulary/        only with --categorical_ids vocabulary: per-day value counts and the
@@ -35,9 +38,12 @@ the file is complete. Every file is written under a temporary name and renamed w
 so a folder never holds a partial file under a final name.
 """
 
+import hashlib
 import io
 import json
 import os
+import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -79,6 +85,31 @@ def day_files(day: str) -> list[str]:
     return [array_file(day, name) for name in ARRAYS] + [day_report_file(day)]
 
 
+def is_plain_name(name: object) -> bool:
+    """Whether ``name`` can be a day: a file name that stays inside its folder and prints as
+    itself. Not empty, no ``/``, no leading ``.`` (``..``, hidden and temporary names), no NUL
+    or other control character (day names go into paths and into logs)."""
+    return isinstance(name, str) and bool(name) and "/" not in name and not name.startswith(".") \
+        and name.isprintable()
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 100
+
+
+def shown(value: object) -> str:
+    """``value`` for an error message, as read from a file or a name we do not control: a
+    Python literal (control characters escaped, so nothing reaches a terminal as it is), cut
+    if long."""
+    return _SHOWN.repr(value)
+
+
+def file_digest(path: str) -> dict:
+    """The size and SHA-256 of the file ``path``, as the manifest records them."""
+    with open(path, "rb") as f:
+        return {"size": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
 def temporary_name(path: str) -> str:
     """Where ``path`` is written before it is complete: a hidden name in the same folder."""
     folder, name = os.path.split(path)
@@ -114,7 +145,8 @@ class NpyAppender:
         self._file.write(np.ascontiguousarray(rows).data)
         self.rows += rows.shape[0]
 
-    def commit(self) -> None:
+    def commit(self) -> dict:
+        """Completes the file; returns its size and SHA-256 (:func:`file_digest`)."""
         header = _npy_header(self.dtype, (self.rows, self.columns))
         # The placeholder has the longest shape, and headers are padded to 64 bytes: same length.
         assert len(header) == self._header_len, (len(header), self._header_len)
@@ -124,6 +156,8 @@ class NpyAppender:
         os.fsync(self._file.fileno())
         self._file.close()
         os.replace(self._tmp, self.path)
+        # Read back rather than hashed while written: the header is rewritten last.
+        return file_digest(self.path)
 
     def discard(self) -> None:
         self._file.close()
@@ -145,6 +179,59 @@ def write_json(path: str, value: Any) -> None:
 def read_json(path: str) -> Any:
     with open(path) as f:
         return json.load(f)
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def parse_manifest(text: str | bytes, where: str, fix: str) -> dict:
+    """The manifest in ``text`` (read from ``where``), checked before any of it is used: our
+    format and version, days that are plain file names (a manifest may come from a remote
+    folder: a day ``../x`` must not reach a path), and well-formed checksums. Anything else is
+    a ConfigError naming ``where`` and ending with ``fix``."""
+    try:
+        manifest = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where} is not valid JSON ({e}): {fix}") from e
+    if not isinstance(manifest, dict) or (manifest.get("format"), manifest.get("version")) != (FORMAT, FORMAT_VERSION):
+        found = manifest if isinstance(manifest, dict) else {}
+        raise ConfigError(
+            f"{where} describes format {shown(found.get('format'))} version "
+            f"{shown(found.get('version'))}, but this code reads {FORMAT} version {FORMAT_VERSION}: {fix}"
+        )
+    days, files = manifest.get("days"), manifest.get("files", {})
+    if not isinstance(days, list) or not isinstance(files, dict):
+        raise ConfigError(f"{where} has no list of days or no table of files: {fix}")
+    for day in days:
+        if not is_plain_name(day):
+            raise ConfigError(
+                f"{where} names a day {shown(day)} that is not a plain file name (no '/', no "
+                f"leading '.', no control character); `python -m apps.dlrm.preprocess` writes none: {fix}"
+            )
+    for name, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])):
+            raise ConfigError(f"{where} records no valid size and sha256 for {shown(name)}: {fix}")
+    return manifest
+
+
+def checksums(folder: str, days: list[str]) -> dict[str, dict]:
+    """File name -> size and SHA-256 of every file of the complete days of ``folder``: the
+    manifest's ``files``. The arrays' come from the day reports (hashed by the workers that
+    wrote them); a report without them (written before checksums were recorded) gets them now."""
+    files = {}
+    for day in days:
+        report_path = os.path.join(folder, day_report_file(day))
+        if not os.path.exists(report_path):
+            continue
+        report = read_json(report_path)
+        arrays = [array_file(day, name) for name in ARRAYS]
+        if not all(name in report.get("files", {}) for name in arrays):
+            report["files"] = {name: file_digest(os.path.join(folder, name)) for name in arrays}
+            write_json(report_path, report)
+        files.update(report["files"])
+        files[day_report_file(day)] = file_digest(report_path)
+    return files
 
 
 @dataclass
@@ -170,12 +257,8 @@ def open_folder(folder: str) -> tuple[dict, list[DayArrays]]:
             f"{folder} has no {MANIFEST}: it is not a folder written by "
             "`python -m apps.dlrm.preprocess --output`"
         )
-    manifest = read_json(path)
-    if (manifest.get("format"), manifest.get("version")) != (FORMAT, FORMAT_VERSION):
-        raise ConfigError(
-            f"{path} describes format {manifest.get('format')} version {manifest.get('version')}, "
-            f"but this code reads {FORMAT} version {FORMAT_VERSION}: preprocess the click logs again"
-        )
+    with open(path, "rb") as f:
+        manifest = parse_manifest(f.read(), path, "preprocess the click logs again")
     days = []
     for day in manifest["days"]:
         if not os.path.exists(os.path.join(folder, day_report_file(day))):

@@ -11,6 +11,7 @@ Policy for bad lines, counted per kind in the report:
 ======================  =========  =========================================================
 kind                    action     what
 ======================  =========  =========================================================
+``undecodable``         skipped    the line is not UTF-8 text (binary garbage)
 ``empty_line``          skipped    the line is empty, or all of its 40 fields are
 ``wrong_column_count``  skipped    the line does not have exactly 40 tab-separated fields
 ``bad_label``           skipped    the label is not ``0`` or ``1`` (empty, ``2``, ``x``, ...)
@@ -23,9 +24,11 @@ kind                    action     what
 
 A skipped line is dropped whole, so the fields of one line never end up in another sample. A
 repaired line counts once per kind however many of its fields were bad. A line that has several
-problems is counted under the first that applies in the table's order.
+problems is counted under the first that applies in the table's order. No error or log quotes
+the bytes of a line.
 """
 
+import io
 import re
 import threading
 from collections import Counter
@@ -39,7 +42,7 @@ import pyarrow.csv as pcsv
 
 from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES
 
-SKIPPED_KINDS = ("empty_line", "wrong_column_count", "bad_label")
+SKIPPED_KINDS = ("undecodable", "empty_line", "wrong_column_count", "bad_label")
 REPAIRED_KINDS = ("bad_integer", "bad_categorical")
 
 LABEL = "label"
@@ -118,10 +121,61 @@ PARSE_BLOCK_BYTES = 1 << 20
 CONVERT_LINES = 1 << 14
 
 
+class DecodableLines(io.RawIOBase):
+    """The lines of ``stream`` that are UTF-8 text, as a byte stream; the others are dropped and
+    counted in ``undecodable``.
+
+    Arrow's reader hands a line with the wrong number of fields to our handler as text, and
+    fails the whole file when it is not UTF-8 (quoting its bytes in the error), so such lines
+    must go before Arrow sees them. Criteo is ASCII: a block that is passes through at once.
+    """
+
+    def __init__(self, stream: pa.NativeFile) -> None:
+        super().__init__()
+        self.undecodable = 0
+        self._stream = stream
+        self._partial: list[bytes] = []  # the start of a line whose end is not read yet
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        """Whole lines (the last one of the stream may lack its newline); b"" at the end."""
+        while True:
+            chunk = self._stream.read(size)
+            if not chunk:
+                data, self._partial = b"".join(self._partial), []
+                return self._decodable(data)
+            end = chunk.rfind(b"\n") + 1
+            self._partial.append(chunk[:end] if end else chunk)
+            if end:
+                data, self._partial = b"".join(self._partial), [chunk[end:]]
+                # An empty result would read as the end of the stream: read on instead.
+                if data := self._decodable(data):
+                    return data
+
+    def _decodable(self, data: bytes) -> bytes:
+        if data.isascii() or _is_utf8(data):
+            return data
+        lines = data.split(b"\n")
+        kept = [line for line in lines if _is_utf8(line)]
+        self.undecodable += len(lines) - len(kept)
+        return b"\n".join(kept)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def read_blocks(stream: pa.NativeFile, counts: LineCounts) -> Iterator[Rows]:
     """Parses a stream of Criteo TSV lines into blocks of kept rows, updating ``counts``."""
 
     wrong_column_count = 0
+    stream = DecodableLines(stream)
     lock = threading.Lock()  # Arrow may call the handler from its parsing threads
 
     def invalid_row(row: pcsv.InvalidRow) -> str:
@@ -148,7 +202,8 @@ def read_blocks(stream: pa.NativeFile, counts: LineCounts) -> Iterator[Rows]:
     if parsed:
         yield convert(_concatenate(parsed), counts)
     counts.skipped["wrong_column_count"] += wrong_column_count
-    counts.read += wrong_column_count
+    counts.skipped["undecodable"] += stream.undecodable
+    counts.read += wrong_column_count + stream.undecodable
 
 
 def _open_reader(stream: pa.NativeFile, invalid_row: Callable[[pcsv.InvalidRow], str]) -> pcsv.CSVStreamingReader:

@@ -4,7 +4,9 @@ Days are independent, so a pool of worker processes converts one input file each
 complete once its ``<day>_report.json`` exists; a rerun skips complete days and redoes the
 others from the start (their partial files were never given final names). The folder's
 ``manifest.json`` records the settings, so a rerun with other settings is refused instead of
-mixing days that do not fit together.
+mixing days that do not fit together; it is written first (a folder that is not empty and has no
+manifest of ours is refused before anything is written into it) and again at the end, with the
+checksums of every complete day.
 """
 
 import concurrent.futures as futures
@@ -26,8 +28,9 @@ from apps.dlrm.criteo.layout import (
     MANIFEST,
     REPORT,
     VOCABULARY_DIR,
-    day_files,
+    checksums,
     day_report_file,
+    parse_manifest,
     read_json,
     write_json,
 )
@@ -52,8 +55,9 @@ def preprocess(cfg: PreprocessConfig) -> dict:
     output = cfg.output.removeprefix("file://")
     sources = find_sources(cfg.input)
     _refuse_output_among_inputs(output, sources)
-    os.makedirs(os.path.join(output, VOCABULARY_DIR) if cfg.categorical_ids == "vocabulary" else output, exist_ok=True)
     manifest = _check_or_write_manifest(output, cfg, [s.day for s in sources])
+    if cfg.categorical_ids == "vocabulary":
+        os.makedirs(os.path.join(output, VOCABULARY_DIR), exist_ok=True)
     pending = [s for s in sources if not os.path.exists(os.path.join(output, day_report_file(s.day)))]
     logger.info(
         "%d input files -> %s: %d already complete, %d to convert",
@@ -66,6 +70,7 @@ def preprocess(cfg: PreprocessConfig) -> dict:
     else:
         failures += _vocabulary_passes(cfg, output, manifest["days"], pending)
     report = _write_report(output, manifest["days"])
+    write_json(os.path.join(output, MANIFEST), {**manifest, "files": checksums(output, manifest["days"])})
     if failures:
         raise PreprocessFailed(
             f"{len(failures)} of {len(sources)} input files failed (the others are complete; a "
@@ -98,11 +103,14 @@ def _settings(cfg: PreprocessConfig) -> dict:
 
 
 def _check_or_write_manifest(output: str, cfg: PreprocessConfig, days: list[str]) -> dict:
+    """Refuses an --output that holds anything but days of these settings; writes the manifest
+    (creating the folder) with the days of this run added."""
     path = os.path.join(output, MANIFEST)
     settings = _settings(cfg)
     if os.path.exists(path):
-        manifest = read_json(path)
-        old = {k: v for k, v in manifest.items() if k != "days"}
+        with open(path, "rb") as f:
+            manifest = parse_manifest(f.read(), path, "write to another --output")
+        old = {k: v for k, v in manifest.items() if k not in ("days", "files")}
         if old != settings:
             differences = ", ".join(
                 f"{k}: {old.get(k)!r} there, {settings.get(k)!r} now"
@@ -119,16 +127,14 @@ def _check_or_write_manifest(output: str, cfg: PreprocessConfig, days: list[str]
                 "depends on all inputs: give the same inputs, or write to another --output"
             )
         days = sorted(set(manifest["days"]) | set(days), key=natural_key)
-    else:
-        for day in days:
-            for name in day_files(day):
-                if os.path.exists(os.path.join(output, name)):
-                    raise ConfigError(
-                        f"{os.path.join(output, name)} exists, but --output {output} has no "
-                        f"{MANIFEST}: it was not written by this preprocessing; choose an "
-                        "empty --output folder"
-                    )
-    manifest = {**settings, "days": days}
+    elif os.path.isdir(output) and os.listdir(output):
+        raise ConfigError(
+            f"--output {output} is not empty and has no {MANIFEST}: it was not written by this "
+            f"preprocessing, and its files could be overwritten; give an empty or new folder "
+            f"(e.g. {os.path.join(output, 'criteo_npy')})"
+        )
+    os.makedirs(output, exist_ok=True)
+    manifest = {**settings, "days": days, "files": checksums(output, days)}
     write_json(path, manifest)
     return manifest
 
@@ -253,8 +259,9 @@ def _write_report(output: str, days: list[str]) -> dict:
     for day in days:
         path = os.path.join(output, day_report_file(day))
         if os.path.exists(path):
-            per_day[day] = read_json(path)
-            total.add(LineCounts.from_json(per_day[day]))
+            counts = LineCounts.from_json(read_json(path))  # without the day's checksums
+            per_day[day] = counts.to_json()
+            total.add(counts)
     report = {**total.to_json(), "policy": POLICY, "days": per_day,
               "incomplete_days": [day for day in days if day not in per_day]}
     write_json(os.path.join(output, REPORT), report)

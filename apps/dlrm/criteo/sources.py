@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import fsspec
 import pyarrow as pa
 
+from apps.dlrm.criteo.layout import is_plain_name, shown
 from apps.dlrm.options import ConfigError
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -42,10 +43,16 @@ def natural_key(name: str) -> list:
 
 
 def find_sources(inputs: list[str]) -> list[Source]:
-    """The files that ``inputs`` name, as days in natural order; a bad input is a ConfigError."""
+    """The files that ``inputs`` name, as days in natural order; a bad input (or one whose day
+    name could not be a file name of the output, see ``is_plain_name``) is a ConfigError."""
     sources: dict[str, Source] = {}
     for item in inputs:
         for source in _expand(item):
+            if not is_plain_name(source.day):
+                raise ConfigError(
+                    f"--input file {shown(source.url)} would become day {shown(source.day)}, "
+                    "which is not a plain file name (no leading '.', no control character): rename it"
+                )
             other = sources.get(source.day)
             if other is not None and other.url != source.url:
                 raise ConfigError(
