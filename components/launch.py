@@ -45,6 +45,21 @@ EFA_RDMA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p
 
 _JOB_SIZE = re.compile(r"^(?:(?P<min>\d+):)?(?P<nodes>\d+)(?:x(?P<nproc>\d+))?$")
 
+#: A guard against typos rather than a tuning: more processes per node than any node has GPUs
+#: or CPU cores, which local_cwd would all start on this machine.
+MAX_NPROC_PER_NODE = 1024
+
+#: Job names: RUN, EXPERIMENT/RUN, /RUN or EXPERIMENT/, as TorchX reads them. Schedulers put the name in job names, log
+#: folders, scripts and variable lists (sbatch's --export is comma separated), so each part is
+#: letters, digits, '_', '-' and '.', the characters all of them take as they are.
+_NAME_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+_JOB_NAME = re.compile(rf"(?:{_NAME_PART})?/?{_NAME_PART}|{_NAME_PART}/")
+#: Schedulers add a unique suffix to the name, and a folder name has at most 255 bytes.
+MAX_NAME_LENGTH = 100
+
+#: Names that every shell and scheduler passes on as environment variables.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
 
 @dataclass(frozen=True)
 class JobSize:
@@ -127,7 +142,64 @@ class Launch:
         for name in ("gpu", "max_retries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be 0 or more")
+        if not 1 <= self.rdzv_port <= 65535:
+            raise ConfigError(f"--rdzv_port {self.rdzv_port} is not a TCP port: use one of 1-65535")
+        self._check_name()
+        self._check_env()
+        self._check_mounts()
         self.resource = self._named_resource() if self.h else None
+        self._check_processes_per_node()
+
+    def _check_name(self) -> None:
+        if len(self.name) > MAX_NAME_LENGTH or not _JOB_NAME.fullmatch(self.name):
+            raise ConfigError(
+                f"--name {self.name!r} is not a job name: use RUN, EXPERIMENT/RUN or EXPERIMENT/, "
+                "each of letters, digits, '_', '-' and '.' starting with a letter or digit, at "
+                f"most {MAX_NAME_LENGTH} characters in all (e.g. --name ctr/dlrm-run1)"
+            )
+
+    def _check_env(self) -> None:
+        for key in self.env:
+            if not _ENV_NAME.fullmatch(key):
+                raise ConfigError(
+                    f"--env {key!r} is not an environment variable name: use letters, digits and "
+                    "'_', not starting with a digit (e.g. --env NCCL_DEBUG=INFO)"
+                )
+
+    def _check_mounts(self) -> None:
+        """TorchX's own parser, whose KeyError would reach the user as a traceback."""
+        try:
+            specs.parse_mounts(self.mounts)
+        except (KeyError, ValueError) as e:
+            reason = str(e.args[0])
+            raise ConfigError(
+                f"--mounts {','.join(self.mounts)!r} is not a list of mounts "
+                f"({reason if ' ' in reason else 'no ' + reason + '='}): use "
+                "type=bind,src=/data,dst=/data[,readonly] or type=volume,src=NAME,dst=PATH, "
+                "one after another"
+            ) from None
+
+    def _check_processes_per_node(self) -> None:
+        nproc = self.job_size.nproc_per_node
+        if nproc is None:  # a bare -j: with -h, one process per GPU; without, processes on one node
+            nproc = self.resource.gpu if self.resource else self.job_size.max_nodes
+        if nproc > MAX_NPROC_PER_NODE:
+            raise ConfigError(
+                f"-j {self.j!r} starts {nproc} processes per node, more than "
+                f"{MAX_NPROC_PER_NODE}: start one per GPU or CPU core (e.g. -j {self._with_nproc(8)})"
+            )
+        if not self.h and self.gpu and nproc > self.gpu:
+            raise ConfigError(
+                f"-j {self.j!r} starts {nproc} processes per node but --gpu is {self.gpu}: use at "
+                f"most one process per GPU (e.g. -j {self._with_nproc(self.gpu)})"
+            )
+
+    def _with_nproc(self, nproc: int) -> str:
+        """``-j`` with ``nproc`` processes per node, for advice."""
+        j = self.j.strip()
+        if self.job_size.nproc_per_node:
+            return f"{j.rpartition('x')[0]}x{nproc}"
+        return f"{j if self.h else 1}x{nproc}"  # a bare -j counts nodes with -h, processes without
 
     def _named_resource(self) -> specs.Resource:
         """The ``-h`` instance type, checked against ``-j`` before anything is submitted."""
@@ -144,7 +216,7 @@ class Launch:
         if nproc is not None and resource.gpu and nproc > resource.gpu:
             raise ConfigError(
                 f"-j {self.j!r} asks for {nproc} processes per node but -h {self.h} has {resource.gpu} "
-                f"GPUs: use at most one process per GPU (e.g. -j {self.job_size.max_nodes}x{resource.gpu})"
+                f"GPUs: use at most one process per GPU (e.g. -j {self._with_nproc(resource.gpu)})"
             )
         return resource
 

@@ -4,8 +4,15 @@ TorchX reads a component's arguments from its signature and their help from its 
 :func:`component_args` gives a ``def fn(**kwargs) -> specs.AppDef`` the signature and the
 ``Args:`` docstring section of the dataclasses it is declared with, so the component's
 arguments and the app's command line come from the same fields and cannot drift apart.
+
+TorchX decodes a component argument by its annotation, and for some types not as the app does:
+any boolean text but ``true`` becomes false (``--shuffle yes`` would silently turn shuffling
+off), ``nan`` passes as a float, and a malformed ``--env`` or list fails in TorchX with a
+traceback. So only the types TorchX reads as the app does (int, str) keep their annotation; the
+others are declared as text, and :func:`take` parses that text with the app's own parsers.
 """
 
+import argparse
 import dataclasses
 import inspect
 import typing
@@ -13,11 +20,15 @@ from typing import Any, Callable, TypeVar
 
 from torchx import specs
 from torchx.specs.finder import ComponentValidationException
+from torchx.util.types import to_dict
 
-from apps.dlrm.options import ConfigError, field_default, help_text, options_of
+from apps.dlrm.options import ConfigError, field_default, help_text, options_of, value_parser
 
 F = TypeVar("F", bound=Callable[..., specs.AppDef])
 D = TypeVar("D")
+
+#: Annotations TorchX decodes exactly as the app's command line does.
+_DECODED_BY_TORCHX = (int, str, str | None)
 
 
 class InvalidComponentArgument(ConfigError, ComponentValidationException):
@@ -41,7 +52,7 @@ def component_args(*configs: type) -> Callable[[F], F]:
                         field.name,
                         inspect.Parameter.KEYWORD_ONLY,
                         default=field_default(field),
-                        annotation=hints[field.name],
+                        annotation=_as_component_annotation(hints[field.name]),
                     )
                 )
                 args_doc.append(f"    {field.name}: {help_text(field)}")
@@ -56,12 +67,41 @@ def component_args(*configs: type) -> Callable[[F], F]:
 
 
 def take(cls: type[D], kwargs: dict[str, Any]) -> D:
-    """Builds ``cls`` from the arguments in ``kwargs`` that are its fields (defaults for the rest)."""
+    """Builds ``cls`` from the arguments in ``kwargs`` that are its fields (defaults for the rest).
+
+    Arguments still in their text form (from TorchX's CLI or a .torchxconfig) are parsed here.
+    """
+    hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     try:
-        return cls(**{k: v for k, v in kwargs.items() if k in names})
+        return cls(**{k: _from_text(k, hints[k], v) for k, v in kwargs.items() if k in names})
     except ConfigError as e:
         raise InvalidComponentArgument(str(e)) from None
+
+
+def _as_component_annotation(annotation: Any) -> Any:
+    return annotation if annotation in _DECODED_BY_TORCHX else str
+
+
+def _from_text(name: str, annotation: Any, value: Any) -> Any:
+    """``value`` of the field ``name``, parsed if TorchX handed it over as text."""
+    if annotation in _DECODED_BY_TORCHX or not isinstance(value, str):
+        return value
+    parse = _parse_dict if typing.get_origin(annotation) is dict else value_parser(annotation)
+    try:
+        return parse(value)
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        raise ConfigError(f"--{name}: {e}") from None  # the parsers' messages quote the value
+
+
+def _parse_dict(text: str) -> dict[str, str]:
+    """``KEY=VALUE,KEY2=VALUE2``, read as TorchX reads it (quotes keep ``,`` and ``=`` in a value)."""
+    try:
+        return to_dict(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE pairs separated by commas (e.g. NCCL_DEBUG=INFO,FOO=bar), got {text!r}"
+        ) from None
 
 
 def reject_unknown(kwargs: dict[str, Any], *configs: type) -> None:

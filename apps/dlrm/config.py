@@ -27,6 +27,14 @@ DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
 PIPELINES = ("sparse_dist", "base")
 DATASETS = ("synthetic", "criteo")
 
+#: The most sparse features, that is embedding tables. TorchRec's planner, which every job runs
+#: at start-up (and --check_plan before it), searches placements in a time that grows with the
+#: square of the table count: about 2 minutes for 1,000 tables on 2 CPU cores, days for 20,000.
+MAX_SPARSE_FEATURES = 1024
+#: The most bytes one table's float32 weights may take: torch counts a tensor's bytes in an int64.
+MAX_TABLE_BYTES = 2**63 - 1
+FLOAT32_BYTES = 4
+
 
 @dataclass
 class TrainConfig:
@@ -91,9 +99,10 @@ class TrainConfig:
     )
     data_cache_dir: str = option(
         "",
-        "Criteo with a URL --data_path: the node-local folder it is copied to (files already "
-        "there with the same size are reused); empty: a folder named after the URL in the "
-        "system's temporary folder.",
+        "Criteo with a URL --data_path: the node-local folder it is copied to, a private folder "
+        "of this user (created with mode 0700); files already there are reused only if their "
+        "SHA-256 matches the manifest's. Empty: torchrec-dlrm-<uid>/criteo/<hash of the URL> in "
+        "the system's temporary folder.",
     )
     table_size_preset: str = option("none", PRESET_HELP, choices=PRESET_CHOICES)
     eval_days: int = option(
@@ -262,6 +271,14 @@ class TrainConfig:
             )
 
     def _check_table_sizes(self) -> None:
+        if self.num_sparse_features > MAX_SPARSE_FEATURES:
+            raise ConfigError(
+                f"--num_sparse_features {self.num_sparse_features} is more than "
+                f"{MAX_SPARSE_FEATURES}: TorchRec's planner would take hours to place that many "
+                "tables (its search time grows with the square of their count); combine "
+                "features into fewer tables"
+            )
+        self._check_table_bytes("--num_embeddings", self.num_embeddings)
         sizes = self.num_embeddings_per_feature
         if sizes and len(sizes) != self.num_sparse_features:
             raise ConfigError(
@@ -276,6 +293,16 @@ class TrainConfig:
                     f"--num_embeddings_per_feature entry {i} is {size}: every table needs at "
                     "least 1 row"
                 )
+            self._check_table_bytes(f"--num_embeddings_per_feature entry {i}", size)
+
+    def _check_table_bytes(self, what: str, rows: int) -> None:
+        """Refuses a table torch cannot allocate, before the planner overflows on it."""
+        if rows * self.embedding_dim * FLOAT32_BYTES > MAX_TABLE_BYTES:
+            raise ConfigError(
+                f"{what} is {rows}, too many rows: with --embedding_dim {self.embedding_dim} the "
+                "table's float32 weights exceed 2**63 bytes, more than torch can address; use "
+                "fewer rows (hash the ids into a smaller table)"
+            )
 
     def _check_layer_sizes(self) -> None:
         for name in (

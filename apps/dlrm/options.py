@@ -4,12 +4,15 @@ A field declared with :func:`option` carries its help text and allowed choices. 
 then builds the app's ``argparse`` parser (:func:`build_parser`) and the TorchX component's
 signature (``components/_signature.py``), and :func:`to_argv` turns a dataclass back into the
 command line the app parses. Values use one text form everywhere, the one TorchX's CLI already
-uses: lists are comma separated (``64,32,1``), booleans are ``true``/``false``.
+uses: lists are comma separated (``64,32,1``), booleans are ``true``/``false``. The app's parser
+and the component (``components/signature.py``) read that text with the same :func:`value_parser`,
+so a value one accepts the other accepts too, and one refuses the other refuses.
 """
 
 import argparse
 import copy
 import dataclasses
+import math
 import typing
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -49,13 +52,33 @@ def check_choices(config: Any) -> None:
             )
 
 
+TRUE_TEXTS = ("true", "yes", "on", "1")
+FALSE_TEXTS = ("false", "no", "off", "0")
+
+
 def parse_bool(text: str) -> bool:
+    """``true``/``false`` (or yes/no, on/off, 1/0, any case); anything else is refused, never false."""
     lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes", "on"):
+    if lowered in TRUE_TEXTS:
         return True
-    if lowered in ("false", "0", "no", "off"):
+    if lowered in FALSE_TEXTS:
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    raise argparse.ArgumentTypeError(
+        f"expected true or false ({'/'.join(TRUE_TEXTS[1:])} or {'/'.join(FALSE_TEXTS[1:])} also "
+        f"work), got {text!r}"
+    )
+
+
+def parse_finite_float(text: str) -> float:
+    """A float that arithmetic can use: ``nan`` and ``inf`` pass every range check and then
+    poison training, so they are refused here, where the text is read."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def _list_parser(element: Callable[[str], Any]) -> Callable[[str], list]:
@@ -79,7 +102,9 @@ def value_parser(annotation: Any) -> Callable[[str], Any]:
     if typing.get_origin(annotation) is list:
         (element,) = typing.get_args(annotation)
         return _list_parser(element)
-    if annotation in (int, float, str):
+    if annotation is float:
+        return parse_finite_float
+    if annotation in (int, str):
         return annotation
     raise TypeError(f"options of type {annotation!r} are not supported")
 

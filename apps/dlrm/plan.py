@@ -10,7 +10,6 @@ app; ``components.dlrm:train --check_plan true`` runs the same check before it l
 import contextlib
 import logging
 import sys
-import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -201,21 +200,18 @@ def _topology(cluster: Cluster, unlimited: bool = False) -> Topology:
 def _plan(cfg, model, sharder, topology: Topology, report: _PlannerReport) -> ShardingPlan:
     """TorchRec's planner without a process group: ``plan`` where the app calls ``collective_plan``."""
     with _quiet_planner():
-        return make_planner(cfg, topology, stats=[report]).plan(model, [sharder])
+        return make_planner(cfg, model, topology, stats=[report]).plan(model, [sharder])
 
 
 @contextlib.contextmanager
 def _quiet_planner() -> Iterator[None]:
-    """Silences the planner's warnings that do not apply to a preview: that dense sizes may be off
-    in a dry run (ours are exact: meta tensors have their real shapes), that data-parallel tables
-    have no sharding spec (they never do), and its FutureWarning about its storage reservation."""
+    """Silences the planner's log lines that do not apply to a preview, such as that data-parallel
+    tables have no sharding spec (they never do)."""
     root = logging.getLogger()  # TorchRec logs some of them through the root logger itself
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            yield
+        yield
     finally:
         root.setLevel(level)
 

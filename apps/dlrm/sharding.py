@@ -1,6 +1,7 @@
 """How the embedding tables are split across ranks: sharder, sharding plan, and the DMP wrap."""
 
 import logging
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -13,6 +14,10 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
 )
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.storage_reservations import (
+    HeuristicalStorageReservation,
+    _get_dense_tensor_size,
+)
 from torchrec.distributed.planner.types import (
     HardwareConfig,
     KernelConfig,
@@ -34,6 +39,12 @@ from apps.dlrm.optim import check_embedding_optimizer, fuse_embedding_optimizer
 from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger(__name__)
+
+#: TorchRec's default storage reservation (torchrec 1.8.0), made explicit with its own values so
+#: plans do not change: each rank keeps 15% of its memory free, and room for the dense part
+#: (its parameters times 6: weights, optimizer state and DDP's buckets) and the input features.
+RESERVE_PERCENTAGE = 0.15
+DENSE_MULTIPLIER = 6.0
 
 _COMM_TYPES = {
     "fp32": CommType.FP32,
@@ -95,10 +106,31 @@ def make_topology(
     )
 
 
+def storage_reservation(model: nn.Module) -> HeuristicalStorageReservation:
+    """The memory TorchRec's planner keeps free on each rank: its default, given explicitly.
+
+    With the dense part's size given (the one TorchRec computes itself), the planner no longer
+    warns that its computation may be off in a dry run: the plan preview's meta tensors have
+    their real shapes, so it is not.
+    """
+    dense = _get_dense_tensor_size(model, {model.get_submodule(EBC_PATH)}, DENSE_MULTIPLIER)
+    with warnings.catch_warnings():
+        # Its constructor warns on every use that the policy is "over-tuned"; TorchRec's planner
+        # uses it by default all the same, and this project's plans are made with it.
+        warnings.filterwarnings(
+            "ignore", message="HeuristicalStorageReservation is known", category=FutureWarning
+        )
+        return HeuristicalStorageReservation(
+            percentage=RESERVE_PERCENTAGE,
+            parameter_multiplier=DENSE_MULTIPLIER,
+            dense_tensor_estimate=dense,
+        )
+
+
 def make_planner(
-    cfg: TrainConfig, topology: Topology, stats: list[Stats] | None = None
+    cfg: TrainConfig, model: nn.Module, topology: Topology, stats: list[Stats] | None = None
 ) -> EmbeddingShardingPlanner:
-    """TorchRec's planner; an explicit --sharding_type becomes a constraint on every table.
+    """TorchRec's planner for ``model``; an explicit --sharding_type becomes a constraint on every table.
 
     ``stats`` replace TorchRec's default report: the planner hands its chosen placement, with
     per-shard storage estimates, only to them (the plan preview reads it there).
@@ -110,7 +142,11 @@ def make_planner(
             for i in range(cfg.num_sparse_features)
         }
     return EmbeddingShardingPlanner(
-        topology=topology, batch_size=cfg.batch_size, constraints=constraints, stats=stats
+        topology=topology,
+        batch_size=cfg.batch_size,
+        storage_reservation=storage_reservation(model),
+        constraints=constraints,
+        stats=stats,
     )
 
 
@@ -146,7 +182,7 @@ def _plan(
         if device_type == "cuda":
             hbm_cap = torch.cuda.get_device_properties(env.device).total_memory
         topology = make_topology(env.world_size, env.local_world_size, device_type, hbm_cap)
-        return make_planner(cfg, topology).collective_plan(model, [sharder], dist.group.WORLD)
+        return make_planner(cfg, model, topology).collective_plan(model, [sharder], dist.group.WORLD)
     tables = model.get_submodule(EBC_PATH)
     if cfg.sharding_type == "row_wise":
         per_table = {f"t_cat_{i}": row_wise() for i in range(cfg.num_sparse_features)}

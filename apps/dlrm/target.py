@@ -92,7 +92,8 @@ class PlanTarget:
     def __post_init__(self) -> None:
         if self.hbm_gb < 0:
             raise ConfigError(f"--hbm_gb {self.hbm_gb} must be 0 or more")
-        # -j, -h, --gpu and --memMB are refused exactly as the training job's launcher refuses them.
+        # -j, -h, --gpu and --memMB are refused exactly as the training job's launcher refuses them
+        # (at most one process per GPU among them).
         launch = Launch(j=self.j, h=self.h or None, gpu=self.gpu, memMB=self.memMB)
         self.cluster = self._resolve(launch.resource or specs.Resource(cpu=1, gpu=self.gpu, memMB=self.memMB))
 
@@ -101,11 +102,6 @@ class PlanTarget:
         if self.h and j.isdigit():  # what dist.torchrun does with a bare -j and a named resource
             j = str(StructuredJArgument.parse_from(self.h, j))
         min_nodes, _, nproc, _ = parse_nnodes(j)
-        if not self.h and self.gpu and nproc > self.gpu:
-            raise ConfigError(
-                f"-j {self.j!r} starts {nproc} processes per node but --gpu is {self.gpu}: use at "
-                f"most one process per GPU (e.g. -j {min_nodes}x{self.gpu})"
-            )
         if not resource.gpu and self.hbm_gb:
             raise ConfigError(
                 f"--hbm_gb {self.hbm_gb} is for GPU nodes, but the job's nodes have no GPUs: give "
