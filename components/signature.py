@@ -74,9 +74,28 @@ def take(cls: type[D], kwargs: dict[str, Any]) -> D:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     try:
+        for name in names & set(kwargs):
+            _refuse_macros(name, kwargs[name])
         return cls(**{k: _from_text(k, hints[k], v) for k, v in kwargs.items() if k in names})
     except ConfigError as e:
         raise InvalidComponentArgument(str(e)) from None
+
+
+#: Replaces TorchX's macros ($app_id, ${replica_id}, ...) and $$ in a text, as every scheduler does
+#: to a role's arguments and environment; the placeholder values only show that it changed.
+_MACROS = specs.macros.Values(img_root="\0", app_id="\0", replica_id="\0", rank0_env="\0")
+
+
+def _refuse_macros(name: str, value: Any) -> None:
+    """Refuses text that TorchX would silently rewrite on its way to the trainers."""
+    texts = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
+    for text in texts:
+        if isinstance(text, str) and _MACROS.substitute(text) != text:
+            raise ConfigError(
+                f"--{name} {text!r}: TorchX replaces $$ and $app_id, $replica_id, $img_root, "
+                "$rank0_env (also as ${...}) in every argument on every scheduler; write the value "
+                "without them"
+            )
 
 
 def _as_component_annotation(annotation: Any) -> Any:

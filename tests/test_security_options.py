@@ -3,6 +3,7 @@ the components alike; and runs print no library noise a user cannot act on."""
 
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import warnings
@@ -23,7 +24,8 @@ from components.signature import InvalidComponentArgument
 def app_args(*component_args: str) -> list[str]:
     """The app's command line that ``torchx run components.dlrm:train ARGS`` would start."""
     (role,) = materialize_appdef(dlrm.train, list(component_args)).roles
-    return role.args[-1].split(" -m apps.dlrm.train", 1)[1].split()
+    command = shlex.split(role.args[-1])
+    return command[command.index("apps.dlrm.train") + 1:]
 
 
 @pytest.mark.parametrize("text", ["yes", "1", "on"])
@@ -53,6 +55,9 @@ def test_a_boolean_means_the_same_to_torchx_and_to_the_app(text):
         (["--env", "A B=1"], "--env 'A B' is not an environment variable name"),
         (["--mounts", "garbage"], "--mounts 'garbage' is not a list of mounts"),
         (["--mounts", "type=bind,src=/data"], "(no dst=)"),
+        (["--checkpoint_dir", "/ckpt/${app_id}"], "--checkpoint_dir '/ckpt/${app_id}': TorchX replaces"),
+        (["--output_dir", "out/$$x"], "--output_dir 'out/$$x': TorchX replaces"),
+        (["--env", "RUN=$replica_id"], "TorchX replaces $$ and $app_id"),
     ],
 )
 def test_bad_component_arguments_fail_before_anything_is_built(args, fragment):
@@ -60,6 +65,11 @@ def test_bad_component_arguments_fail_before_anything_is_built(args, fragment):
         materialize_appdef(dlrm.train, args)
     assert fragment in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_dollar_text_that_torchx_leaves_alone_reaches_the_app_unchanged():
+    cfg = parse_train_config(app_args("--checkpoint_dir", "/ckpt/${RUN}/$HOME"))
+    assert cfg.checkpoint_dir == "/ckpt/${RUN}/$HOME"
 
 
 @pytest.mark.parametrize("args", [["--learning_rate", "inf"], ["--num_sparse_features", "5000"]])
