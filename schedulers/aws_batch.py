@@ -192,6 +192,23 @@ class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
 
     # ── submission ───────────────────────────────────────────────────────────────────────
 
+    def build_workspace_and_update_role(self, role: Role, workspace: str, cfg: Mapping[str, CfgVal]) -> None:
+        """TorchX's Docker build of the workspace, after checking that Docker answers at all.
+
+        TorchX packs the whole workspace before it first talks to Docker, so without an engine
+        the user got a traceback (or one about an unreadable file in the folder) instead of the
+        two ways out.
+        """
+        try:
+            self._docker_client.ping()
+        except Exception as e:  # noqa: BLE001 - docker raises DockerException and plain OSErrors
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ComponentValidationException(
+                f"-s aws_batch builds the workspace {workspace} into an image with Docker, which does not "
+                f"answer here ({reason}): start Docker, or pass --workspace \"\" to run --image as it is"
+            ) from None
+        super().build_workspace_and_update_role(role, workspace, cfg)
+
     def _submit_dryrun(self, app: AppDef, cfg: AWSBatchOpts) -> AppDryRunInfo[BatchJobRequest, AWSBatchOpts]:
         _check_opts(cfg)
         _check_app(app)
