@@ -57,3 +57,12 @@ def test_ten_short_jobs_all_end_succeeded(criteo, tmp_path):
             f"{name}: exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
         )
         assert json.loads((tmp_path / name / "summary.json").read_text())["steps"] == 40
+
+
+def test_a_job_that_fails_on_bad_input_says_why_once_without_a_traceback_wall(tmp_path):
+    result = torchx_job(tmp_path, "bad", "--data", "criteo", "--data_path", "/nonexistent")
+    out = result.stdout + result.stderr
+    assert result.returncode != 0 and "job finished: FAILED" in out
+    assert out.count("--data_path /nonexistent is not a folder") == 1, out[-3000:]
+    assert "apps.dlrm.torchrun: apps.dlrm.train failed on" in out
+    assert "ChildFailedError" not in out and "Traceback" not in out, out[-3000:]

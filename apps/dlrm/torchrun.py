@@ -22,6 +22,7 @@ import os
 import socket
 import sys
 
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 from torch.distributed.run import main as torchrun_main
 
@@ -110,7 +111,14 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         sys.exit(f"apps.dlrm.torchrun: {e}")
     os.environ.update(variables)
-    torchrun_main(args)
+    try:
+        torchrun_main(args)
+    except ChildFailedError as e:
+        # The trainer printed its error (and @record gave TorchX its traceback): one line here,
+        # not torchrun's traceback and failure table under it.
+        rank, failure = e.get_first_failure()
+        sys.exit(f"apps.dlrm.torchrun: {e.name} failed on {socket.gethostname()}: rank {rank} exited "
+                 f"with {failure.exitcode}; its error is above")
 
 
 if __name__ == "__main__":
