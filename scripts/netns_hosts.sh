@@ -5,6 +5,7 @@
 #
 #   scripts/netns_hosts.sh up NAME COUNT [HOSTNAME_PREFIX]   # as root: hosts PREFIX1..PREFIXCOUNT
 #   scripts/netns_hosts.sh exec NAME I COMMAND...            # runs COMMAND on host I
+#   scripts/netns_hosts.sh exec --shared-mounts NAME I COMMAND...  # ... in this machine's mounts
 #   scripts/netns_hosts.sh addr NAME I                       # host I's address (0: the bridge's)
 #   scripts/netns_hosts.sh disk NAME I                       # where host I's disk is, seen from here
 #   scripts/netns_hosts.sh kill NAME I                       # SIGKILL to every process of host I
@@ -21,11 +22,16 @@
 # - its own disk at $NETNS_HOSTS_DISK (default /mnt/host-disk): the same path is another folder
 #   on every host, and no host sees another's. Everything else (this checkout, /tmp, /root) is
 #   this machine's, as if on a shared file system.
+# With --shared-mounts, COMMAND only gets host I's network and hostname: it stays in this
+# machine's mount namespace, so it also sees what is mounted here after it started (a daemon in
+# a chroot whose shared directories come and go, like scripts/slurm_cluster.sh's slurmd), and
+# gets neither the /etc/hosts view nor the disk (it brings its own, e.g. in its chroot).
 #
 # `up` replaces a set of the same NAME left by a run that died; `down` is safe to repeat.
 set -euo pipefail
 
 STATE_HOME=${NETNS_HOSTS_HOME:-/run/netns-hosts}
+NETNS_DIR=/run/netns  # where `ip netns add` pins the namespaces
 DISK_MOUNT=${NETNS_HOSTS_DISK:-/mnt/host-disk}
 
 say() { echo "netns_hosts: $*" >&2; }
@@ -67,6 +73,9 @@ down() {
   local name=$1 ns dir
   for ns in $(ip netns list | awk '{ print $1 }' | grep -E "^${name}h[0-9]+$" || true); do
     kill_host "$ns"  # the namespace stays alive as long as one of its processes does
+    # The veth pair now, not when the kernel gets round to the deleted namespace: an `up` right
+    # after could otherwise find its name taken.
+    ip link del "${name}v${ns##*h}" 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
   done
   ip link del "${name}br" 2>/dev/null || true
@@ -128,11 +137,20 @@ EOF
 }
 
 exec_on() {
-  local name=$1 i=$2 dir prefix
+  local shared_mounts= name i dir prefix
+  if [ "$1" = --shared-mounts ]; then shared_mounts=1; shift; fi
+  name=$1 i=$2
   shift 2
+  check_name "$name"
   dir=$(state "$name")
   [ -d "$dir/disk/$i" ] || die "no host $i in set $name: run $0 up $name COUNT first"
   prefix=$(cat "$dir/prefix")
+  if [ -n "$shared_mounts" ]; then
+    # nsenter, not `ip netns exec`: that one makes a mount namespace, which would not see later
+    # mounts here (this machine's mounts are not shared).
+    exec nsenter --net="$NETNS_DIR/$(netns "$name" "$i")" unshare --uts \
+      /bin/sh -c 'hostname "$1" && shift && exec "$@"' sh "$prefix$i" "$@"
+  fi
   # A mount namespace of its own: the host's /etc/hosts and disk, and the other disks hidden.
   exec ip netns exec "$(netns "$name" "$i")" unshare --mount --uts --propagation private \
     /bin/sh -c 'hostname "$1" && mount --bind "$2/hosts.$3" /etc/hosts \
@@ -146,7 +164,10 @@ case "${1:-}" in
   up) [ $# -ge 3 ] || die "usage: $0 up NAME COUNT [HOSTNAME_PREFIX]"; check_name "$2"; up "$2" "$3" "${4:-host}" ;;
   down) [ $# -eq 2 ] || die "usage: $0 down NAME"; check_name "$2"; down "$2" ;;
   kill) [ $# -eq 3 ] || die "usage: $0 kill NAME I"; check_name "$2"; kill_host "$(netns "$2" "$3")" ;;
-  exec) [ $# -ge 4 ] || die "usage: $0 exec NAME I COMMAND..."; check_name "$2"; shift; exec_on "$@" ;;
+  exec)
+    [ $# -ge 4 ] && { [ "$2" != --shared-mounts ] || [ $# -ge 5 ]; } \
+      || die "usage: $0 exec [--shared-mounts] NAME I COMMAND..."
+    shift; exec_on "$@" ;;
   addr) [ $# -eq 3 ] || die "usage: $0 addr NAME I"; check_name "$2"; addr "$2" "$3" ;;
   disk) [ $# -eq 3 ] || die "usage: $0 disk NAME I"; check_name "$2"; echo "$(state "$2")/disk/$3" ;;
   *) die "usage: $0 up|exec|addr|disk|down ..." ;;

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# A one-node Slurm cluster on this machine, so that `torchx run -s slurm` runs for real without a
-# cluster: the tests use it, and so can you.
+# A two-node Slurm cluster on this machine, so that `torchx run -s slurm` runs for real, multi-node
+# jobs included, without a cluster: the tests use it, and so can you.
 #
 #   scripts/slurm_cluster.sh start     # as root: builds the cluster's root once, starts its daemons
 #   export PATH="$(scripts/slurm_cluster.sh bin):$PATH"   # its sbatch, squeue, sacct, ... first
-#   torchx run -s slurm components.dlrm:train -j 1x2
-#   scripts/slurm_cluster.sh status    # exit status 0 while its node takes jobs
-#   scripts/slurm_cluster.sh stop      # stops the daemons, unmounts the shared directories
+#   torchx run -s slurm components.dlrm:train -j 1x2     # on one node
+#   torchx run -s slurm components.dlrm:train -j 2x2     # on both: one part of the job on each
+#   scripts/slurm_cluster.sh status    # exit status 0 while both its nodes take jobs
+#   scripts/slurm_cluster.sh stop      # stops the daemons, deletes the nodes' namespaces, unmounts
 #   scripts/slurm_cluster.sh purge     # stops, then deletes every root it built
 #
 # SLURM_CLUSTER_SUITE picks the Debian release, and so the Slurm: trixie (default, Slurm 24.11)
@@ -22,9 +23,19 @@
 # directories the root shares with this machine: this checkout, /root, /home, /tmp and those in
 # $SLURM_CLUSTER_MOUNTS (space-separated, absolute); submit from one of them.
 #
-# The daemons listen on 127.0.0.1 ports $SLURM_CLUSTER_PORT .. +2 (slurmctld, slurmd, slurmdbd;
-# by default 16817 for trixie and 16827 for bookworm, away from a real Slurm's 6817); MariaDB only
-# on its socket.
+# The nodes, n1 and n2, are two hosts of scripts/netns_hosts.sh: each node's slurmd, and so each
+# job step on it, runs in a network namespace of its own, with hostname n1 or n2 and its own
+# address on a private bridge, so the parts of a multi-node job find each other over a network
+# (rendezvous, gloo) as on a real cluster, not over loopback. Everything else is shared: the
+# root's files (and the directories above), the processes, and the machine: both nodes are
+# declared with all its cores and memory (less 1 GB), so a job sized for one node fits either,
+# and jobs on both share the cores. slurmctld, slurmdbd, munged and MariaDB run in this machine's
+# own namespace; the nodes reach slurmctld at the bridge's address, munged by its socket.
+#
+# Ports: slurmctld $SLURM_CLUSTER_PORT (by default 16817 for trixie and 16827 for bookworm, away
+# from a real Slurm's 6817), each slurmd +1 on its node's address, slurmdbd +2 on 127.0.0.1;
+# MariaDB only on its socket. The nodes are .1 and .2 of the /24 $SLURM_CLUSTER_SUBNET (default
+# 10.213.N, N = 220 + PORT / 10 % 34), the bridge .254 (`ip -br addr` shows it as sl<PORT>br).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,6 +59,12 @@ ROOT=$STATE/root
 LOGS=$ROOT/var/log/slurm
 BIN=$STATE/bin  # the host-side commands; outside the root, so jobs use the root's own
 PORT=${SLURM_CLUSTER_PORT:-$DEFAULT_PORT}
+NODES=(n1 n2)  # hosts 1 and 2 of its set of scripts/netns_hosts.sh, whose hostname prefix is n
+# The nodes' set of network namespaces (scripts/netns_hosts.sh), one per cluster. Its subnet lies
+# outside 10.213.20-219, where netns_hosts.sh puts sets it is not told a subnet for (the tests'
+# hosts), so that those can never take the cluster's.
+NETNS=sl$PORT
+SUBNET=${SLURM_CLUSTER_SUBNET:-10.213.$((220 + PORT / 10 % 34))}
 read -ra EXTRA_DIRS <<<"${SLURM_CLUSTER_MOUNTS:-}"
 SHARED_DIRS=("$REPO" /root /home /tmp "${EXTRA_DIRS[@]}")
 SELF="$REPO/scripts/slurm_cluster.sh"
@@ -59,6 +76,12 @@ say() { echo "slurm_cluster: $*" >&2; }
 die() { say "$*"; exit 1; }
 # Runs a command inside the root; without the lock, which daemons would otherwise hold forever.
 in_root() { chroot "$ROOT" "$@" 9>&-; }
+# scripts/netns_hosts.sh COMMAND on the nodes' set: `hosts up 2 n`, `hosts addr 1`, ...
+hosts() { NETNS_HOSTS_SUBNET=$SUBNET "$REPO/scripts/netns_hosts.sh" "$1" "$NETNS" "${@:2}" 9>&-; }
+# Runs `$2...` on host $1 of the set, in this machine's mounts (see start_nodes).
+on_host() {
+  NETNS_HOSTS_SUBNET=$SUBNET "$REPO/scripts/netns_hosts.sh" exec --shared-mounts "$NETNS" "$@" 9>&-
+}
 
 require_root() {
   [ "$(id -u)" = 0 ] || die "must run as root: it uses chroot and mount (try: sudo $0 $1)"
@@ -133,38 +156,46 @@ share_dirs() {
 }
 
 write_config() {
-  local cpus mem_mb host
+  local cpus mem_mb host i nodes=
   cpus=$(nproc)
   # Leave 1 GB to the machine; torchx asks for memory only where the partition has over 1 GB.
   mem_mb=$(( $(awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo) - 1024 ))
   host=$(hostname -s)
-  printf '127.0.0.1 localhost %s n1\n' "$host" >"$ROOT/etc/hosts"
+  # Seen from the nodes too (they run in the root): a job's rendezvous host, the first node's
+  # name ($SLURM_JOB_NODELIST_HET_GROUP_0), must resolve to its address on every node.
+  printf '127.0.0.1 localhost %s\n' "$host" >"$ROOT/etc/hosts"
+  for i in "${!NODES[@]}"; do
+    printf '%s %s\n' "$(hosts addr $((i + 1)))" "${NODES[i]}" >>"$ROOT/etc/hosts"
+    nodes+="NodeName=${NODES[i]} NodeAddr=$(hosts addr $((i + 1))) CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN"$'\n'
+  done
   cat >"$ROOT/etc/slurm/slurm.conf" <<EOF
 # Written by scripts/slurm_cluster.sh at every start.
 ClusterName=torchrec-dlrm
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$host($(hosts addr 0))
 SlurmctldPort=$PORT
 SlurmdPort=$((PORT + 1))
 SlurmUser=root
 AuthType=auth/munge
 StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmdSpoolDir=/var/lib/slurm/slurmd-%n
 SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
+SlurmdPidFile=/run/slurmd-%n.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
 # No cgroups on this kind of machine: track processes by their parent pid.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/linux
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
+# Only the backfill scheduler starts heterogeneous jobs (every multi-node torchx job), by default
+# every 30 s: a two-node job would wait that long on an idle cluster.
+SchedulerParameters=bf_interval=1
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$((PORT + 2))
 ReturnToService=2
-NodeName=n1 NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
-PartitionName=local Nodes=n1 Default=YES MaxTime=INFINITE State=UP
+${nodes}PartitionName=local Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
 EOF
   echo "CgroupPlugin=$CGROUP_PLUGIN" >"$ROOT/etc/slurm/cgroup.conf"
   cat >"$ROOT/etc/slurm/slurmdbd.conf" <<EOF
@@ -182,7 +213,7 @@ StoragePass=$DB_PASSWORD
 StorageLoc=slurm_acct_db
 EOF
   chmod 600 "$ROOT/etc/slurm/slurmdbd.conf"  # slurmdbd refuses a readable one
-  mkdir -p "$LOGS" "$ROOT/var/lib/slurm/slurmctld" "$ROOT/var/lib/slurm/slurmd"
+  mkdir -p "$LOGS" "$ROOT/var/lib/slurm/slurmctld" "${NODES[@]/#/$ROOT/var/lib/slurm/slurmd-}"
 }
 
 # Waits until `$2...` succeeds, for at most $1 seconds.
@@ -208,20 +239,41 @@ start_daemons() {
       </dev/null >>"$LOGS/mariadb.log" 2>&1 9>&- &
   fi
   wait_for 60 in_root mariadb -e "SELECT 1" || die "MariaDB did not start; see $LOGS/mariadb.log"
-  # MariaDB lets root in by socket only; slurmdbd logs in with a password.
+  # MariaDB lets root in by socket only; slurmdbd logs in with a password. The database exists
+  # before slurmdbd starts: Slurm 24.11 creates it over a connection that libmariadb 11.8 then
+  # refuses every result on ("Number of columns in result (=1) set execeeds maxmimum allowed
+  # number of columns (=0)"), and slurmdbd exits, at the first start of every new root.
   in_root mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$DB_PASSWORD';
-    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+    CREATE DATABASE IF NOT EXISTS slurm_acct_db; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
   # slurmdbd before slurmctld: slurmctld registers the cluster with it (else CLUSTER ID MISMATCH).
   pid_alive /run/slurmdbd.pid || in_root /usr/sbin/slurmdbd || die "slurmdbd did not start; see $LOGS/slurmdbd.log"
   wait_for 30 in_root sacctmgr --noheader --parsable2 list cluster \
     || die "slurmdbd did not start; see $LOGS/slurmdbd.log"
   pid_alive /run/slurmctld.pid || in_root /usr/sbin/slurmctld || die "slurmctld did not start; see $LOGS/slurmctld.log"
-  pid_alive /run/slurmd.pid || in_root /usr/sbin/slurmd -N n1 || die "slurmd did not start; see $LOGS/slurmd.log"
-  wait_for 30 node_idle || die "the node did not come up; see $LOGS/slurmd.log and slurmctld.log"
+  start_nodes
+  wait_for 30 nodes_in idle || die "the nodes did not come up: $(in_root /usr/bin/sinfo --Node 2>&1); see $LOGS/slurmd-*.log and slurmctld.log"
 }
 
-node_idle() {
-  [ "$(in_root /usr/bin/sinfo --noheader --nodes=n1 --format=%t 2>/dev/null)" = idle ]
+# Each node's slurmd on its host, in the network namespace and hostname of the host, but in this
+# machine's mounts (--shared-mounts): directories shared with the root later, by a start from
+# another checkout, reach the jobs too.
+start_nodes() {
+  local i out
+  # Replaces a set left by a cluster that died, with whatever still ran on it.
+  out=$(hosts up ${#NODES[@]} n 2>&1) || die "could not make the nodes' network namespaces: $out"
+  for i in "${!NODES[@]}"; do
+    on_host $((i + 1)) chroot "$ROOT" /usr/sbin/slurmd -N "${NODES[i]}" \
+      || die "the slurmd of node ${NODES[i]} did not start; see $LOGS/slurmd-${NODES[i]}.log"
+  done
+}
+
+# Passes when every node is in one of the states $@ (sinfo's short names: idle, mix, alloc, ...).
+nodes_in() {
+  local states node
+  states=$(in_root /usr/bin/sinfo --noheader --Node --format='%N %t' 2>/dev/null) || return 1
+  for node in "${NODES[@]}"; do
+    grep -qxE "$node ($(IFS='|'; echo "$*"))" <<<"$states" || return 1
+  done
 }
 
 # Host-side sbatch, squeue, ...: each runs the root's command inside the root, in the same
@@ -247,13 +299,18 @@ EOF
   done
 }
 
-running() { [ -d "$ROOT" ] && pid_alive /run/slurmctld.pid && pid_alive /run/slurmd.pid && node_idle_or_busy; }
-
-node_idle_or_busy() {
-  local state
-  state=$(in_root /usr/bin/sinfo --noheader --nodes=n1 --format=%t 2>/dev/null) || return 1
-  case "$state" in idle|mix|alloc) return 0 ;; *) return 1 ;; esac
+running() {
+  local node
+  [ -d "$ROOT" ] && pid_alive /run/slurmctld.pid || return 1
+  for node in "${NODES[@]}"; do
+    pid_alive "/run/slurmd-$node.pid" || return 1
+  done
+  nodes_in idle mix alloc comp  # comp: a job on it is ending
 }
+
+# The pid files of the slurmds: each node's, and the one slurmd of this script's one-node
+# version (it would answer as n1 from this machine's namespace).
+slurmd_pid_files() { printf '/run/slurmd-%s.pid\n' "${NODES[@]}"; echo /run/slurmd.pid; }
 
 check_python() {
   local python=$REPO/.venv/bin/python
@@ -268,13 +325,17 @@ start() {
     say "already running ($ROOT)"
   else
     build_root
+    # What is left of a cluster that does not work (a node or slurmctld died, or an older version
+    # of this script started it) starts again, on the configuration written now.
+    # shellcheck disable=SC2046
+    stop_daemons $(slurmd_pid_files) /run/slurmctld.pid
     write_config
     mount_system
     share_dirs
     write_commands
     start_daemons
     check_python
-    say "started: Slurm $(in_root /usr/bin/sinfo --version | cut -d' ' -f2), node n1 $(nproc) CPUs, root $ROOT"
+    say "started: Slurm $(in_root /usr/bin/sinfo --version | cut -d' ' -f2), nodes ${NODES[*]} ($(hosts addr 1), $(hosts addr 2); $(nproc) CPUs each), root $ROOT"
   fi
   say "put its commands first on PATH: export PATH=\"$BIN:\$PATH\""
 }
@@ -298,12 +359,17 @@ all_exited() {
 }
 
 stop() {
-  [ -d "$ROOT" ] || return 0
+  if [ ! -d "$ROOT" ]; then
+    hosts down
+    return 0
+  fi
   if pid_alive /run/slurmctld.pid; then
     in_root /usr/bin/scancel --user=root 2>/dev/null || true  # jobs would keep shared dirs busy
   fi
   # slurmctld reports the last jobs to slurmdbd as it stops, so slurmdbd goes after it.
-  stop_daemons /run/slurmd.pid /run/slurmctld.pid
+  # shellcheck disable=SC2046
+  stop_daemons $(slurmd_pid_files) /run/slurmctld.pid
+  hosts down  # kills what a job left running on the nodes
   stop_daemons /run/slurmdbd.pid /run/mysqld/mysqld.pid /run/munge/munged.pid
   unmount_under "$ROOT"
   say "stopped"

@@ -1,10 +1,11 @@
 """The DLRM component on real Slurm clusters, as a user drives it: `torchx run -s slurm`, then
 `torchx status`, `torchx log`, `torchx list` and `torchx cancel`.
 
-The clusters are scripts/slurm_cluster.sh's one-node Slurm 24.11 and Slurm 22.05 (the oldest
-release our `-s slurm`, schedulers/slurm.py, supports), each with slurmdbd. The first start on a
-machine builds a cluster's root (75-120 s). A cluster started here is stopped again at the end;
-one that was already running is left running.
+The clusters are scripts/slurm_cluster.sh's Slurm 24.11 and Slurm 22.05 (the oldest release our
+`-s slurm`, schedulers/slurm.py, supports), each with slurmdbd and two nodes, n1 and n2, each a
+host of its own on a private network (a network namespace). The first start on a machine builds a
+cluster's root (75-120 s). A cluster started here is stopped again at the end; one that was
+already running is left running.
 """
 
 import json
@@ -68,13 +69,21 @@ def submit(slurm_path, tmp_path):
 
     yield submit
     # Found by their directory: a job whose `torchx run` failed after sbatch has no handle.
-    slurm = {"cwd": tmp_path, "env": {**os.environ, "PATH": slurm_path}, "capture_output": True,
-             "text": True}
-    queue = subprocess.run(["squeue", "--noheader", "--format=%i %Z"], check=True, **slurm).stdout
+    if left := queued(slurm_path, tmp_path):
+        slurm(slurm_path, tmp_path, "scancel", *left)
+
+
+def slurm(path: str, cwd, *cmd: str) -> str:
+    """The output of the cluster's command ``cmd`` (squeue, sacct, ...), run from ``cwd``."""
+    return subprocess.run(cmd, cwd=cwd, env={**os.environ, "PATH": path}, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def queued(path: str, cwd) -> set[str]:
+    """The ids of the apps submitted from ``cwd`` that are still in the queue."""
+    queue = slurm(path, cwd, "squeue", "--noheader", "--format=%i %Z")
     rows = (line.partition(" ") for line in queue.splitlines())
-    left = {job.split("+")[0] for job, _, cwd in rows if cwd == str(tmp_path)}  # 12+1: het job 12
-    if left:
-        subprocess.run(["scancel", *left], check=True, **slurm)
+    return {job.split("+")[0] for job, _, job_cwd in rows if job_cwd == str(cwd)}  # 12+1: het job 12
 
 
 def status(path: str, cwd, handle: str) -> str:
@@ -157,11 +166,12 @@ def test_dlrm_job_on_slurm_succeeds_and_reports_status_and_logs(slurm_path, subm
 
 
 def test_status_tells_queued_jobs_apart_and_cancel_stops_them(slurm_path, submit, tmp_path):
-    long_job = ["-j", "1x2", *tiny(steps=1_000_000)]
-    first = submit(*long_job, "--output_dir", str(tmp_path / "first"))
+    long_job = tiny(steps=1_000_000)
+    # One part on each node, each holding all its CPUs (cpu=2), so the second job waits in the
+    # queue behind the first.
+    first = submit("-j", "2x1", *long_job, "--output_dir", str(tmp_path / "first"))
     assert states_until(slurm_path, tmp_path, first, {"RUNNING"} | TERMINAL_STATES)[-1] == "RUNNING"
-    # The first job holds both CPUs of the node, so the second waits in the queue behind it.
-    second = submit(*long_job, "--output_dir", str(tmp_path / "second"))
+    second = submit("-j", "1x2", *long_job, "--output_dir", str(tmp_path / "second"))
     assert state_of(slurm_path, tmp_path, second) == "PENDING"
     assert state_of(slurm_path, tmp_path, first) == "RUNNING"
 
@@ -172,18 +182,58 @@ def test_status_tells_queued_jobs_apart_and_cancel_stops_them(slurm_path, submit
 
 
 def test_a_multi_node_job_is_one_app_while_it_waits_for_nodes(slurm_path, submit, tmp_path, monkeypatch):
-    # Each node of a multi-node job is a component of one heterogeneous Slurm job, and the
-    # cluster's one node can never hold both: the job waits in the queue.
-    handle = submit("-j", "2x1", "--cpu", "1", "--memMB", "1000", *TINY)
+    # Each node of a multi-node job is a component of one heterogeneous Slurm job, whose
+    # components never share a node, and the cluster's two nodes can never hold three: the job
+    # waits in the queue.
+    handle = submit("-j", "3x1", "--cpu", "1", "--memMB", "1000", *TINY)
     app_id = int(handle.rsplit("/", 1)[-1])
     out = status(slurm_path, tmp_path, handle)
-    assert re.search(r"State: PENDING\n(.*\n)*.*train\[0\]:PENDING\n\s*train\[1\]:PENDING\n", out), out
+    replicas = r"\s*".join(rf"train\[{i}\]:PENDING\n" for i in range(3))
+    assert re.search(rf"State: PENDING\n(.*\n)*.*{replicas}", out), out
     # `torchx list` reads squeue where Slurm keeps no accounting: the app once, by its id.
     monkeypatch.setenv("PATH", slurm_path)
     monkeypatch.chdir(tmp_path)
-    queued = {int(app.app_id): app.state.name for app in SlurmScheduler("test")._list_squeue()}
-    assert queued.get(app_id) == "PENDING" and app_id + 1 not in queued, queued
+    listed = {int(app.app_id): app.state.name for app in SlurmScheduler("test")._list_squeue()}
+    assert listed.get(app_id) == "PENDING" and not {app_id + 1, app_id + 2} & set(listed), listed
     cancel(slurm_path, tmp_path, handle)
+
+
+# final_train_loss of the one-node jobs, by -j. The computation is the app's, whatever the Slurm
+# release, so each runs once, on the first cluster that needs it: the tests stay short.
+ONE_NODE_LOSS: dict[str, float] = {}
+
+
+@pytest.mark.parametrize("nproc", [1, 2], ids=lambda n: f"2x{n}")
+def test_a_job_on_both_nodes_trains_exactly_as_the_same_ranks_on_one(slurm_path, submit, tmp_path, nproc):
+    # One part on each node, each node's trainers on a host of their own: they find the first
+    # node by its name, and meet over the network (rendezvous, gloo). The data depends on the
+    # global rank only, so on CPU the loss is the one-node job's.
+    two_nodes, one_node = f"2x{nproc}", f"1x{2 * nproc}"
+    sizes = [two_nodes] if one_node in ONE_NODE_LOSS else [two_nodes, one_node]
+    # Each job holds all the CPUs of its nodes (cpu=2): they run one after the other. The nodes
+    # share this machine's cores, and torchrun sets one thread per trainer only where a node runs
+    # several: -j 2x1 would run 2 trainers of 2 threads each on 2 cores, several times slower.
+    one_thread = ["--env", "OMP_NUM_THREADS=1"]
+    handles = {j: submit("-j", j, *TINY, *one_thread, "--output_dir", str(tmp_path / j)) for j in sizes}
+    wait_until(lambda: not queued(slurm_path, tmp_path), "the jobs to end", timeout=240)
+    for j, handle in handles.items():
+        state = states_until(slurm_path, tmp_path, handle, TERMINAL_STATES, timeout=30)[-1]
+        logs = torchx(slurm_path, tmp_path, "log", handle).stdout if state != "SUCCEEDED" else ""
+        assert state == "SUCCEEDED", f"-j {j}: {state}\n{logs[-4000:]}"
+
+    app_id = handles[two_nodes].rsplit("/", 1)[-1]
+    nodes = slurm(slurm_path, tmp_path, "sacct", "--noheader", "--parsable2", "--allocations",
+                  f"--jobs={app_id}", "--format=NodeList")
+    assert sorted(nodes.split()) == ["n1", "n2"], nodes
+    # Each part's trainers saw their own host: its hostname and its address (apps.dlrm.torchrun).
+    logs = "".join(path.read_text() for path in tmp_path.glob(f"slurm-{app_id}-*.err"))
+    hosts = dict(re.findall(r"host (n\d): rendezvous at n1:\d+.*; this host is ([\d.]+) on ", logs))
+    assert sorted(hosts) == ["n1", "n2"] and len(set(hosts.values())) == 2, logs[-4000:]
+
+    losses = {j: json.loads((tmp_path / j / "summary.json").read_text())["final_train_loss"] for j in sizes}
+    if one_node in losses:
+        ONE_NODE_LOSS[one_node] = losses[one_node]
+    assert losses[two_nodes] == pytest.approx(ONE_NODE_LOSS[one_node], abs=1e-6), (losses, ONE_NODE_LOSS)
 
 
 def test_submitting_from_a_directory_the_cluster_cannot_see_is_refused_clearly(slurm_path):
