@@ -83,6 +83,18 @@ on_host() {
   NETNS_HOSTS_SUBNET=$SUBNET "$REPO/scripts/netns_hosts.sh" exec --shared-mounts "$NETNS" "$@" 9>&-
 }
 
+# Refuses what root must not trust in a world-writable place like /var/tmp: a symbolic link, or
+# a path another user owns or can write to, could make us write or chroot where they chose.
+# $2: d (a directory, the default) or f (a regular file).
+check_ours() {
+  local path=$1 kind=${2:-d} owner mode
+  [ ! -L "$path" ] || die "$path is a symbolic link, which could point anywhere: remove it (or set SLURM_CLUSTER_HOME to a folder of root's)"
+  [ -"$kind" "$path" ] || die "$path is not a $([ "$kind" = d ] && echo folder || echo file): remove it"
+  read -r owner mode < <(stat -c '%u %a' "$path")
+  [ "$owner" = 0 ] || die "$path belongs to user id $owner, not root, so someone else made it: remove it (or set SLURM_CLUSTER_HOME)"
+  (( (8#$mode & 8#022) == 0 )) || die "$path can be written by other users (mode $mode): chmod go-w it, or remove it"
+}
+
 require_root() {
   [ "$(id -u)" = 0 ] || die "must run as root: it uses chroot and mount (try: sudo $0 $1)"
 }
@@ -112,7 +124,11 @@ remove_root() {
 }
 
 build_root() {
-  [ -d "$ROOT" ] && return  # a build only gets this name once it is complete
+  if [ -e "$STATE" ] || [ -L "$STATE" ]; then check_ours "$STATE"; fi
+  if [ -e "$ROOT" ] || [ -L "$ROOT" ]; then
+    check_ours "$ROOT"  # we chroot into it and run its daemons as root
+    return  # a build only gets this name once it is complete
+  fi
   if ! command -v debootstrap >/dev/null; then
     say "installing debootstrap"
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null; } \
@@ -392,6 +408,8 @@ case "${1:-}" in
   start|stop|purge)
     require_root "$1"
     mkdir -p "$HOME_DIR"
+    check_ours "$HOME_DIR"
+    [ ! -e "$HOME_DIR/lock" ] && [ ! -L "$HOME_DIR/lock" ] || check_ours "$HOME_DIR/lock" f
     exec 9>"$HOME_DIR/lock"
     flock 9  # one start/stop at a time on the machine
     "$1"
