@@ -15,7 +15,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchx.specs.builders import materialize_appdef
 
 from apps.dlrm.config import TrainConfig, parse_train_config
-from apps.dlrm.library_warnings import filter_known_warnings
+from apps.dlrm.report import filter_library_warnings
 from apps.dlrm.sharding import make_planner, make_topology, model_to_shard
 from components import dlrm
 from components.signature import InvalidComponentArgument
@@ -114,7 +114,7 @@ def test_the_planner_warns_about_nothing_and_reserves_what_torchrec_would(caplog
 def test_dcp_sharded_tensor_deprecation_is_filtered_and_nothing_else():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        filter_known_warnings()
+        filter_library_warnings()
         warnings.warn(DEPRECATE_MSG, FutureWarning)
         warnings.warn("another deprecation", FutureWarning)
     assert [str(w.message) for w in caught] == ["another deprecation"]

@@ -3,22 +3,29 @@
 Layout under ``--checkpoint_dir`` (a local path, ``file://``, ``s3://``, ``gs://``, ``memory://``)::
 
     step_00001200/
+        OWNER                              the id of the run writing it, written first
         __0_0.distcp, __1_0.distcp, ...   each rank's own shards (torch.distributed.checkpoint)
         .metadata                          where every tensor's shards are, written once all ranks wrote
-        manifest.json                      config, package versions, world size, sharding plan
+        manifest.json                      config, package versions, world size, sharding plan, run id
         COMMITTED                          written last: only now does the checkpoint count
 
 Embedding tables are never gathered: every rank writes and reads only its own shards, and
 ``torch.distributed.checkpoint`` reshards them when the world size or sharding changes. A
 directory without ``COMMITTED``, or whose files do not match its ``.metadata``, is skipped with a
-warning and never resumed from. Old checkpoints are deleted only after a newer one is committed.
+warning and never resumed from. Old checkpoints are deleted only after a newer one is committed,
+and only the run's own (see :meth:`CheckpointStore._prune`).
+
+Nothing in a checkpoint runs code: ``.metadata`` (a pickle) is read by an unpickler that builds
+DCP's metadata types and nothing else, tensors and byte entries load with
+``torch.load(weights_only=True)``, and the manifest is JSON.
 """
 
-import dataclasses
 import importlib.metadata
 import io
 import json
 import logging
+import os
+import pickle
 import posixpath
 import re
 import socket
@@ -34,28 +41,139 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 from torchrec.optim.keyed import KeyedOptimizer
 
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.distributed import DistEnv, decided_by_main
 from apps.dlrm.options import ConfigError
+from apps.dlrm.urls import config_record, redact_urls
 
 logger = logging.getLogger(__name__)
 
 COMMIT_MARKER = "COMMITTED"
 MANIFEST = "manifest.json"
+OWNER = "OWNER"
 PROGRESS = ("step", "train_loss")  # what the training loop needs to continue
-_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def _step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def _step_of(name: str) -> int | None:
+    """The step of a folder named exactly as we name them, else None: a foreign
+    ``step_000000002`` is not step 2 (whose folder is ``step_00000002``)."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match and name == _step_name(int(match.group(1))) else None
 
 
 # Bytes fetched per round trip when loading: bounds the memory a load needs beyond the model.
 _READ_BATCH_BYTES = 512 * 2**20
 
 
-class BatchedFsspecReader(FsspecReader):
+class CheckpointError(ConfigError):
+    """A checkpoint location or checkpoint cannot be used; the message says why and what to do."""
+
+
+# What DCP's .metadata is made of: its dataclasses, the file system reader's storage info,
+# torch.Size, dtypes (as torch.<name>) and the layout rebuilder: the globals of a real
+# checkpoint of this app under torch 2.13, all in DCP's metadata since before torch 2.11.
+_METADATA_GLOBALS = {
+    (cls.__module__, cls.__qualname__): cls
+    for cls in (
+        dcp_metadata.Metadata,
+        dcp_metadata.MetadataIndex,
+        dcp_metadata.StorageMeta,
+        dcp_metadata.TensorStorageMetadata,
+        dcp_metadata.BytesStorageMetadata,
+        dcp_metadata.ChunkStorageMetadata,
+        dcp_metadata.TensorProperties,
+        dcp_metadata._MEM_FORMAT_ENCODING,
+        _StorageInfo,
+        torch.Size,
+        torch.serialization._get_layout,
+    )
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata, refusing any other global (``os.system``, ``builtins.eval``...).
+
+    A pickle runs code only through the globals it loads; these build plain data, so a
+    ``.metadata`` planted in a shared --checkpoint_dir cannot run anything here.
+    """
+
+    def __init__(self, file, url: str) -> None:
+        super().__init__(file)
+        self.url = url
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_GLOBALS:
+            return _METADATA_GLOBALS[module, name]
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CheckpointError(
+            f"{redact_urls(self.url)} would load {module}.{name}, which is not part of DCP "
+            "checkpoint metadata: refused unread, nothing in it ran. Someone else may have written "
+            "into --checkpoint_dir: delete that step folder, or use a folder only you can write to"
+        )
+
+
+class CheckpointReader(FsspecReader):
+    """DCP's fsspec reader, reading ``.metadata`` with :class:`_MetadataUnpickler` instead of
+    ``pickle.load``. Every read of our checkpoints goes through it (and its subclass)."""
+
+    def read_metadata(self) -> dcp_metadata.Metadata:
+        # No **kwargs: DCP then never falls back to per-rank metadata files, which we never write.
+        path = self.fs.concat_path(self.path, ".metadata")
+        with self.fs.create_stream(path, "rb") as f:
+            metadata = _MetadataUnpickler(f, str(path)).load()
+        if not isinstance(metadata, dcp_metadata.Metadata):
+            raise CheckpointError(
+                f"{redact_urls(str(path))} holds a {type(metadata).__name__}, not DCP metadata"
+            )
+        if metadata.storage_meta is None:
+            metadata.storage_meta = dcp_metadata.StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _CheckpointWriter(FsspecWriter):
+    """DCP's fsspec writer, recording the checkpoint's URL in ``.metadata`` without credentials."""
+
+    def storage_meta(self) -> dcp_metadata.StorageMeta | None:
+        meta = super().storage_meta()
+        if meta is not None:
+            meta.checkpoint_id = redact_urls(str(meta.checkpoint_id))
+        return meta
+
+
+class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, but byte entries (non-tensor values) load with
+    ``torch.load(weights_only=True)``: DCP's own ``weights_only=False`` would run whatever a
+    planted shard file pickled. Our checkpoints hold tensors only; plain data still loads."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError:
+            raise CheckpointError(
+                f"checkpoint entry {read_item.dest_index.fqn} holds a pickled object, not plain "
+                "data: it was not loaded. Someone else may have written into --checkpoint_dir: use a "
+                "--checkpoint_dir only you can write to"
+            ) from None
+        set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+
+
+class BatchedFsspecReader(CheckpointReader):
     """DCP's fsspec reader, fetching the byte ranges of many tensors in one request.
 
     DCP's own reader hands ``torch.load`` a view of the remote file, whose many small reads and
@@ -112,10 +230,6 @@ class BatchedFsspecReader(FsspecReader):
                 planner.commit_tensor(req, target)
 
 
-class CheckpointError(ConfigError):
-    """A checkpoint location or checkpoint cannot be used; the message says why and what to do."""
-
-
 @dataclass(frozen=True)
 class Checkpoint:
     url: str
@@ -124,18 +238,24 @@ class Checkpoint:
 
 
 class CheckpointStore:
-    """The checkpoints under one URL. Reads and deletions are done by one rank (rank 0)."""
+    """The checkpoints under one URL. Reads and deletions are done by one rank (rank 0).
+
+    ``run_id`` names the run that writes here: :func:`open_checkpoints` sets it, the same on
+    every rank, before the first save. Each step folder records the run that wrote it, and a
+    run deletes only its own folders: jobs sharing the location leave each other's alone.
+    """
 
     def __init__(self, url: str, keep_last: int) -> None:
         self.url = url.rstrip("/")
         self.keep_last = keep_last
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.run_id: str | None = None
 
     def step_url(self, step: int) -> str:
-        return f"{self.url}/step_{step:08d}"
+        return f"{self.url}/{_step_name(step)}"
 
     def _path(self, step: int) -> str:
-        return posixpath.join(self.root, f"step_{step:08d}")
+        return posixpath.join(self.root, _step_name(step))
 
     # --- start-up checks ---------------------------------------------------------------------
 
@@ -143,10 +263,7 @@ class CheckpointStore:
         """Writes and removes a probe file, so that a bad location fails before training."""
         probe = posixpath.join(self.root, f".write-probe-{uuid.uuid4().hex}")
         try:
-            # Only real directories need making: on object stores makedirs would create the
-            # bucket, and a missing bucket must be reported, not silently created.
-            if isinstance(self.fs, LocalFileSystem):
-                self.fs.makedirs(self.root, exist_ok=True)
+            self._make_dir(self.root)
             with self.fs.open(probe, "wb") as f:
                 f.write(b"probe")
             self.fs.rm(probe)
@@ -155,6 +272,12 @@ class CheckpointStore:
                 f"--checkpoint_dir {self.url} is not writable ({type(e).__name__}: {e}). "
                 + _storage_hint(self.url, e)
             ) from None
+
+    def _make_dir(self, path: str) -> None:
+        """Makes the folder ``path`` where folders are real: on object stores makedirs would
+        create the bucket, and a missing bucket must be reported, not silently created."""
+        if isinstance(self.fs, LocalFileSystem):
+            self.fs.makedirs(path, exist_ok=True)
 
     def write_share_probe(self) -> tuple[str, str]:
         """Writes a probe file with a random token; returns (its path, the token)."""
@@ -179,13 +302,18 @@ class CheckpointStore:
         if not self.fs.exists(self.root):
             return []
         names = (posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False))
-        return sorted(int(m.group(1)) for m in map(_STEP_DIR.match, names) if m)
+        return sorted(step for step in map(_step_of, names) if step is not None)
 
     def _is_committed(self, step: int) -> bool:
         return self.fs.exists(posixpath.join(self._path(step), COMMIT_MARKER))
 
-    def committed_steps(self) -> list[int]:
-        return [step for step in self._steps() if self._is_committed(step)]
+    def _owner(self, step: int) -> str | None:
+        """The id of the run that wrote ``step``'s folder; None where it does not say."""
+        try:
+            with self.fs.open(posixpath.join(self._path(step), OWNER), "r") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
 
     def newest(self) -> Checkpoint | None:
         """The newest committed checkpoint whose files are all there; others are skipped."""
@@ -206,7 +334,9 @@ class CheckpointStore:
         try:
             with self.fs.open(posixpath.join(path, MANIFEST), "r") as f:
                 json.load(f)
-            metadata = FsspecReader(self.step_url(step)).read_metadata()
+            metadata = CheckpointReader(self.step_url(step)).read_metadata()
+        except CheckpointError:
+            raise  # planted, not damaged: refuse the location rather than resume past it
         except Exception as e:  # noqa: BLE001 - unreadable for any reason: damaged
             return f"damaged ({type(e).__name__}: {e})"
         needed: dict[str, int] = {}
@@ -221,17 +351,13 @@ class CheckpointStore:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], rank: int) -> str:
+    def save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], env: DistEnv) -> str:
         """Collective: every rank writes its shards; rank 0 commits and prunes. Returns the URL."""
         url = self.step_url(step)
-        if rank == 0 and self.fs.exists(self._path(step)):
-            assert not self._is_committed(step), f"{url} is committed already"
-            # A leftover of a run that died while writing this step: never committed, garbage.
-            self.fs.rm(self._path(step), recursive=True)
-        dist.barrier()
-        dcp.save(state, storage_writer=FsspecWriter(url, sync_files=False))
+        decided_by_main(lambda: self._claim(step), env)  # also keeps every rank out until then
+        dcp.save(state, storage_writer=_CheckpointWriter(url, sync_files=False))
         # dcp.save returns on every rank once the coordinator has written .metadata.
-        if rank == 0:
+        if env.is_main:
             with self.fs.open(posixpath.join(self._path(step), MANIFEST), "w") as f:
                 json.dump(manifest, f, indent=2, sort_keys=True)
             with self.fs.open(posixpath.join(self._path(step), COMMIT_MARKER), "w") as f:
@@ -239,10 +365,38 @@ class CheckpointStore:
             self._prune(newest=step)
         return url
 
+    def _claim(self, step: int) -> None:
+        """Makes ``step``'s folder this run's, before any shard is written, or refuses.
+
+        A folder already there that this run wrote is a leftover of an attempt that died
+        while writing it (or was skipped as damaged): replaced. Another run's is never touched.
+        """
+        assert self.run_id, "open_checkpoints sets the run id before any save"
+        path = self._path(step)
+        if self.fs.exists(path):
+            owner = self._owner(step)
+            if owner != self.run_id:
+                raise CheckpointError(
+                    f"{self.step_url(step)} exists already, written by "
+                    f"{f'run {owner}' if owner else 'an unknown writer'}, not by this run "
+                    f"({self.run_id}): another job writes checkpoints to --checkpoint_dir {self.url}. "
+                    "Give each job its own --checkpoint_dir, or delete that folder if no job writes it"
+                )
+            self.fs.rm(path, recursive=True)
+        self._make_dir(path)
+        with self.fs.open(posixpath.join(path, OWNER), "w") as f:
+            f.write(self.run_id)
+
     def _prune(self, newest: int) -> None:
-        """Deletes committed checkpoints beyond ``keep_last`` and dead uncommitted older ones."""
-        keep = set(self.committed_steps()[-self.keep_last:])
-        for step in self._steps():
+        """Deletes this run's committed checkpoints beyond ``keep_last`` and its uncommitted
+        folders older than ``newest`` (attempts that died while writing them).
+
+        Folders of other runs sharing the location (their OWNER says so, or they have none: a
+        folder being written by a job of an older version) are neither counted nor deleted.
+        """
+        ours = [step for step in self._steps() if self._owner(step) == self.run_id]
+        keep = set([step for step in ours if self._is_committed(step)][-self.keep_last:])
+        for step in ours:
             if step < newest and step not in keep:
                 self.fs.rm(self._path(step), recursive=True)
                 logger.info("deleted old checkpoint %s", self.step_url(step))
@@ -251,8 +405,8 @@ class CheckpointStore:
         """Collective: every rank reads the shards it holds under its current sharding."""
         # A local file is read fastest by DCP itself (torch.load straight from the file).
         local = isinstance(self.fs, LocalFileSystem)
-        reader = FsspecReader(checkpoint.url) if local else BatchedFsspecReader(checkpoint.url)
-        dcp.load(state, storage_reader=reader)
+        reader = CheckpointReader(checkpoint.url) if local else BatchedFsspecReader(checkpoint.url)
+        dcp.load(state, storage_reader=reader, planner=_WeightsOnlyLoadPlanner())
 
 
 
@@ -383,13 +537,25 @@ def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> tuple[CheckpointStore | 
         )
     store = CheckpointStore(cfg.checkpoint_dir, cfg.keep_last)
 
-    def newest() -> Checkpoint | None:
+    def newest() -> tuple[Checkpoint | None, str]:
         store.check_writable()
-        return store.newest()
+        checkpoint = store.newest()
+        inherited = checkpoint.manifest.get("run_id") if checkpoint else None
+        return checkpoint, inherited or _new_run_id()
 
-    resume_from = decided_by_main(newest, env)
+    resume_from, store.run_id = decided_by_main(newest, env)
     check_shared(store, env)
     return store, resume_from
+
+
+def _new_run_id() -> str:
+    """The id of a run that resumes from nothing (a resumed run keeps its checkpoint's).
+
+    torchrun's rendezvous id where one was given (TorchX gives the app id): a job restarted
+    before its first commit then still owns the folder its first attempt left. Else random.
+    """
+    rendezvous = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # "none": torchrun's default
+    return rendezvous if rendezvous != "none" else uuid.uuid4().hex
 
 
 def check_shared(store: CheckpointStore, env: DistEnv) -> None:
@@ -475,8 +641,9 @@ def save(
         "progress": progress,
         "model": model_signature(cfg),
         "sharding_plan": plan,
-        "config": dataclasses.asdict(cfg),
+        "config": config_record(cfg),
         "versions": package_versions(),
+        "run_id": store.run_id,
     }
     state = training_state(model, optimizer, progress, env.rank)
-    return store.save(progress["step"], state, manifest, env.rank)
+    return store.save(progress["step"], state, manifest, env)

@@ -17,14 +17,14 @@ import sys
 from apps.dlrm.criteo.config import parse_preprocess_config
 from apps.dlrm.criteo.pipeline import PreprocessFailed, preprocess
 from apps.dlrm.options import ConfigError
+from apps.dlrm.report import redacting_handler
 
 logger = logging.getLogger("apps.dlrm.preprocess")
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_preprocess_config(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, handlers=[redacting_handler("%(asctime)s %(levelname)s %(message)s")])
     try:
         preprocess(cfg)
     except ConfigError as e:

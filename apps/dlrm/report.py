@@ -6,11 +6,15 @@ Only rank 0 reports; the other ranks get a reporter that stays silent.
 import json
 import logging
 import os
+import re
 import sys
+import uuid
 import warnings
 from typing import Any
 
 from tqdm import tqdm
+
+from apps.dlrm.urls import redact_urls
 
 logger = logging.getLogger("apps.dlrm.report")
 
@@ -22,26 +26,48 @@ class _ProgressBar(tqdm):
     monitor_interval = 0
 
 
-# Warnings that libraries raise about their own internals, which a user cannot act on.
+# Warnings that libraries raise about their own internals, which a user cannot act on; each by
+# its message, so that any other warning of the same libraries still shows. (Those we can avoid
+# at their cause are avoided there: the planner's storage reservation, sharding.py.)
 _LIBRARY_WARNINGS = (
     r"`broadcast_buffers` is deprecated",
     r"`torch.distributed.reduce_scatter_tensor` is deprecated",
     r"`torch.distributed.all_gather_into_tensor` is deprecated",
+    # TorchRec hands sharded tables to DCP as ShardedTensors, which torch deprecates on each use
+    # while saving and loading a checkpoint, once per call site and rank.
+    re.escape("Please use DTensor instead and we are deprecating ShardedTensor."),
 )
 _LIBRARY_LOGGERS = ("torch.fx._symbolic_trace",)
 
 
-def setup_logging(rank: int) -> None:
-    """Our INFO lines on rank 0; only warnings from libraries and other ranks."""
+class _RedactingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_urls(super().format(record))
+
+
+def redacting_handler(fmt: str) -> logging.Handler:
+    """A handler of log lines to stderr that hides the credentials of URLs in every line, ours
+    and the libraries', tracebacks included: a URL option given with user info
+    (``s3://KEY:SECRET@bucket``) must not end up in a job's log."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RedactingFormatter(fmt, datefmt="%H:%M:%S"))
+    return handler
+
+
+def filter_library_warnings() -> None:
+    """Hides the known library warnings (above) for the rest of this process."""
     for pattern in _LIBRARY_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
+
+
+def setup_logging(rank: int) -> None:
+    """Our INFO lines on rank 0; only warnings from libraries and other ranks."""
+    filter_library_warnings()
     for name in _LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     logging.basicConfig(
         level=logging.WARNING,
-        format=f"%(asctime)s [rank{rank}] %(levelname)s %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
+        handlers=[redacting_handler(f"%(asctime)s [rank{rank}] %(levelname)s %(message)s")],
         force=True,  # libraries imported before us may have configured the root logger
     )
     logging.getLogger("apps").setLevel(logging.INFO if rank == 0 else logging.WARNING)
@@ -105,15 +131,27 @@ class Reporter:
             self._bar.refresh()
 
     def write_summary(self, summary: dict[str, Any]) -> str | None:
-        """Writes summary.json atomically (a reader never sees half a file)."""
+        """Writes summary.json atomically (a reader never sees half a file).
+
+        The temporary file has a new, unique name in the same folder, created exclusively: a
+        file or symlink someone left at a predictable name is never followed or overwritten,
+        and two runs sharing --output_dir never write into each other's temporary file.
+        """
         if not (self.enabled and self.output_dir):
             return None
         path = os.path.join(self.output_dir, "summary.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
+        tmp = os.path.join(self.output_dir, f".summary.json.{uuid.uuid4().hex}.tmp")
+        # O_EXCL: fails on anything already there, a symlink included. Mode 0666 less the
+        # umask, as a plain open() would give summary.json (mkstemp's would be 0600).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(summary, f, indent=2, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, path)
+        finally:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
         return path
 
     def close(self) -> None:

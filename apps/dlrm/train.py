@@ -6,7 +6,6 @@ test with metrics synced across ranks, and write summary.json.
 """
 
 import contextlib
-import dataclasses
 import logging
 import sys
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from apps.dlrm.optim import LRSchedule, training_optimizer
 from apps.dlrm.options import ConfigError
 from apps.dlrm.report import Reporter, setup_logging
 from apps.dlrm.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
+from apps.dlrm.urls import config_record
 
 logger = logging.getLogger("apps.dlrm")
 
@@ -202,7 +202,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         "device": env.device.type,
         "backend": env.backend,
         "sharding_plan": describe_plan(run.plan).splitlines(),
-        "config": dataclasses.asdict(cfg),
+        "config": config_record(cfg),
     }
     path = reporter.write_summary(summary)
     if path:
