@@ -82,7 +82,8 @@ class Training:
 
 
 def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
-    """Checks what depends on the device, then builds, plans and shards the model."""
+    """Opens the data (a bad --data_path fails in seconds), then builds, plans and shards the model."""
+    data = make_dataset(cfg, env)
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
         torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
@@ -94,7 +95,7 @@ def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
     optimizer = training_optimizer(cfg, sharded)
     pipeline = make_pipeline(cfg, sharded, optimizer, env.device)
     return Training(
-        sharded, optimizer, LRSchedule(cfg, optimizer), pipeline, plan, make_dataset(cfg, env)
+        sharded, optimizer, LRSchedule(cfg, optimizer), pipeline, plan, data
     )
 
 
