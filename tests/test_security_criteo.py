@@ -206,3 +206,12 @@ def test_an_output_folder_that_is_not_ours_is_refused_before_anything_is_written
         preprocess(PreprocessConfig(input=[str(tmp_path / "day_0")], output=str(foreign), workers=1))
     assert "another --output" in str(refused.value) or "empty or new folder" in str(refused.value)
     assert os.listdir(foreign) == [name] and (foreign / name).read_text() == content
+
+
+def test_temporary_names_cannot_be_guessed_in_advance(tmp_path):
+    """A predictable name (it was the process id) lets someone plant a link there to write through."""
+    from apps.dlrm.criteo.layout import temporary_name
+
+    names = {temporary_name(str(tmp_path / "day_0_dense.npy")) for _ in range(3)}
+    assert len(names) == 3 and all(os.path.dirname(n) == str(tmp_path) for n in names)
+    assert not any(str(os.getpid()) in os.path.basename(n) for n in names)

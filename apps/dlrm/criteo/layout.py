@@ -44,6 +44,7 @@ import json
 import os
 import re
 import reprlib
+import uuid
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -111,9 +112,13 @@ def file_digest(path: str) -> dict:
 
 
 def temporary_name(path: str) -> str:
-    """Where ``path`` is written before it is complete: a hidden name in the same folder."""
+    """Where ``path`` is written before it is complete: a new hidden name in the same folder.
+
+    Random, not predictable (as a process id is): no one can leave a symbolic link there in
+    advance for us to write through.
+    """
     folder, name = os.path.split(path)
-    return os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    return os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
 
 
 def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
