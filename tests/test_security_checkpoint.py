@@ -129,6 +129,18 @@ def test_a_step_folder_of_another_job_is_never_overwritten(tmp_path, world_of_on
     assert (folder / "__0_0.distcp").read_bytes() == b"their shard"
 
 
+def test_a_run_that_would_save_over_another_jobs_folder_is_refused_before_training(tmp_path, world_of_one):
+    """Not after training up to that step: the folder is found at start-up."""
+    root = tmp_path / "ckpt"
+    step_folder(root, "step_00000015", owner="theirs")  # a step this run never saves: no matter
+    cfg = TrainConfig(checkpoint_dir=str(root), checkpoint_every=10, steps=40)
+    assert open_checkpoints(cfg, world_of_one)[1] is None
+    folder = step_folder(root, "step_00000030", owner="theirs")
+    with pytest.raises(CheckpointError, match="step_00000030 exists already, written by run theirs"):
+        open_checkpoints(cfg, world_of_one)
+    assert sorted(os.listdir(folder)) == ["OWNER", "__0_0.distcp"]
+
+
 def test_a_resumed_run_keeps_its_run_id_and_prunes_what_it_wrote_before(tmp_path, world_of_one):
     cfg = TrainConfig(checkpoint_dir=str(tmp_path / "ckpt"), keep_last=1)
     first, resume_from = open_checkpoints(cfg, world_of_one)

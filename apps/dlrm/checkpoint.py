@@ -32,7 +32,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -374,18 +374,28 @@ class CheckpointStore:
         assert self.run_id, "open_checkpoints sets the run id before any save"
         path = self._path(step)
         if self.fs.exists(path):
-            owner = self._owner(step)
-            if owner != self.run_id:
-                raise CheckpointError(
-                    f"{self.step_url(step)} exists already, written by "
-                    f"{f'run {owner}' if owner else 'an unknown writer'}, not by this run "
-                    f"({self.run_id}): another job writes checkpoints to --checkpoint_dir {self.url}. "
-                    "Give each job its own --checkpoint_dir, or delete that folder if no job writes it"
-                )
+            self._refuse_if_not_ours(step)
             self.fs.rm(path, recursive=True)
         self._make_dir(path)
         with self.fs.open(posixpath.join(path, OWNER), "w") as f:
             f.write(self.run_id)
+
+    def _refuse_if_not_ours(self, step: int) -> None:
+        owner = self._owner(step)
+        if owner != self.run_id:
+            raise CheckpointError(
+                f"{self.step_url(step)} exists already, written by "
+                f"{f'run {owner}' if owner else 'an unknown writer'}, not by this run "
+                f"({self.run_id}): another job writes checkpoints to --checkpoint_dir {self.url}. "
+                "Give each job its own --checkpoint_dir, or delete that folder if no job writes it"
+            )
+
+    def check_claimable(self, steps: Callable[[int], bool], after: int) -> None:
+        """Refuses, before training, a run that would have to save over another run's folder:
+        an existing step folder past ``after`` for which ``steps(step)`` says this run saves."""
+        for step in self._steps():
+            if step > after and steps(step):
+                self._refuse_if_not_ours(step)
 
     def _prune(self, newest: int) -> None:
         """Deletes this run's committed checkpoints beyond ``keep_last`` and its uncommitted
@@ -541,11 +551,19 @@ def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> tuple[CheckpointStore | 
         store.check_writable()
         checkpoint = store.newest()
         inherited = checkpoint.manifest.get("run_id") if checkpoint else None
-        return checkpoint, inherited or _new_run_id()
+        store.run_id = inherited or _new_run_id()
+        resumed_at = checkpoint.step if checkpoint else 0
+        store.check_claimable(lambda step: is_checkpoint_step(cfg, step), after=resumed_at)
+        return checkpoint, store.run_id
 
     resume_from, store.run_id = decided_by_main(newest, env)
     check_shared(store, env)
     return store, resume_from
+
+
+def is_checkpoint_step(cfg: TrainConfig, step: int) -> bool:
+    """Whether training saves a checkpoint after ``step`` (every --checkpoint_every, and the last)."""
+    return step == cfg.steps or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
 
 
 def _new_run_id() -> str:

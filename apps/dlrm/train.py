@@ -25,7 +25,7 @@ from torchrec.distributed.train_pipeline import (
 from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
-from apps.dlrm.checkpoint import CheckpointStore, open_checkpoints, restore, save
+from apps.dlrm.checkpoint import CheckpointStore, is_checkpoint_step, open_checkpoints, restore, save
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data import ClickLogs, make_dataset
 from apps.dlrm.distributed import DistEnv, all_reduce_mean, init_distributed
@@ -134,9 +134,7 @@ def fit(
             throughput.add(elapsed, global_batch)
             window_meter.add(elapsed, global_batch)
             progress["step"] = step
-            checkpoint_due = store is not None and (
-                step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-            )
+            checkpoint_due = store is not None and is_checkpoint_step(cfg, step)
             if step % cfg.log_every == 0 or step == cfg.steps or checkpoint_due:
                 progress["train_loss"] = all_reduce_mean(window[-1].item(), env)
                 window_loss = all_reduce_mean(torch.stack(window).mean().item(), env)
