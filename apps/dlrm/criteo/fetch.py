@@ -252,7 +252,5 @@ class _Cache:
 
 
 def _create(path: str):
-    """``path`` opened for writing as a new file: never through a link planted there."""
-    if os.path.lexists(path):  # left by a killed copier with the same process id
-        os.remove(path)
+    """``path`` (a fresh temporary name) opened for writing as a new file: never through a link."""
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb")
