@@ -91,12 +91,11 @@ def host_address(endpoint_host: str, interface: str | None = None) -> HostAddres
                 f"{', '.join(sorted(interfaces)) or 'its interfaces'}"
             )
         return HostAddress(interfaces[interface], interface, hosts_endpoint)
+    by_address = {a: name for name, a in interfaces.items()}
     if not hosts_endpoint:
         address = source_address(endpoint)
-        by_address = {a: name for name, a in interfaces.items()}
         return HostAddress(address, by_address[address], hosts_endpoint=False)
     if not ipaddress.ip_address(endpoint).is_loopback:
-        by_address = {a: name for name, a in interfaces.items()}
         return HostAddress(endpoint, by_address[endpoint], hosts_endpoint=True)
     return _own_host_address(endpoint_host, interfaces)
 
