@@ -7,9 +7,11 @@ import logging
 from dataclasses import dataclass
 from typing import Iterator
 
+from torchx import specs
+
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.options import ConfigError, option
-from apps.dlrm.target import PlanTarget, hbm_gb_option
+from apps.dlrm.target import PlanTarget, check_hbm_gb
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
 
@@ -24,21 +26,20 @@ class PlanCheck:
         "with TorchRec's planner, as components.dlrm:plan does, and refuse to launch if they do "
         "not fit in the ranks' memory.",
     )
-    hbm_gb: float = hbm_gb_option()
-
-    def __post_init__(self) -> None:
-        if self.hbm_gb < 0:
-            raise ConfigError(f"--hbm_gb {self.hbm_gb} must be 0 or more")
-        if self.hbm_gb and not self.check_plan:
-            raise ConfigError(f"--hbm_gb {self.hbm_gb} is only used by --check_plan true: add it")
 
     def run(self, launch: Launch, cfg: TrainConfig) -> None:
-        """Raises InvalidComponentArgument, with the plan's verdict, if the plan does not fit."""
+        """Raises InvalidComponentArgument, with the plan's verdict, if the plan does not fit.
+
+        The preview plans with the job's own --hbm_gb (a TrainConfig field, which the app also
+        plans with), so it predicts the plan the job makes. Without --check_plan, an --hbm_gb that
+        the app would refuse at start-up is still refused here, before the job waits in a queue.
+        """
         if not self.check_plan:
+            _check_hbm_gb(launch, cfg)
             return
         try:
             target = PlanTarget(
-                j=launch.j, h=launch.h or "", gpu=launch.gpu, memMB=launch.memMB, hbm_gb=self.hbm_gb
+                j=launch.j, h=launch.h or "", gpu=launch.gpu, memMB=launch.memMB, hbm_gb=cfg.hbm_gb
             )
             with _info_logs_off():
                 # Imported only when asked: planning loads torch and torchrec, building a job does not.
@@ -48,6 +49,14 @@ class PlanCheck:
         except ConfigError as e:
             raise InvalidComponentArgument(str(e)) from None
         logger.info("--check_plan: %s", verdict)
+
+
+def _check_hbm_gb(launch: Launch, cfg: TrainConfig) -> None:
+    resource = launch.resource or specs.Resource(cpu=launch.cpu, gpu=launch.gpu, memMB=launch.memMB)
+    try:
+        check_hbm_gb(cfg.hbm_gb, resource, launch.h)
+    except ConfigError as e:
+        raise InvalidComponentArgument(str(e)) from None
 
 
 @contextlib.contextmanager

@@ -12,8 +12,9 @@ import shlex
 
 import pytest
 from torchx import specs
+from torchx.specs.builders import materialize_appdef
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.options import ConfigError
 from apps.dlrm.plan import main as plan_app
 from apps.dlrm.plan import preview
@@ -40,6 +41,12 @@ MLPERF_ARGS = [
 ]
 # 50M rows x 16 x 26 tables: 41 GiB per rank on 2 CPU ranks of the default 8 GB node.
 TOO_BIG_FOR_CPU = ["--num_embeddings", "50000000"]
+# One GPU planned with 8 GiB of HBM, 64 GiB of host memory, and 38 GiB of tables (8 x 10M x 128).
+ONE_GPU_ARGS = ["--j", "1x1", "--gpu", "1", "--memMB", "65536", "--hbm_gb", "8"]
+ONE_GPU = dict(num_sparse_features=8, num_embeddings=10_000_000, embedding_dim=128,
+               dense_arch_layer_sizes=[512, 256, 128], hbm_gb=8)
+ONE_GPU_CFG_ARGS = ["--num_sparse_features", "8", "--num_embeddings", "10000000",
+                    "--embedding_dim", "128", "--dense_arch_layer_sizes", "512,256,128"]
 
 
 def _ranks(option) -> list[int]:
@@ -76,6 +83,17 @@ def test_tables_too_big_for_hbm_are_cached_from_host_memory():
     assert any(option.compute_kernel == "fused_uvm_caching" for option in result.tables)
     assert max(result.ddr_used) > 10 * GiB
     assert "GiB host memory (rank" in result.verdict()
+
+
+def test_one_gpu_with_little_hbm_caches_the_tables_that_do_not_fit_from_host_memory(capsys):
+    with pytest.raises(SystemExit) as exit:
+        plan_app([*ONE_GPU_ARGS, *ONE_GPU_CFG_ARGS])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "per rank: 8.00 GiB HBM (6.80 GiB usable), 64.00 GiB host memory"
+    kernels = [line.split()[4] for line in out if line.startswith("t_cat_")]
+    assert len(kernels) == 8 and "fused_uvm_caching" in kernels, out
+    assert out[-1].startswith("fits: at most ") and "of 6.80 GiB usable HBM (rank 0)" in out[-1]
 
 
 def test_a_plan_that_does_not_fit_says_how_much_it_needs_where():
@@ -117,6 +135,8 @@ def test_the_target_has_the_ranks_train_launches(j, h):
         (dict(j="1x8", gpu=4, hbm_gb=80), "-j '1x8' starts 8 processes per node but --gpu is 4"),
         (dict(j="2", h="aws_m5.24xlarge"), "-h aws_m5.24xlarge has no GPUs to infer them from"),
         (dict(hbm_gb=80), "--hbm_gb 80 is for GPU nodes, but the job's nodes have no GPUs"),
+        (dict(j="1", h="aws_p4d.24xlarge", hbm_gb=48), "--hbm_gb 48 is more than the 40 GiB of a GPU of -h aws_p4d.24xlarge"),
+        (dict(gpu=1, hbm_gb=-1), "--hbm_gb -1 must be 0 or more"),
         (dict(j="1y2"), "-j '1y2' is not a job size"),
         (dict(memMB=0), "--memMB 0 must be positive"),
     ],
@@ -169,6 +189,27 @@ def test_plan_component_passes_its_arguments_to_the_app():
         dlrm.plan(h="aws_p9.24xlarge")
 
 
+def test_plan_component_plans_with_the_jobs_hbm_gb():
+    """--hbm_gb is TrainConfig's: declared once, it reaches the preview app, which plans with it."""
+    app = materialize_appdef(dlrm.plan, ["-j", "1x1", "--gpu", "1", "--hbm_gb", "8"])
+    (role,) = app.roles
+    assert role.args == ["-m", "apps.dlrm.plan", "--j", "1x1", "--gpu", "1", "--hbm_gb", "8.0"]
+    with pytest.raises(InvalidComponentArgument, match="--hbm_gb 8 is for GPU nodes"):
+        dlrm.plan(hbm_gb="8")
+
+
+def test_train_passes_hbm_gb_to_the_app_and_refuses_what_the_app_would():
+    app = materialize_appdef(dlrm.train, ["-j", "1x8", "-h", "aws_p4d.24xlarge", "--hbm_gb", "40"])
+    cmd = shlex.split(app.roles[0].args[1])
+    app_args = cmd[cmd.index("apps.dlrm.train") + 1:]
+    assert app_args == ["--hbm_gb", "40.0"]
+    assert parse_train_config(app_args) == TrainConfig(hbm_gb=40)
+    with pytest.raises(InvalidComponentArgument, match="--hbm_gb 40 is for GPU nodes, but the job's nodes have no GPUs"):
+        dlrm.train(hbm_gb=40)
+    with pytest.raises(InvalidComponentArgument, match="--hbm_gb 48 is more than the 40 GiB of a GPU of -h aws_p4d"):
+        dlrm.train(j="1", h="aws_p4d.24xlarge", hbm_gb=48)
+
+
 def test_torchx_runs_the_plan_component_on_this_cpu(tmp_path):
     result = run([os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:plan",
                   "-j", "2x8", "-h", "aws_p4d.24xlarge", *MLPERF_ARGS], cwd=str(tmp_path))
@@ -183,8 +224,11 @@ def test_check_plan_refuses_to_launch_a_job_that_does_not_fit(tmp_path):
     with pytest.raises(InvalidComponentArgument) as error:
         dlrm.train(check_plan=True, num_embeddings=50_000_000)
     assert str(error.value).startswith("--check_plan: does not fit: needs 41.17 GiB host memory on rank 0")
-    with pytest.raises(InvalidComponentArgument, match="only used by --check_plan true"):
-        dlrm.train(hbm_gb=80)
+    # the check plans with the job's own --hbm_gb, the HBM its app will plan with
+    with pytest.raises(InvalidComponentArgument) as error:
+        dlrm.train(check_plan=True, j="1x1", gpu=1, memMB=16384, **ONE_GPU)
+    assert re.match(r"--check_plan: does not fit: needs \d+\.\d\d GiB HBM on rank 0, has 6\.80 GiB "
+                    r"\(8\.00 GiB less the 15%", str(error.value)), str(error.value)
     # and through TorchX's CLI: a one-line error, nothing submitted
     result = run([os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", "local_cwd", "components.dlrm:train",
                   "--check_plan", "true", *TOO_BIG_FOR_CPU], cwd=str(tmp_path))

@@ -177,6 +177,13 @@ class TrainConfig:
     allow_tf32: bool = option(
         True, "On GPUs, let float32 matmuls use TF32 tensor cores (faster, ~1e-3 precision)."
     )
+    hbm_gb: float = option(
+        0.0,
+        "GPU memory per rank, in GiB, that TorchRec's planner places tables in. 0: the GPU's "
+        "own (training), or the GPU of the instance type of -h (plan preview, --check_plan). "
+        "Less than the GPU has makes the planner keep the tables that do not fit in host memory, "
+        "cached in HBM (fused_uvm_caching).",
+    )
     # --- evaluation and output ---------------------------------------------------------------
     validate_every: int = option(
         0, "Validate every N training steps; 0 validates only after training."
@@ -228,6 +235,8 @@ class TrainConfig:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be 0 or more")
         for name in ("learning_rate", "zipf_exponent"):
             _require_positive(name, getattr(self, name))
+        if self.hbm_gb < 0:
+            raise ConfigError(f"--hbm_gb {self.hbm_gb} must be 0 or more (0: the GPU's own memory)")
         if self.dense_learning_rate < 0:
             raise ConfigError(
                 f"--dense_learning_rate {self.dense_learning_rate} must be positive "

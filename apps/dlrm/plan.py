@@ -33,9 +33,9 @@ from torchrec.distributed.types import ShardingPlan
 
 from apps.dlrm.config import TrainConfig, check_int8_comms
 from apps.dlrm.model import table_configs
-from apps.dlrm.options import ConfigError, add_options, build_parser
+from apps.dlrm.options import ConfigError, add_options, build_parser, options_of
 from apps.dlrm.sharding import make_planner, make_topology, model_to_shard, planner_offers
-from apps.dlrm.target import Cluster, GiB, PlanTarget
+from apps.dlrm.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 
 #: Without memory limits the planner always finds a placement: it shows what a job that does not
 #: fit would need on each rank.
@@ -242,11 +242,18 @@ def main(argv: list[str] | None = None) -> None:
         "(the same -j/-h and model options as components.dlrm:train), on any machine, and say "
         "whether it fits. Exits 1 if it does not.",
     )
+    parser.epilog = (
+        "--hbm_gb 0 plans with the HBM of the GPU of the -h instance type, known for: "
+        + ", ".join(GPU_HBM_GIB) + "."
+    )
     add_options(parser, TrainConfig)
     args = vars(parser.parse_args(argv))
     try:
-        target = PlanTarget(**{k: args.pop(k) for k in PlanTarget.__dataclass_fields__})
-        result = preview(TrainConfig(**args), target.cluster)
+        target_args = {field.name: args.pop(field.name) for field in options_of(PlanTarget)}
+        cfg = TrainConfig(**args)
+        # The job's --hbm_gb, which its training app plans with too (apps/dlrm/sharding.py).
+        target = PlanTarget(**target_args, hbm_gb=cfg.hbm_gb)
+        result = preview(cfg, target.cluster)
     except ConfigError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)  # a value's fault: no usage dump
         sys.exit(2)

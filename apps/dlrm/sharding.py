@@ -40,6 +40,8 @@ from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger(__name__)
 
+GiB = 1024**3
+
 #: TorchRec's default storage reservation (torchrec 1.8.0), made explicit with its own values so
 #: plans do not change: each rank keeps 15% of its memory free, and room for the dense part
 #: (its parameters times 6: weights, optimizer state and DDP's buckets) and the input features.
@@ -74,6 +76,7 @@ def model_to_shard(
     """
     check_embedding_optimizer(cfg, device)
     check_comm_precisions(cfg, device)
+    check_hbm_gb(cfg, device)
     model = build_model(cfg, dense_device=dense_device)
     fuse_embedding_optimizer(cfg, model.model.sparse_arch.parameters())
     return model, make_sharder(cfg)
@@ -104,6 +107,45 @@ def make_topology(
         hardware_config=HardwareConfig(hbm_cap_bytes=hbm_cap_bytes, ddr_cap_bytes=ddr_cap_bytes),
         kernel_config=KernelConfig(compute_device=compute_device),
     )
+
+
+def training_topology(cfg: TrainConfig, env: DistEnv, gpu_bytes: int = 0) -> Topology:
+    """The topology the training app plans with: its world, and on GPUs each rank's HBM.
+
+    ``gpu_bytes`` is the memory of this rank's GPU (unused on CPU ranks). A pure function of
+    its arguments, so that a test without a GPU plans exactly what a GPU job plans, and so the
+    plan preview (apps/dlrm/plan.py) and the job agree on the HBM per rank: --hbm_gb when set.
+    """
+    device_type = env.device.type
+    hbm = hbm_per_rank(cfg, gpu_bytes) if device_type == "cuda" else None
+    return make_topology(env.world_size, env.local_world_size, device_type, hbm)
+
+
+def hbm_per_rank(cfg: TrainConfig, gpu_bytes: int) -> int:
+    """Bytes of HBM the planner may place tables in: --hbm_gb GiB, or 0 for the whole GPU.
+
+    Less than the GPU has is how a user makes the planner cache tables from host memory
+    (fused_uvm_caching); more is refused, as the planner would place tables in memory that is
+    not there and the job would fail with CUDA out-of-memory errors later.
+    """
+    if not cfg.hbm_gb:
+        return gpu_bytes
+    hbm = int(cfg.hbm_gb * GiB)
+    if hbm > gpu_bytes:
+        raise ConfigError(
+            f"--hbm_gb {cfg.hbm_gb:g} is more than this GPU's {gpu_bytes / GiB:.2f} GiB: give at "
+            "most that, or 0 to plan with the whole GPU"
+        )
+    return hbm
+
+
+def check_hbm_gb(cfg: TrainConfig, device: torch.device) -> None:
+    """--hbm_gb sizes GPU memory: on CPU ranks it would be silently ignored, so it is refused."""
+    if cfg.hbm_gb and device.type != "cuda":
+        raise ConfigError(
+            f"--hbm_gb {cfg.hbm_gb:g} is for GPU ranks, but this job runs on {device.type}: "
+            "drop it, or run the job on GPUs (-h, or --gpu)"
+        )
 
 
 def storage_reservation(model: nn.Module) -> HeuristicalStorageReservation:
@@ -178,10 +220,8 @@ def _plan(
 ) -> ShardingPlan:
     device_type = env.device.type
     if planner_offers(cfg, sharder, device_type):
-        hbm_cap = None
-        if device_type == "cuda":
-            hbm_cap = torch.cuda.get_device_properties(env.device).total_memory
-        topology = make_topology(env.world_size, env.local_world_size, device_type, hbm_cap)
+        gpu_bytes = torch.cuda.get_device_properties(env.device).total_memory if device_type == "cuda" else 0
+        topology = training_topology(cfg, env, gpu_bytes)
         return make_planner(cfg, model, topology).collective_plan(model, [sharder], dist.group.WORLD)
     tables = model.get_submodule(EBC_PATH)
     if cfg.sharding_type == "row_wise":

@@ -8,7 +8,6 @@ components can check their arguments with it cheaply.
 """
 
 from dataclasses import dataclass
-from typing import Any
 
 from torchx import specs
 from torchx.components.dist import parse_nnodes
@@ -23,7 +22,7 @@ MiB = 1024**2
 
 #: HBM of one GPU in GiB (nominal), by AWS instance family (``p4d`` of ``p4d.24xlarge``) or by
 #: whole instance type: named resources say how many GPUs a node has, not how much memory each
-#: has. --hbm_gb gives it for any other type.
+#: has. TrainConfig's --hbm_gb gives it for any other type (or less, to plan for part of a GPU).
 GPU_HBM_GIB = {
     "p3": 16,  # V100 16 GB
     "p3dn": 32,  # V100 32 GB
@@ -40,16 +39,6 @@ GPU_HBM_GIB = {
     "a2-highgpu-8g": 40,  # Google Cloud, A100 40 GB
     "a3-highgpu-8g": 80,  # Google Cloud, H100 80 GB
 }
-
-
-def hbm_gb_option() -> Any:
-    """``--hbm_gb``, the one GPU fact named resources lack (the plan preview's and --check_plan's)."""
-    return option(
-        0.0,
-        "HBM of one GPU in GiB; 0: known from the instance type of -h ("
-        + ", ".join(GPU_HBM_GIB)
-        + ").",
-    )
 
 
 @dataclass(frozen=True)
@@ -87,11 +76,15 @@ class PlanTarget:
     )
     gpu: int = option(0, "GPUs per node when no -h is given; 0 plans for CPU ranks.")
     memMB: int = option(8192, "Host memory per node in MB when no -h is given.")
-    hbm_gb: float = hbm_gb_option()
+    #: TrainConfig's --hbm_gb, the GiB of HBM per rank to plan with (0: the -h type's GPU). A
+    #: plain argument, not an option: the job's TrainConfig carries it, so the app trains with
+    #: the value the preview planned with, and the option is declared once. (components.dlrm:plan's
+    #: ``take(PlanTarget, kwargs)`` fills it from that same --hbm_gb argument.)
+    hbm_gb: float = 0.0
 
     def __post_init__(self) -> None:
         if self.hbm_gb < 0:
-            raise ConfigError(f"--hbm_gb {self.hbm_gb} must be 0 or more")
+            raise ConfigError(f"--hbm_gb {self.hbm_gb:g} must be 0 or more (0: the GPU's own memory)")
         # -j, -h, --gpu and --memMB are refused exactly as the training job's launcher refuses them
         # (at most one process per GPU among them).
         launch = Launch(j=self.j, h=self.h or None, gpu=self.gpu, memMB=self.memMB)
@@ -102,11 +95,7 @@ class PlanTarget:
         if self.h and j.isdigit():  # what dist.torchrun does with a bare -j and a named resource
             j = str(StructuredJArgument.parse_from(self.h, j))
         min_nodes, _, nproc, _ = parse_nnodes(j)
-        if not resource.gpu and self.hbm_gb:
-            raise ConfigError(
-                f"--hbm_gb {self.hbm_gb} is for GPU nodes, but the job's nodes have no GPUs: give "
-                "-h with GPUs (e.g. aws_p4d.24xlarge) or --gpu"
-            )
+        check_hbm_gb(self.hbm_gb, resource, self.h)
         return Cluster(
             nodes=min_nodes,
             nproc_per_node=nproc,
@@ -117,16 +106,40 @@ class PlanTarget:
         )
 
     def _hbm_gib(self, resource: specs.Resource) -> float:
-        if self.hbm_gb:
-            return self.hbm_gb
+        """--hbm_gb, else the HBM of the -h type's GPU."""
+        hbm_gib = self.hbm_gb or known_hbm_gib(resource)
+        if hbm_gib:
+            return hbm_gib
         instance_type = resource.capabilities.get(K8S_ITYPE, "")
-        for key in (instance_type, instance_type.split(".")[0]):
-            if key in GPU_HBM_GIB:
-                return GPU_HBM_GIB[key]
         node = f"-h {self.h} ({instance_type or 'no instance type'})" if self.h else f"--gpu {self.gpu}"
         raise ConfigError(
             f"how much memory a GPU of {node} has is not known: give it with --hbm_gb "
-            "(e.g. --hbm_gb 80 for an H100 80 GB)"
+            "(e.g. --hbm_gb 79 for an H100 80 GB, which has 79.1 GiB)"
+        )
+
+
+def known_hbm_gib(resource: specs.Resource) -> int | None:
+    """The nominal HBM of one GPU of ``resource``'s instance type, where GPU_HBM_GIB has it."""
+    instance_type = resource.capabilities.get(K8S_ITYPE, "")
+    return GPU_HBM_GIB.get(instance_type) or GPU_HBM_GIB.get(instance_type.split(".")[0])
+
+
+def check_hbm_gb(hbm_gb: float, resource: specs.Resource, h: str | None) -> None:
+    """Refuses the --hbm_gb that the training job would refuse at start-up, before it is submitted:
+    any on nodes without GPUs, and more than the GPU of the -h type has (the job compares it with
+    the GPU's real memory, apps/dlrm/sharding.py ``hbm_per_rank``)."""
+    if not hbm_gb:
+        return
+    if not resource.gpu:
+        raise ConfigError(
+            f"--hbm_gb {hbm_gb:g} is for GPU nodes, but the job's nodes have no GPUs: give "
+            "-h with GPUs (e.g. aws_p4d.24xlarge) or --gpu, or drop --hbm_gb"
+        )
+    known = known_hbm_gib(resource)
+    if known and hbm_gb > known:
+        raise ConfigError(
+            f"--hbm_gb {hbm_gb:g} is more than the {known} GiB of a GPU of -h {h}, so the job "
+            "would refuse it: give less, or 0 to plan with the whole GPU"
         )
 
 
