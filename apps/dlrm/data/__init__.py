@@ -16,4 +16,4 @@ def make_dataset(cfg: TrainConfig, env: DistEnv) -> ClickLogs:
         folder = local_folder(cfg.data_path, cfg.data_cache_dir, copier=env.local_rank == 0)
         return CriteoClickLogs(cfg, folder, rank=env.rank, world_size=env.world_size,
                                pin_memory=env.device.type == "cuda")
-    return SyntheticClickLogs(cfg, rank=env.rank, world_size=env.world_size)
+    return SyntheticClickLogs(cfg, rank=env.rank, world_size=env.world_size, device=env.device)

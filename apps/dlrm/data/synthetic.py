@@ -1,4 +1,4 @@
-"""Synthetic click logs that a DLRM can learn, generated on the fly.
+"""Synthetic click logs that a DLRM can learn, generated on the fly on the training device.
 
 Every sample has dense features ~ N(0, 1) and one id per sparse feature, drawn from a power law
 (a few ids are hot, most are rare, as in real click logs) and scattered over the table by a
@@ -14,12 +14,19 @@ Samples come in blocks of ``batch_size``; block ``k`` of a split is a pure funct
 (seed, split, k). Training step ``s`` on rank ``r`` of ``W`` reads block ``s * W + r``, so ranks
 never overlap, and a single process reading blocks ``s * W ... s * W + W - 1`` sees exactly the
 global batch of step ``s``.
+
+Why on the device, with a counter-based hash instead of a random generator: a GPU trains a
+16384-sample batch in a few milliseconds, while building it with NumPy on one CPU core took
+~44 ms. Here a batch is a few dozen tensor operations on the rank's own device, with no copy
+and no per-sample Python. Every random number is SplitMix64 of a counter, pure 64-bit integer
+arithmetic, so a block has the same ids and dense values on a CPU and on a GPU (labels and the
+teacher's logits, which go through float64 ``log``/``exp``, up to rounding).
 """
 
 import math
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
 
-import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -35,103 +42,145 @@ _SPARSE_LOGIT_STD = 1.0
 _DENSE_LOGIT_STD = 1.0
 _BIAS = -1.0
 
-_U64 = np.uint64
+# Independent random streams of one block: a counter's high bits say which stream it is in.
+_IDS, _DENSE, _LABELS, _DENSE_WEIGHTS = range(4)
+_STREAM_SHIFT = 40  # a block may hold up to 2**40 numbers per stream
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a fast bijective hash of uint64 values."""
-    with np.errstate(over="ignore"):
-        x = x + _U64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return x ^ (x >> _U64(31))
+def _signed(value: int) -> int:
+    """The int64 with the same 64 bits as the unsigned ``value``: torch has no uint64 arithmetic."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _hash_normal(seed: int, table: int, ids: np.ndarray) -> np.ndarray:
-    """A standard normal value per id, a pure function of (seed, table, id)."""
-    key = _mix64(np.array([seed * 1_000_003 + table], dtype=_U64))[0]
-    bits = _mix64(ids.astype(_U64) ^ key)
-    u1 = ((bits >> _U64(40)).astype(np.float64) + 0.5) / float(1 << 24)
-    u2 = ((bits & _U64((1 << 24) - 1)).astype(np.float64) + 0.5) / float(1 << 24)
-    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch's ``>>`` copies the sign bit)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def _coprime_multiplier(rows: int, salt: int) -> int:
-    """A multiplier coprime with ``rows``: ``id * a + c mod rows`` permutes the table."""
-    a = int(_mix64(np.array([salt], dtype=_U64))[0] % _U64(max(rows, 1))) | 1
-    while math.gcd(a, rows) != 1:
-        a += 2
-    return a % rows if rows > 1 else 0
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser on int64 tensors: a fast bijective hash of 64-bit values.
+
+    Multiplications wrap around in two's complement, which gives the same bits as unsigned.
+    """
+    x = x + _signed(_GOLDEN_GAMMA)
+    x = (x ^ _shift_right(x, 30)) * _signed(_MIX1)
+    x = (x ^ _shift_right(x, 27)) * _signed(_MIX2)
+    return x ^ _shift_right(x, 31)
+
+
+def mix64_int(value: int) -> int:
+    """:func:`mix64` of one Python int, as an int64 value."""
+    return int(mix64(torch.tensor([_signed(value)], dtype=torch.int64))[0])
+
+
+def uniform(bits: torch.Tensor) -> torch.Tensor:
+    """Floats in (0, 1) from the top 53 bits of each value."""
+    return (_shift_right(bits, 11).double() + 0.5) / float(1 << 53)
+
+
+def normal(bits: torch.Tensor) -> torch.Tensor:
+    """A standard normal float64 per value, by Box-Muller from its two 24-bit halves."""
+    u1 = (_shift_right(bits, 40).double() + 0.5) / float(1 << 24)
+    u2 = ((bits & ((1 << 24) - 1)).double() + 0.5) / float(1 << 24)
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
+
+
+@dataclass
+class GpuMadeBatch(Batch):
+    """A batch whose tensors GPU kernels are still writing, on the stream that launched them.
+
+    TorchRec's pipelines take every batch "to the device" on a copy stream of their own, which
+    does not wait for the default stream: for this batch, already there, that step makes the
+    taking stream wait for ``ready`` (an event recorded after the kernels) instead of copying.
+    The pipelines then ``record_stream`` it for every stream that uses it, as for any batch.
+    """
+
+    ready: Any = None  # torch.cuda.Event
+
+    def to(self, device: torch.device, non_blocking: bool = False, **kwargs: Any) -> Batch:
+        if torch.device(device) != self.labels.device:
+            return super().to(device, non_blocking=non_blocking)
+        torch.cuda.current_stream(self.labels.device).wait_event(self.ready)
+        return self
 
 
 class SyntheticClickLogs:
-    """Deterministic, rank-partitioned synthetic batches and their teacher logits."""
+    """Deterministic, rank-partitioned synthetic batches and their teacher logits, made on ``device``."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int) -> None:
+    def __init__(
+        self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device = torch.device("cpu")
+    ) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
+        self.device = device
         self.keys = feature_names(cfg.num_sparse_features)
-        self.rows = np.array(cfg.table_sizes, dtype=np.int64)
-        self._multipliers = np.array(
-            [_coprime_multiplier(int(n), cfg.seed * 7919 + t) for t, n in enumerate(self.rows)],
-            dtype=np.int64,
+        rows = cfg.table_sizes
+        self._rows = torch.tensor(rows, dtype=torch.int64, device=device)
+        self._multipliers = torch.tensor(
+            [_coprime_multiplier(n, cfg.seed * 7919 + t) for t, n in enumerate(rows)], device=device
         )
-        self._offsets = np.array(
-            [int(_mix64(np.array([cfg.seed + 31 * t], dtype=_U64))[0] % _U64(n)) for t, n in enumerate(self.rows)],
-            dtype=np.int64,
+        self._offsets = torch.tensor(
+            [(mix64_int(cfg.seed + 31 * t) & _MASK64) % n for t, n in enumerate(rows)], device=device
         )
-        dense_rng = np.random.default_rng([cfg.seed, 99])
-        self._dense_weights = dense_rng.standard_normal(cfg.num_dense_features) * (
-            _DENSE_LOGIT_STD / math.sqrt(cfg.num_dense_features)
+        self._table_keys = torch.tensor(
+            [mix64_int(cfg.seed * 1_000_003 + t) for t in range(cfg.num_sparse_features)], device=device
         )
+        weights = normal(self._stream(mix64_int(cfg.seed * 104_729 + 99), _DENSE_WEIGHTS, cfg.num_dense_features))
+        self._dense_weights = weights * (_DENSE_LOGIT_STD / math.sqrt(cfg.num_dense_features))
         self._sparse_scale = _SPARSE_LOGIT_STD / math.sqrt(cfg.num_sparse_features)
+        self._lengths = torch.ones(cfg.batch_size * cfg.num_sparse_features, dtype=torch.int32, device=device)
 
     # --- sampling ------------------------------------------------------------------------------
 
-    def _power_law_ids(self, u: np.ndarray) -> np.ndarray:
-        """Inverse CDF of a power law with exponent s over [1, rows], as 0-based ranks."""
+    def _stream(self, key: int, stream: int, count: int) -> torch.Tensor:
+        """``count`` random 64-bit values of one stream of the block with ``key``."""
+        counters = torch.arange(count, dtype=torch.int64, device=self.device) + (stream << _STREAM_SHIFT)
+        return mix64(counters * _signed(_GOLDEN_GAMMA) + key)
+
+    def _power_law_ids(self, u: torch.Tensor) -> torch.Tensor:
+        """Inverse CDF of a power law with exponent s over [1, rows], scattered over each table."""
         s = self.cfg.zipf_exponent
-        n = self.rows[None, :].astype(np.float64)
+        n = self._rows.double()[None, :]
         if abs(s - 1.0) < 1e-9:
-            x = np.exp(u * np.log(n + 1.0))
+            x = torch.exp(u * torch.log(n + 1.0))
         else:
             x = (1.0 + u * ((n + 1.0) ** (1.0 - s) - 1.0)) ** (1.0 / (1.0 - s))
-        ranks = np.minimum(x.astype(np.int64) - 1, self.rows[None, :] - 1)
-        ranks = np.maximum(ranks, 0)
-        return (ranks * self._multipliers[None, :] + self._offsets[None, :]) % self.rows[None, :]
+        ranks = torch.minimum(x.long() - 1, self._rows[None, :] - 1).clamp_(min=0)
+        return (ranks * self._multipliers[None, :] + self._offsets[None, :]) % self._rows[None, :]
 
     def block(self, split: str, index: int) -> Batch:
-        """Block ``index`` of ``split``: ``batch_size`` samples."""
+        """Block ``index`` of ``split``: ``batch_size`` samples on this object's device."""
         cfg = self.cfg
-        rng = np.random.default_rng([cfg.seed, SPLITS[split], index])
-        b = cfg.batch_size
-        ids = self._power_law_ids(rng.random((b, cfg.num_sparse_features)))
-        dense = rng.standard_normal((b, cfg.num_dense_features)).astype(np.float32)
+        b, tables = cfg.batch_size, cfg.num_sparse_features
+        key = mix64_int(mix64_int(mix64_int(cfg.seed) + SPLITS[split]) + index)
+        ids = self._power_law_ids(uniform(self._stream(key, _IDS, b * tables)).view(b, tables))
+        dense = normal(self._stream(key, _DENSE, b * cfg.num_dense_features)).view(b, -1).float()
         logits = self._teacher(ids, dense)
-        labels = (rng.random(b) < 1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
-        return Batch(
-            dense_features=torch.from_numpy(dense),
-            sparse_features=KeyedJaggedTensor(
-                keys=self.keys,
-                values=torch.from_numpy(np.ascontiguousarray(ids.T).reshape(-1)),
-                lengths=torch.ones(b * cfg.num_sparse_features, dtype=torch.int32),
-            ),
-            labels=torch.from_numpy(labels),
-        )
+        labels = (uniform(self._stream(key, _LABELS, b)) < torch.sigmoid(logits)).float()
+        sparse = KeyedJaggedTensor(keys=self.keys, values=ids.t().reshape(-1), lengths=self._lengths)
+        if self.device.type != "cuda":
+            return Batch(dense_features=dense, sparse_features=sparse, labels=labels)
+        ready = torch.cuda.Event()
+        ready.record()
+        return GpuMadeBatch(dense_features=dense, sparse_features=sparse, labels=labels, ready=ready)
 
-    def _teacher(self, ids: np.ndarray, dense: np.ndarray) -> np.ndarray:
-        sparse = np.zeros(ids.shape[0], dtype=np.float64)
-        for t in range(ids.shape[1]):
-            sparse += _hash_normal(self.cfg.seed, t, ids[:, t])
-        return _BIAS + self._sparse_scale * sparse + dense.astype(np.float64) @ self._dense_weights
+    def _teacher(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        """The teacher's float64 logits of samples with ``ids`` [batch, tables] and ``dense``."""
+        sparse = normal(mix64(ids ^ self._table_keys[None, :])).sum(dim=1)
+        return _BIAS + self._sparse_scale * sparse + dense.double() @ self._dense_weights
 
     def teacher_logits(self, batch: Batch) -> torch.Tensor:
-        """The hidden teacher's logits for a batch this class generated (on CPU)."""
+        """The hidden teacher's logits for a batch this class generated, on the batch's device."""
         b = batch.labels.shape[0]
-        ids = batch.sparse_features.values().cpu().numpy().reshape(-1, b).T
-        dense = batch.dense_features.cpu().numpy()
-        return torch.from_numpy(self._teacher(ids, dense).astype(np.float32))
+        ids = batch.sparse_features.values().to(self.device).view(-1, b).t()
+        return self._teacher(ids, batch.dense_features.to(self.device)).float()
 
     # --- iteration -----------------------------------------------------------------------------
 
@@ -146,3 +195,11 @@ class SyntheticClickLogs:
         """This rank's ``num_batches`` batches of the ``val`` or ``test`` split."""
         for i in range(num_batches):
             yield self.block(split, i * self.world_size + self.rank)
+
+
+def _coprime_multiplier(rows: int, salt: int) -> int:
+    """A multiplier coprime with ``rows``: ``id * a + c mod rows`` permutes the table."""
+    a = ((mix64_int(salt) & _MASK64) % max(rows, 1)) | 1
+    while math.gcd(a, rows) != 1:
+        a += 2
+    return a % rows if rows > 1 else 0
