@@ -2,7 +2,8 @@
 
 It is what users write today from TorchRec's examples (golden_training/train_dlrm.py): the same
 DLRM, RowWiseAdagrad fused into backward, DMP with TorchRec's default planner,
-TrainPipelineSparseDist, on the same synthetic batches as the app. Run under torchrun with the
+TrainPipelineSparseDist, TF32 as the app's --allow_tf32, on the same synthetic batches as the
+app (made on the rank's device, so that neither side waits for its input). Run under torchrun with the
 app's options; rank 0 prints one JSON line with the samples/s of the training loop.
 """
 
@@ -34,6 +35,8 @@ def main() -> None:
     device = torch.device("cuda", rank % torch.cuda.device_count()) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
+        torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
     torch.manual_seed(cfg.seed)
     model = DLRMTrain(
         DLRM(
@@ -51,7 +54,7 @@ def main() -> None:
         lambda params: torch.optim.Adagrad(params, lr=cfg.dense_lr),
     )
     pipeline = TrainPipelineSparseDist(model, optimizer, device)
-    batches = SyntheticClickLogs(cfg, rank, world).train_batches()
+    batches = SyntheticClickLogs(cfg, rank, world, device).train_batches()
     start = time.perf_counter()
     for _ in range(cfg.steps):
         loss, _, _ = pipeline.progress(batches)

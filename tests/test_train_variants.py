@@ -1,11 +1,12 @@
-"""Every sharding type, interaction, pipeline and comm precision trains on CPU with gloo."""
+"""Every sharding type, interaction, pipeline, comm precision and dense speed option trains on
+CPU with gloo; the GPU-only ones are refused there before training."""
 
 import json
 import sys
 
 import pytest
 
-from tests.conftest import assert_ok, run, torchrun
+from tests.conftest import assert_ok, run, tiny, torchrun
 
 VARIANTS = {
     "table_wise+fp16/bf16+validate_every": (
@@ -48,6 +49,10 @@ def test_variant_trains_and_reports(name, tmp_path, tiny_args):
         (["--embedding_optimizer", "adam"], "--embedding_optimizer adam needs GPUs"),
         (["--sharding_type", "row_wise", "--qcomm_backward_precision", "int8"],
          "--qcomm_backward_precision int8 does not work with row_wise"),
+        (["--pipeline", "semi_sync"], "--pipeline semi_sync needs GPUs"),
+        (["--pipeline", "fused_sparse_dist"], "--pipeline fused_sparse_dist needs GPUs"),
+        (["--pipeline", "prefetch"], "--pipeline prefetch needs GPUs"),
+        (["--compile_dense", "reduce-overhead"], "--compile_dense reduce-overhead replays CUDA graphs"),
     ],
 )
 def test_device_dependent_options_fail_before_training(args, message, tmp_path, tiny_args):
@@ -56,3 +61,21 @@ def test_device_dependent_options_fail_before_training(args, message, tmp_path, 
     assert message in result.stderr
     assert "step 20/40" not in result.stderr
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_compiled_bf16_dense_part_learns_and_its_checkpoint_resumes_without_them(tmp_path, tiny_args):
+    """--compile_dense and --dense_precision change how the dense part computes, not its
+    parameters: a checkpoint saved with both resumes in a job without either."""
+    ckpt = tmp_path / "ckpt"
+    fast = ["--pipeline", "sparse_dist_lite", "--dense_precision", "bf16", "--compile_dense", "default"]
+    result = torchrun(["-m", "apps.dlrm.train", *tiny_args, "--output_dir", str(tmp_path / "fast"),
+                       "--checkpoint_dir", str(ckpt), *fast])
+    assert_ok(result)
+    summary = json.loads((tmp_path / "fast" / "summary.json").read_text())
+    assert summary["val_auroc"] > 0.6 and summary["final_train_loss"] < 0.69
+    assert summary["config"]["compile_dense"] == "default"
+    result = torchrun(["-m", "apps.dlrm.train", *tiny(steps=60), "--output_dir", str(tmp_path / "plain"),
+                       "--checkpoint_dir", str(ckpt)])
+    assert_ok(result)
+    resumed = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    assert resumed["resumed_from_step"] == 40 and resumed["steps"] == 60

@@ -24,7 +24,9 @@ COMM_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 INTERACTIONS = ("dot", "dcn", "projection")
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam")
 DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
-PIPELINES = ("sparse_dist", "base")
+DENSE_PRECISIONS = ("fp32", "bf16")
+COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
+PIPELINES = ("sparse_dist", "base", "semi_sync", "fused_sparse_dist", "sparse_dist_lite", "prefetch")
 DATASETS = ("synthetic", "criteo")
 
 #: The most sparse features, that is embedding tables. TorchRec's planner, which every job runs
@@ -155,8 +157,13 @@ class TrainConfig:
     )
     pipeline: str = option(
         "sparse_dist",
-        "Training loop: sparse_dist (TrainPipelineSparseDist, overlaps the input "
-        "all-to-all with compute) or base (a plain loop, TrainPipelineBase).",
+        "Training loop, one of TorchRec's train pipelines: sparse_dist (TrainPipelineSparseDist: "
+        "the next batch's copy and input all-to-all overlap this batch's compute), base (a plain "
+        "loop, TrainPipelineBase), sparse_dist_lite (TrainPipelineSparseDistLite: fewer streams "
+        "and events per step), and on GPUs only: semi_sync (TrainPipelineSemiSync: after 900 "
+        "batches the embedding lookup also overlaps, one step stale), fused_sparse_dist "
+        "(TrainPipelineFusedSparseDist: the lookup runs on the input all-to-all's stream) or "
+        "prefetch (PrefetchTrainPipelineSparseDist: also prefetches UVM-cached rows).",
         choices=PIPELINES,
     )
     sharding_type: str = option(
@@ -176,6 +183,20 @@ class TrainConfig:
     )
     allow_tf32: bool = option(
         True, "On GPUs, let float32 matmuls use TF32 tensor cores (faster, ~1e-3 precision)."
+    )
+    dense_precision: str = option(
+        "fp32",
+        "Precision of the dense part's compute (bottom MLP, interaction, top MLP). bf16: under "
+        "bf16 autocast, its weights and optimizer state staying fp32; the tables, their fused "
+        "optimizer and all-to-all are not affected (see --qcomm_*_precision).",
+        choices=DENSE_PRECISIONS,
+    )
+    compile_dense: str = option(
+        "none",
+        "torch.compile the dense part (bottom MLP, interaction, top MLP) in this mode: fewer, "
+        "fused kernels. reduce-overhead also replays them as CUDA graphs (GPU only). The first "
+        "steps take longer while it compiles; parameter names, hence checkpoints, do not change.",
+        choices=COMPILE_MODES,
     )
     hbm_gb: float = option(
         0.0,

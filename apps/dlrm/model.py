@@ -1,11 +1,14 @@
 """The DLRM: TorchRec's ``DLRM`` family with one embedding table per sparse feature."""
 
+import functools
+
 import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from apps.dlrm.config import TrainConfig
+from apps.dlrm.options import ConfigError
 
 #: Where the tables live inside ``DLRMTrain``: the key of the module in a sharding plan.
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
@@ -62,3 +65,36 @@ def build_model(
     else:
         model = DLRM(**common)
     return DLRMTrain(model)
+
+
+#: The dense part of TorchRec's DLRM models: bottom MLP, interaction and top MLP.
+DENSE_PARTS = ("dense_arch", "inter_arch", "over_arch")
+
+
+def speed_up_dense(cfg: TrainConfig, model: DLRMTrain, device: torch.device) -> None:
+    """Applies --dense_precision and --compile_dense to the dense part, in place.
+
+    Each part keeps its module and parameter names (its ``forward`` is wrapped, and
+    ``nn.Module.compile`` compiles in place), so checkpoints and sharding plans are the same
+    with or without. Outputs stay float32, as the loss and the next part expect.
+    """
+    if cfg.compile_dense == "reduce-overhead" and device.type != "cuda":
+        raise ConfigError(
+            "--compile_dense reduce-overhead replays CUDA graphs, which needs GPUs: use default "
+            "or none on CPU"
+        )
+    for name in DENSE_PARTS:
+        part = getattr(model.model, name)
+        if cfg.dense_precision == "bf16":
+            part.forward = _in_bf16(part.forward, device.type)
+        if cfg.compile_dense != "none":
+            part.compile(mode=cfg.compile_dense)
+
+
+def _in_bf16(forward, device_type: str):
+    @functools.wraps(forward)
+    def bf16_forward(*args, **kwargs):
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            return forward(*args, **kwargs).float()
+
+    return bf16_forward

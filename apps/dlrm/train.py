@@ -13,15 +13,12 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+import torchrec
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.train_pipeline import (
-    TrainPipeline,
-    TrainPipelineBase,
-    TrainPipelineSparseDist,
-)
+from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSparseDist, train_pipelines
 from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
@@ -30,6 +27,7 @@ from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data import ClickLogs, make_dataset
 from apps.dlrm.distributed import DistEnv, all_reduce_mean, init_distributed
 from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
+from apps.dlrm.model import speed_up_dense
 from apps.dlrm.optim import LRSchedule, training_optimizer
 from apps.dlrm.options import ConfigError
 from apps.dlrm.report import Reporter, setup_logging
@@ -39,10 +37,39 @@ from apps.dlrm.urls import config_record
 logger = logging.getLogger("apps.dlrm")
 
 
-def make_pipeline(cfg: TrainConfig, model: nn.Module, optimizer, device: torch.device):
-    if cfg.pipeline == "sparse_dist":
-        return TrainPipelineSparseDist(model, optimizer, device)
-    return TrainPipelineBase(model, optimizer, device)
+#: --pipeline -> TorchRec's class of that name (torchrec.distributed.train_pipeline).
+PIPELINE_CLASSES = {
+    "sparse_dist": "TrainPipelineSparseDist",
+    "base": "TrainPipelineBase",
+    "semi_sync": "TrainPipelineSemiSync",
+    "fused_sparse_dist": "TrainPipelineFusedSparseDist",
+    "sparse_dist_lite": "TrainPipelineSparseDistLite",
+    "prefetch": "PrefetchTrainPipelineSparseDist",
+}
+
+#: Pipelines that fail on CPU ranks, and why.
+GPU_PIPELINES = {
+    "semi_sync": "orders its steps with CUDA streams and events",
+    "fused_sparse_dist": "orders its steps with CUDA streams and events",
+    "prefetch": "prefetches rows into FBGEMM's UVM caches, which CPU ranks do not have",
+}
+
+
+def pipeline_class(cfg: TrainConfig, device: torch.device) -> type[TrainPipeline]:
+    """TorchRec's pipeline class that --pipeline names, if this TorchRec and device have it."""
+    name = PIPELINE_CLASSES[cfg.pipeline]
+    cls = getattr(train_pipelines, name, None)
+    if cls is None:
+        raise ConfigError(
+            f"--pipeline {cfg.pipeline} needs TorchRec's {name}, which torchrec "
+            f"{torchrec.__version__} does not have: upgrade torchrec or use --pipeline sparse_dist"
+        )
+    if cfg.pipeline in GPU_PIPELINES and device.type != "cuda":
+        raise ConfigError(
+            f"--pipeline {cfg.pipeline} needs GPUs: TorchRec's {name} {GPU_PIPELINES[cfg.pipeline]}; "
+            "use sparse_dist or sparse_dist_lite on CPU"
+        )
+    return cls
 
 
 def evaluate(model: nn.Module, batches: Iterator[Batch], env: DistEnv, teacher=None) -> dict[str, float]:
@@ -83,6 +110,7 @@ class Training:
 
 def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
     """Opens the data (a bad --data_path fails in seconds), then builds, plans and shards the model."""
+    pipeline_cls = pipeline_class(cfg, env.device)
     data = make_dataset(cfg, env)
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
@@ -90,10 +118,11 @@ def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
     # Same seed on every rank: DDP needs identical dense weights to start from.
     torch.manual_seed(cfg.seed)
     model, sharder = model_to_shard(cfg, env.device, dense_device=env.device)
+    speed_up_dense(cfg, model, env.device)
     plan = build_plan(cfg, model, sharder, env)
     sharded = shard_model(model, plan, sharder, env)
     optimizer = training_optimizer(cfg, sharded)
-    pipeline = make_pipeline(cfg, sharded, optimizer, env.device)
+    pipeline = pipeline_cls(sharded, optimizer, env.device)
     return Training(
         sharded, optimizer, LRSchedule(cfg, optimizer), pipeline, plan, data
     )
@@ -130,14 +159,18 @@ def fit(
             run.schedule.apply(step - 1)
             loss, _, _ = run.pipeline.progress(batches)
             window.append(loss)
+            progress["step"] = step
+            checkpoint_due = store is not None and is_checkpoint_step(cfg, step)
+            log_due = step % cfg.log_every == 0 or step == cfg.steps or checkpoint_due
+            # The only host sync of a training step, on log steps: it waits for the device to
+            # finish, so that the lap below times work done, not work queued.
+            window_losses = torch.stack(window).tolist() if log_due else []
             elapsed = stopwatch.lap()
             throughput.add(elapsed, global_batch)
             window_meter.add(elapsed, global_batch)
-            progress["step"] = step
-            checkpoint_due = store is not None and is_checkpoint_step(cfg, step)
-            if step % cfg.log_every == 0 or step == cfg.steps or checkpoint_due:
-                progress["train_loss"] = all_reduce_mean(window[-1].item(), env)
-                window_loss = all_reduce_mean(torch.stack(window).mean().item(), env)
+            if log_due:
+                progress["train_loss"] = all_reduce_mean(window_losses[-1], env)
+                window_loss = all_reduce_mean(sum(window_losses) / len(window_losses), env)
                 reporter.scalars(
                     "train", {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}, step
                 )
@@ -200,6 +233,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         "global_batch_size": cfg.batch_size * env.world_size,
         "device": env.device.type,
         "backend": env.backend,
+        "peak_hbm_bytes": peak_hbm_bytes(env),
         "sharding_plan": describe_plan(run.plan).splitlines(),
         "config": config_record(cfg),
     }
@@ -208,6 +242,16 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         reporter.log("wrote %s", path)
     reporter.close()
     return summary
+
+
+def peak_hbm_bytes(env: DistEnv) -> int | None:
+    """The most GPU memory any rank's tensors took at once (None on CPU ranks): what to set
+    against the planner's estimate (``components.dlrm:plan``)."""
+    if env.device.type != "cuda":
+        return None
+    peak = torch.tensor([torch.cuda.max_memory_allocated(env.device)], dtype=torch.int64, device=env.device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return int(peak.item())
 
 
 def _fmt_metrics(values: dict[str, float]) -> str:
