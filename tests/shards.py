@@ -1,16 +1,10 @@
 """Moving whole tensors in and out of a sharded model's state, for tests that compare them."""
 
 import torch
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-
-def _pieces(tensor):
-    """(offsets, local tensor) of every piece of ``tensor`` this rank holds."""
-    if isinstance(tensor, ShardedTensor):
-        return [(tuple(s.metadata.shard_offsets), s.tensor) for s in tensor.local_shards()]
-    return [((0,) * tensor.dim(), tensor)]
+from benchmarks.equivalence import shard_pieces
 
 
 def flat_state(state: dict) -> dict:
@@ -21,7 +15,7 @@ def flat_state(state: dict) -> dict:
 
 
 def local_pieces(state: dict) -> dict[str, list[tuple[tuple[int, ...], torch.Tensor]]]:
-    return {name: [(o, t.detach().clone()) for o, t in _pieces(v)] for name, v in flat_state(state).items()}
+    return {name: [(o, t.detach().clone()) for o, t in shard_pieces(v)] for name, v in flat_state(state).items()}
 
 
 def assemble(pieces_of_ranks: list[dict], name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -32,14 +26,3 @@ def assemble(pieces_of_ranks: list[dict], name: str, shape: tuple[int, ...]) -> 
             index = tuple(slice(o, o + n) for o, n in zip(offsets, tensor.shape))
             full[index] = tensor.float()
     return full
-
-
-def copy_into(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
-    """Copies whole (unsharded) weights into the pieces of the model this rank holds."""
-    state = model.state_dict()
-    assert set(state) == set(full), sorted(set(state) ^ set(full))
-    with torch.no_grad():
-        for name, tensor in state.items():
-            for offsets, piece in _pieces(tensor):
-                index = tuple(slice(o, o + n) for o, n in zip(offsets, piece.shape))
-                piece.copy_(full[name][index])

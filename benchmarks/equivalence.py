@@ -1,0 +1,171 @@
+"""Sharded training equals unsharded training: the same losses from the same weights and samples.
+
+    python benchmarks/equivalence.py --nproc 2                       # every sharding type
+    python benchmarks/equivalence.py --nproc 1 --sharding_types row_wise --json out.json
+
+For each sharding type, ``--nproc`` ranks (GPUs when there are, float32 with TF32 off) train the
+app's sharded model -- fused FBGEMM optimizers, TorchRec's pipeline and all-to-alls -- for a few
+steps from given initial weights, and one plain PyTorch process trains the same weights
+unsharded with ``torch.optim`` on the same global batches, on the CPU. Their per-step losses must
+agree to ``TOLERANCE``. Prints one line per sharding type; exits 1 if any differs.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from apps.dlrm.config import SHARDING_TYPES, TrainConfig  # noqa: E402
+from apps.dlrm.data.synthetic import SyntheticClickLogs  # noqa: E402
+from apps.dlrm.model import build_model  # noqa: E402
+from apps.dlrm.optim import optimizer_class  # noqa: E402
+from apps.dlrm.options import to_argv  # noqa: E402
+
+STEPS = 20
+#: Largest difference of a step's loss allowed (float32 sums in another order differ by ~1e-6).
+TOLERANCE = 1e-4
+
+
+@dataclass
+class Comparison:
+    sharding_type: str
+    world_size: int
+    plan: list[str]  # the sharding type of each table in the plan the ranks used
+    sharded: list[float]
+    reference: list[float]
+
+    @property
+    def max_difference(self) -> float:
+        return max(abs(a - b) for a, b in zip(self.sharded, self.reference))
+
+    @property
+    def equal(self) -> bool:
+        return (
+            len(self.sharded) == len(self.reference)
+            and set(self.plan) == {self.sharding_type}
+            and self.max_difference <= TOLERANCE
+            and self.reference[-1] < self.reference[0]  # and it is actually learning
+        )
+
+
+def shard_pieces(tensor: torch.Tensor) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+    """(offsets, local tensor) of every piece of ``tensor`` this rank holds."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    if isinstance(tensor, ShardedTensor):
+        return [(tuple(s.metadata.shard_offsets), s.tensor) for s in tensor.local_shards()]
+    return [((0,) * tensor.dim(), tensor)]
+
+
+def copy_into(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
+    """Copies whole (unsharded) weights into the pieces of the model this rank holds."""
+    state = model.state_dict()
+    if set(state) != set(full):
+        raise ValueError(f"weights do not match the model: {sorted(set(state) ^ set(full))}")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            for offsets, piece in shard_pieces(tensor):
+                index = tuple(slice(o, o + n) for o, n in zip(offsets, piece.shape))
+                piece.copy_(full[name][index])
+
+
+def reference_losses(cfg: TrainConfig, init: dict[str, torch.Tensor], world_size: int, steps: int) -> list[float]:
+    """Plain PyTorch: unsharded tables, unfused optimizers, the global batch in one process."""
+    model = build_model(cfg, dense_device=torch.device("cpu"), table_device=torch.device("cpu"))
+    model.load_state_dict(init)
+    tables = list(model.model.sparse_arch.parameters())
+    dense = [p for name, p in model.named_parameters() if "sparse_arch" not in name]
+    table_cls, table_kwargs = optimizer_class(cfg.embedding_optimizer, cfg.learning_rate)
+    dense_cls, dense_kwargs = optimizer_class(cfg.dense_optimizer, cfg.dense_lr)
+    optimizers = [table_cls(tables, **table_kwargs), dense_cls(dense, **dense_kwargs)]
+    data = SyntheticClickLogs(cfg, rank=0, world_size=1)
+    losses = []
+    for step in range(steps):
+        for opt in optimizers:
+            opt.zero_grad()
+        # the global batch of a step is the blocks of all ranks; its loss is their mean
+        blocks = range(step * world_size, (step + 1) * world_size)
+        loss = sum(model(data.block("train", b))[0] for b in blocks) / world_size
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def compare(sharding_type: str, world_size: int, workdir: str, steps: int = STEPS, **options) -> Comparison:
+    """Trains ``sharding_type`` on ``world_size`` ranks and the unsharded reference; their losses."""
+    cfg = TrainConfig(num_embeddings=500, batch_size=64, sharding_type=sharding_type, allow_tf32=False,
+                      output_dir="", **options)
+    torch.manual_seed(1234)
+    init = build_model(cfg, torch.device("cpu"), table_device=torch.device("cpu")).state_dict()
+    init_path, out_path = os.path.join(workdir, "init.pt"), os.path.join(workdir, "losses.json")
+    torch.save(init, init_path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world_size),
+           os.path.abspath(__file__), "--worker", init_path, out_path, str(steps), *to_argv(cfg)]
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    if result.returncode != 0:
+        raise RuntimeError(f"sharded training failed (exit {result.returncode}):\n{result.stderr[-6000:]}")
+    with open(out_path) as f:
+        sharded = json.load(f)
+    return Comparison(sharding_type, world_size, sharded["plan"], sharded["losses"],
+                      reference_losses(cfg, init, world_size, steps))
+
+
+def worker(init_path: str, out_path: str, steps: str, *app_args: str) -> None:
+    """Under torchrun: trains the app's sharded model from INIT and writes each step's loss."""
+    import torch.distributed as dist
+
+    from apps.dlrm.config import parse_train_config
+    from apps.dlrm.distributed import all_reduce_mean, init_distributed
+    from apps.dlrm.model import EBC_PATH
+    from apps.dlrm.train import build_training
+
+    cfg = parse_train_config(list(app_args))
+    env = init_distributed()
+    run = build_training(cfg, env)
+    copy_into(run.model, torch.load(init_path, weights_only=True))
+    batches = run.data.train_batches()
+    losses = [all_reduce_mean(run.pipeline.progress(batches)[0].item(), env) for _ in range(int(steps))]
+    if env.is_main:
+        with open(out_path, "w") as f:
+            json.dump({"losses": losses, "plan": [s.sharding_type for s in run.plan.plan[EBC_PATH].values()]}, f)
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> list[Comparison]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=int, default=2, help="ranks of the sharded side")
+    parser.add_argument("--sharding_types", default=",".join(t for t in SHARDING_TYPES if t != "auto"))
+    parser.add_argument("--json", default="", help="also write the results to this file")
+    parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    if opts.worker is not None:
+        worker(*opts.worker)
+        return []
+    results = []
+    for sharding_type in opts.sharding_types.split(","):
+        with tempfile.TemporaryDirectory() as workdir:
+            result = compare(sharding_type, opts.nproc, workdir)
+        results.append(result)
+        print(f"{sharding_type:15s} {opts.nproc} ranks: max loss difference {result.max_difference:.2e} over "
+              f"{len(result.sharded)} steps: {'equal' if result.equal else 'DIFFERENT'}", flush=True)
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump([{**asdict(r), "max_difference": r.max_difference, "equal": r.equal} for r in results], f, indent=2)
+    if not all(r.equal for r in results):
+        sys.exit(1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
