@@ -2,119 +2,349 @@
 
     python benchmarks/checkpoint_io.py                # ~1 GB of tables, 2 ranks, local + S3
     python benchmarks/checkpoint_io.py --rows 250000  # smaller
+    python benchmarks/checkpoint_io.py --targets local --reshard_to row_wise --json ckpt.json
 
 The model's tables (8 x rows x 32 float32, ~1 GB at the default 1M rows) plus their
 row-wise Adagrad state are saved with the app's checkpointing (sharded DCP + manifest +
 commit marker) and loaded back, by 2 ranks, to a local directory and to an S3-compatible
 server on loopback (moto). The baseline has each rank write, then read, the same number of
 bytes as one plain fsspec file. Prints GB/s of each and the ratios (target >= 0.8).
+
+``--targets`` picks the locations; ``local`` alone needs neither moto nor boto3. Each rank
+works on its own device: its GPU where CUDA is available (NCCL), else the CPU (gloo).
+
+``--reshard_to SHARDING_TYPE`` (alone: row_wise) also loads each checkpoint, saved table_wise,
+into a second model sharded that way, as a job resumed with another ``--sharding_type`` does:
+timed as "reshard load", then every table is gathered whole from both models and compared
+element for element. The saved tables hold random values of their own first, so the check
+cannot pass by both models starting from the same seeded weights. A sharding the app refuses
+to resume into (column_wise, data_parallel: their optimizer state has another layout) is
+reported with the app's message. A refused or unequal reshard exits 1, after the figures and
+``--json`` are written.
 """
 
 import argparse
+import contextlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Any, Iterator
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from apps.dlrm.config import SHARDING_TYPES  # noqa: E402  (light: the worker imports torch)
+
+TARGETS = ("local", "s3")
+SAVED_SHARDING = "table_wise"
+DEFAULT_RESHARD = "row_wise"  # planned by the app on CPUs and GPUs; keeps the optimizer state
 
 
-def worker(urls: list[str], rows: int) -> None:
-    """Runs under torchrun: measures checkpoint and raw I/O at each URL."""
+def bench_config(rows: int, sharding_type: str):
+    """The benchmark's model: 8 tables of ``rows`` x 32, sharded ``sharding_type``."""
+    from apps.dlrm.config import TrainConfig
+
+    return TrainConfig(num_sparse_features=8, num_embeddings=rows, embedding_dim=32,
+                       dense_arch_layer_sizes=[64, 32], sharding_type=sharding_type, output_dir="")
+
+
+def timed(fn) -> float:
+    """Collective. Seconds from the moment every rank is ready until every rank is done."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def checkpoint_io(store, run, cfg, env) -> tuple[float, float, Any]:
+    """Collective. (save seconds, load seconds, the checkpoint) of the app's checkpointing."""
+    import torch.distributed as dist
+
+    from apps.dlrm.checkpoint import restore, save
+    from apps.dlrm.sharding import plan_tables
+
+    tables = plan_tables(run.plan)
+    progress = {"step": 1, "train_loss": 0.0}
+    save_s = timed(lambda: save(store, run.model, run.optimizer, progress, tables, cfg, env))
+    box = [store.newest() if env.is_main else None]
+    dist.broadcast_object_list(box)
+    load_s = timed(lambda: restore(store, box[0], run.model, run.optimizer, tables, cfg, env))
+    return save_s, load_s, box[0]
+
+
+def shard_bytes(store, env) -> tuple[int, float]:
+    """Collective. (bytes of this rank's shard file, GB of every rank's) of the saved step."""
     import fsspec
     import torch
     import torch.distributed as dist
 
-    from apps.dlrm.checkpoint import open_checkpoints, restore, save
-    from apps.dlrm.config import TrainConfig
-    from apps.dlrm.distributed import init_distributed
+    fs, root = fsspec.core.url_to_fs(store.step_url(1))
+    mine = sum(fs.size(f) for f in fs.ls(root, detail=False) if f.endswith(f"__{env.rank}_0.distcp"))
+    total = torch.tensor([mine], dtype=torch.float64, device=env.device)  # NCCL reduces on the GPU
+    dist.all_reduce(total)
+    return mine, total.item() / 1e9
+
+
+def raw_io(url: str, size: int, env) -> tuple[float, float]:
+    """Collective. Seconds for every rank to write, then read, ``size`` bytes as one fsspec file."""
+    import fsspec
+
+    payload = (os.urandom(1024 * 1024) * (size // (1024 * 1024) + 1))[:size]
+    raw = f"{url}/raw/rank{env.rank}.bin"
+
+    def write() -> None:
+        with fsspec.open(raw, "wb") as f:
+            f.write(payload)
+
+    def read() -> None:
+        with fsspec.open(raw, "rb") as f:
+            f.read()
+
+    return timed(write), timed(read)
+
+
+# --- --reshard_to --------------------------------------------------------------------------------
+
+@dataclass
+class Resharded:
+    """The second model of --reshard_to (its config and training run), or the app's refusal."""
+
+    sharding_type: str
+    cfg: Any = None
+    run: Any = None
+    error: str = ""
+
+
+def build_resharded(rows: int, sharding_type: str, env) -> Resharded:
+    """Collective. The benchmark's model sharded ``sharding_type``, as the app builds it."""
+    from apps.dlrm.options import ConfigError
+    from apps.dlrm.train import build_training
+
+    try:
+        cfg = bench_config(rows, sharding_type)
+        return Resharded(sharding_type, cfg, build_training(cfg, env))
+    except ConfigError as e:
+        return Resharded(sharding_type, error=str(e))
+
+
+def table_weights(run) -> dict:
+    """Table name -> its weight in the model's state dict: a ShardedTensor of this rank's shards."""
+    from apps.dlrm.model import EBC_PATH
     from apps.dlrm.sharding import plan_tables
+
+    state = run.model.state_dict()
+    return {table: state[f"{EBC_PATH}.embedding_bags.{table}.weight"] for table in plan_tables(run.plan)}
+
+
+def scramble(run) -> None:
+    """Fills every table with random values of its own (seeded by table, so on any sharding)."""
+    import torch
+
+    for index, weight in enumerate(table_weights(run).values()):
+        for shard in weight.local_shards():
+            generator = torch.Generator(device=shard.tensor.device).manual_seed(1000 + index)
+            shard.tensor.uniform_(-1, 1, generator=generator)
+
+
+def gathered(weight, env):
+    """Collective. The whole tensor of the ShardedTensor ``weight`` on rank 0, None elsewhere."""
+    import torch
+
+    dtype = weight.metadata().tensor_properties.dtype
+    out = torch.empty(tuple(weight.metadata().size), dtype=dtype, device=env.device) if env.is_main else None
+    weight.gather(dst=0, out=out, dtype=dtype)
+    return out
+
+
+def tables_equal(saved, resharded, env) -> bool:
+    """Collective. Whether every table of ``resharded`` equals ``saved``'s, element for element.
+
+    Tables are gathered whole on rank 0 one at a time, so the memory needed is a few tables.
+    """
+    import torch
+    import torch.distributed as dist
+
+    theirs = table_weights(resharded)
+    equal = True
+    for table, weight in table_weights(saved).items():
+        mine, other = gathered(weight, env), gathered(theirs[table], env)
+        equal = equal and (not env.is_main or torch.equal(mine, other))
+    box = [equal]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def reshard(store, checkpoint, saved, target: Resharded, gb: float, env) -> dict:
+    """Collective. Loads ``checkpoint`` into ``target``'s model: its figures for the report."""
+    from apps.dlrm.checkpoint import restore
+    from apps.dlrm.options import ConfigError
+    from apps.dlrm.sharding import plan_tables
+
+    figures = {"reshard_to": target.sharding_type, "reshard_load_gbps": None, "reshard_equal": False}
+    if target.error:
+        return {**figures, "reshard_error": target.error}
+    run = target.run
+    try:  # refused before any collective, alike on every rank
+        seconds = timed(lambda: restore(store, checkpoint, run.model, run.optimizer, plan_tables(run.plan),
+                                        target.cfg, env))
+    except ConfigError as e:
+        return {**figures, "reshard_error": str(e)}
+    return {**figures, "reshard_load_gbps": gb / seconds, "reshard_equal": tables_equal(saved, run, env)}
+
+
+# --- the ranks ---------------------------------------------------------------------------------
+
+def measure(url: str, run, cfg, target: Resharded | None, env) -> dict:
+    """Collective. The figures of one location (the --json report's entry for it)."""
+    from apps.dlrm.checkpoint import open_checkpoints
+
+    cfg.checkpoint_dir = url
+    store, _ = open_checkpoints(cfg, env)
+    save_s, load_s, checkpoint = checkpoint_io(store, run, cfg, env)
+    mine, gb = shard_bytes(store, env)
+    write_s, read_s = raw_io(url, mine, env)
+    figures = {"gb": gb, "save_gbps": gb / save_s, "load_gbps": gb / load_s, "raw_write_gbps": gb / write_s,
+               "raw_read_gbps": gb / read_s, "save_ratio": write_s / save_s, "load_ratio": read_s / load_s}
+    if target is not None:
+        figures.update(reshard(store, checkpoint, run, target, gb, env))
+    return figures
+
+
+def describe(target: str, f: dict) -> str:
+    """The line of figures printed for ``target`` (unchanged without --reshard_to), plus the reshard's."""
+    line = (f"{target}: {f['gb']:.2f} GB of shards | "
+            f"save {f['save_gbps']:.3f} GB/s vs raw write {f['raw_write_gbps']:.3f} GB/s = {f['save_ratio']:.2f} | "
+            f"load {f['load_gbps']:.3f} GB/s vs raw read {f['raw_read_gbps']:.3f} GB/s = {f['load_ratio']:.2f}")
+    if "reshard_error" in f:
+        return f"{line} | reshard to {f['reshard_to']} FAILED: {f['reshard_error']}"
+    if "reshard_to" in f:
+        return (f"{line} | reshard load to {f['reshard_to']} {f['reshard_load_gbps']:.3f} GB/s, "
+                f"tables equal: {f['reshard_equal']}")
+    return line
+
+
+def worker(urls: list[str], rows: int, reshard_to: str | None, results: str) -> None:
+    """Runs under torchrun: measures each URL; rank 0 prints the figures and writes ``results``."""
+    import torch.distributed as dist
+
+    from apps.dlrm.distributed import init_distributed
     from apps.dlrm.train import build_training
 
     env = init_distributed()
-    cfg = TrainConfig(num_sparse_features=8, num_embeddings=rows, embedding_dim=32,
-                      dense_arch_layer_sizes=[64, 32], sharding_type="table_wise", output_dir="")
+    cfg = bench_config(rows, SAVED_SHARDING)
     run = build_training(cfg, env)
-    tables = plan_tables(run.plan)
-
-    def timed(fn) -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        dist.barrier()
-        return time.perf_counter() - start
-
+    target = None
+    if reshard_to:
+        scramble(run)
+        target = build_resharded(rows, reshard_to, env)
+    report = {}
     for url in urls:
-        cfg.checkpoint_dir = url
-        store, _ = open_checkpoints(cfg, env)
-        progress = {"step": 1, "train_loss": 0.0}
-        save_s = timed(lambda: save(store, run.model, run.optimizer, progress, tables, cfg, env))
-        checkpoint = store.newest() if env.is_main else None
-        box = [checkpoint]
-        dist.broadcast_object_list(box)
-        load_s = timed(lambda: restore(store, box[0], run.model, run.optimizer, tables, cfg, env))
-        fs, root = fsspec.core.url_to_fs(store.step_url(1))
-        mine = sum(fs.size(f) for f in fs.ls(root, detail=False) if f.endswith(f"__{env.rank}_0.distcp"))
-        total = torch.tensor([mine], dtype=torch.float64)
-        dist.all_reduce(total)
-        payload = os.urandom(1024 * 1024) * (mine // (1024 * 1024) + 1)
-        payload = payload[:mine]
-        raw = f"{url}/raw/rank{env.rank}.bin"
-
-        def raw_write() -> None:
-            with fsspec.open(raw, "wb") as f:
-                f.write(payload)
-
-        def raw_read() -> None:
-            with fsspec.open(raw, "rb") as f:
-                f.read()
-
-        write_s, read_s = timed(raw_write), timed(raw_read)
+        name = url.split(":")[0] if "://" in url else "local"
+        report[name] = measure(url, run, cfg, target, env)
         if env.is_main:
-            gb = total.item() / 1e9
-            print(f"{url.split(':')[0] if '://' in url else 'local'}: {gb:.2f} GB of shards | "
-                  f"save {gb / save_s:.3f} GB/s vs raw write {gb / write_s:.3f} GB/s = {write_s / save_s:.2f} | "
-                  f"load {gb / load_s:.3f} GB/s vs raw read {gb / read_s:.3f} GB/s = {read_s / load_s:.2f}",
-                  flush=True)
+            print(describe(name, report[name]), flush=True)
+    if env.is_main:
+        with open(results, "w") as f:
+            json.dump(report, f, indent=2)
     dist.destroy_process_group()
 
 
-def main() -> None:
+# --- the launcher ------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def s3_bucket(bucket: str) -> Iterator[dict[str, str]]:
+    """An S3 server (moto) on loopback with an empty ``bucket``: yields the AWS variables for it.
+
+    moto and boto3 are imported only here, so ``--targets local`` runs without them.
+    """
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError as e:
+        sys.exit(f"checkpoint_io: --targets s3 needs moto's server and boto3 ({e}): "
+                 "pip install 'moto[server]' boto3, or measure --targets local only")
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per S3 request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench",
+               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-west-2",
+               "AWS_EC2_METADATA_DISABLED": "true"}
+        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-west-2",
+                     aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(
+            Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+        yield env
+    finally:
+        server.stop()
+
+
+def targets_arg(value: str) -> tuple[str, ...]:
+    """--targets: a comma-separated subset of TARGETS, measured in TARGETS' order."""
+    chosen = set(value.split(","))
+    unknown = sorted(chosen - set(TARGETS))
+    if unknown or not value:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: {', '.join(unknown) or 'nothing'} is not a target; give local, s3 or local,s3")
+    return tuple(t for t in TARGETS if t in chosen)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of each of the 8 tables")
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--targets", type=targets_arg, default=TARGETS,
+                        help="where to checkpoint, comma-separated: local (a temporary folder under "
+                             "$BENCH_DIR, default /var/tmp), s3 (moto on loopback). Default: local,s3")
+    parser.add_argument("--reshard_to", nargs="?", const=DEFAULT_RESHARD, choices=SHARDING_TYPES,
+                        metavar="SHARDING_TYPE",
+                        help=f"also load each checkpoint (saved {SAVED_SHARDING}) into a model sharded "
+                             f"this way and check its tables equal the saved ones (alone: {DEFAULT_RESHARD})")
+    parser.add_argument("--json", metavar="FILE", help="rank 0 also writes the figures of each target to FILE")
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
-    opts = parser.parse_args()
+    parser.add_argument("--results", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def launch(opts: argparse.Namespace, folder: str, env: dict[str, str], urls: list[str]) -> dict:
+    """Runs the ranks under torchrun; returns the figures rank 0 reported."""
+    results = os.path.join(folder, "results.json")
+    reshard = ["--reshard_to", opts.reshard_to] if opts.reshard_to else []
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(opts.nproc),
+         os.path.abspath(__file__), "--rows", str(opts.rows), *reshard, "--results", results, "--worker", *urls],
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env}, check=True,
+    )
+    with open(results) as f:
+        return json.load(f)
+
+
+def main() -> None:
+    opts = parse_args()
     if opts.worker is not None:
-        worker(opts.worker, opts.rows)
+        worker(opts.worker, opts.rows, opts.reshard_to, opts.results)
         return
-
-    import logging
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per S3 request otherwise
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {**os.environ, "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench",
-           "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-west-2", "AWS_EC2_METADATA_DISABLED": "true",
-           "OMP_NUM_THREADS": "1"}
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-west-2",
-                 aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(
-        Bucket="bench", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
-    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as local:
-        urls = [os.path.join(local, "ckpt"), "s3://bench/ckpt"]
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as local, \
+            contextlib.ExitStack() as stack:
+        env = stack.enter_context(s3_bucket("bench")) if "s3" in opts.targets else {}
+        urls = [{"local": os.path.join(local, "ckpt"), "s3": "s3://bench/ckpt"}[t] for t in opts.targets]
         print(f"tables: 8 x {opts.rows:,} x 32 float32 + row-wise Adagrad state, {opts.nproc} ranks", flush=True)
-        subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(opts.nproc),
-             os.path.abspath(__file__), "--rows", str(opts.rows), "--worker", *urls],
-            env=env, check=True,
-        )
-    server.stop()
+        report = launch(opts, local, env, urls)
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(report, f, indent=2)
+    failed = [target for target, figures in report.items() if figures.get("reshard_equal") is False]
+    if failed:
+        sys.exit(f"checkpoint_io: the checkpoint at {', '.join(failed)} did not load resharded "
+                 f"{opts.reshard_to} with equal tables (see above)")
 
 
 if __name__ == "__main__":

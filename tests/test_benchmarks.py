@@ -1,0 +1,59 @@
+"""The benchmarks run and report what the GPU check reads: their --json figures are there and
+positive, and a resharded checkpoint loads equal. Outcomes only: timings are never asserted."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, assert_ok, run
+
+LOADER = f"{REPO}/benchmarks/criteo_loader.py"
+CHECKPOINT_IO = f"{REPO}/benchmarks/checkpoint_io.py"
+RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per_sec", "eval_samples_per_cpu_sec")
+
+
+def run_loader(tmp_path, device: str) -> dict:
+    report = tmp_path / "loader.json"
+    result = run([sys.executable, LOADER, "--rows", "200000", "--batch_size", "4096", "--repeats", "1",
+                  "--device", device, "--json", str(report)])
+    assert_ok(result)
+    assert "train:" in result.stdout and "eval :" in result.stdout
+    return json.loads(report.read_text())
+
+
+def test_loader_reports_positive_rates(tmp_path):
+    figures = run_loader(tmp_path, "cpu")
+    assert figures["device"] == "cpu" and figures["rows"] == 200000 and figures["batch_size"] == 4096
+    assert all(figures[name] > 0 for name in RATES), figures
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_loader_refuses_cuda_without_a_gpu():
+    result = run([sys.executable, LOADER, "--device", "cuda"])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("criteo_loader: --device cuda needs a CUDA GPU"), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="copies batches into a CUDA GPU")
+def test_loader_delivers_into_the_gpu(tmp_path):
+    figures = run_loader(tmp_path, "cuda")
+    assert figures["device"] == "cuda"
+    assert all(figures[name] > 0 for name in RATES), figures
+
+
+def test_checkpoint_io_reshards_local_checkpoint_equal(tmp_path):
+    report = tmp_path / "checkpoint.json"
+    result = run([sys.executable, CHECKPOINT_IO, "--targets", "local", "--rows", "20000", "--nproc", "2",
+                  "--reshard_to", "row_wise", "--json", str(report)], BENCH_DIR=str(tmp_path))
+    assert_ok(result)
+    figures = json.loads(report.read_text())
+    assert list(figures) == ["local"]
+    local = figures["local"]
+    assert local["gb"] > 0
+    rates = ("save_gbps", "load_gbps", "raw_write_gbps", "raw_read_gbps", "reshard_load_gbps")
+    assert all(local[name] > 0 for name in rates), local
+    assert local["reshard_to"] == "row_wise" and local["reshard_equal"] is True
