@@ -16,15 +16,8 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-from apps.dlrm.checkpoint import (
-    COMMIT_MARKER,
-    Checkpoint,
-    CheckpointError,
-    CheckpointReader,
-    CheckpointStore,
-    open_checkpoints,
-    save,
-)
+from apps.dlrm.checkpoint import COMMIT_MARKER, Checkpoint, CheckpointStore, open_checkpoints, save
+from apps.dlrm.checkpoint_storage import CheckpointError, CheckpointReader
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.distributed import DistEnv, free_port
 from apps.dlrm.report import Reporter
