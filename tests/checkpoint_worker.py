@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from apps.dlrm.checkpoint import open_checkpoints, restore, training_state
+from apps.dlrm.checkpoint import Checkpointer, TrainState
 from apps.dlrm.config import parse_train_config
 from apps.dlrm.distributed import init_distributed
 from apps.dlrm.sharding import plan_tables
@@ -23,15 +23,18 @@ def main() -> None:
     out_prefix, *app_args = sys.argv[1:]
     cfg = parse_train_config(app_args)
     env = init_distributed()
-    store, checkpoint = open_checkpoints(cfg, env)
-    assert checkpoint is not None, "no checkpoint to resume from"
+    checkpointer = Checkpointer(cfg, env)
+    assert checkpointer.resume_from is not None, "no checkpoint to resume from"
     run = build_training(cfg, env)
-    progress = restore(store, checkpoint, run.model, run.optimizer, plan_tables(run.plan), cfg, env)
-    state = training_state(run.model, run.optimizer, progress, env.rank)
+    checkpointer.track(run.model, run.optimizer, plan_tables(run.plan))
+    state = TrainState(env.rank)
+    checkpointer.restore(state)
     torch.save(
-        {"progress": progress, "pieces": local_pieces(state), "plan": plan_tables(run.plan)},
+        {"progress": state.progress(), "pieces": local_pieces(checkpointer.entries(state)),
+         "plan": plan_tables(run.plan)},
         f"{out_prefix}.rank{env.rank}.pt",
     )
+    checkpointer.close()
     dist.destroy_process_group()
 
 

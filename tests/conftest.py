@@ -53,3 +53,17 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
 @pytest.fixture
 def tiny_args():
     return list(TINY)
+
+
+def trainer_pids(marker: str) -> list[int]:
+    """Trainer processes (not torchrun itself) whose command line contains ``marker``."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "-m apps.dlrm.train" in cmd and marker in cmd and "torch.distributed.run" not in cmd and "torchrun" not in cmd:
+            pids.append(int(pid))
+    return pids

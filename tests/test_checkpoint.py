@@ -26,7 +26,7 @@ from apps.dlrm.checkpoint import (
 )
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.distributed import DistEnv
-from tests.conftest import BIN, REPO, TINY, assert_ok, run, tiny, torchrun
+from tests.conftest import BIN, REPO, TINY, assert_ok, run, tiny, torchrun, trainer_pids
 from tests.gcs_server import gcs, gcs_endpoint  # noqa: F401  (fixtures)
 from tests.moto_server import aws, moto_endpoint  # noqa: F401  (fixtures)
 from tests.shards import assemble
@@ -219,20 +219,6 @@ def test_unusable_s3_location_is_refused_at_start(aws, tmp_path, monkeypatch, ur
     assert f"--checkpoint_dir {url} is not writable" in result.stderr
     assert message in result.stderr
     assert not (tmp_path / "out" / "summary.json").exists()
-
-
-def trainer_pids(marker: str) -> list[int]:
-    """Trainer processes (not torchrun itself) whose command line contains ``marker``."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "-m apps.dlrm.train" in cmd and marker in cmd and "torch.distributed.run" not in cmd and "torchrun" not in cmd:
-            pids.append(int(pid))
-    return pids
 
 
 def test_a_killed_trainer_is_restarted_from_the_last_checkpoint(tmp_path):

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-from apps.dlrm.checkpoint import COMMIT_MARKER, Checkpoint, CheckpointStore, open_checkpoints, save
+from apps.dlrm.checkpoint import COMMIT_MARKER, Checkpoint, Checkpointer, CheckpointStore, TrainState, open_checkpoints
 from apps.dlrm.checkpoint_storage import CheckpointError, CheckpointReader
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.distributed import DistEnv, free_port
@@ -56,11 +56,15 @@ def step_folder(root, name: str, owner: str | None = None, committed: bool = Fal
     return folder
 
 
-def save_tiny(store: CheckpointStore, cfg: TrainConfig, env: DistEnv, step: int) -> str:
-    """The app's own save of a small model and optimizer."""
+def save_tiny(cfg: TrainConfig, env: DistEnv, step: int) -> tuple[Checkpointer, str]:
+    """A run's checkpointer, after the app's own save of a small model and optimizer."""
     model = torch.nn.Linear(2, 1)
     optimizer = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda p: torch.optim.SGD(p, lr=0.1))
-    return save(store, model, optimizer, {"step": step, "train_loss": 0.5}, {}, cfg, env)
+    checkpointer = Checkpointer(cfg, env)
+    checkpointer.track(model, optimizer, {})
+    url = checkpointer.save(TrainState(env.rank, step, 0.5))
+    checkpointer.close()
+    return checkpointer, url
 
 
 # --- nothing in a checkpoint runs code -----------------------------------------------------------
@@ -136,13 +140,12 @@ def test_a_run_that_would_save_over_another_jobs_folder_is_refused_before_traini
 
 def test_a_resumed_run_keeps_its_run_id_and_prunes_what_it_wrote_before(tmp_path, world_of_one):
     cfg = TrainConfig(checkpoint_dir=str(tmp_path / "ckpt"), keep_last=1)
-    first, resume_from = open_checkpoints(cfg, world_of_one)
-    assert resume_from is None and first.run_id
-    save_tiny(first, cfg, world_of_one, step=10)
+    first, _ = save_tiny(cfg, world_of_one, step=10)
+    assert first.resume_from is None and first.store.run_id
     # a restart: a new process, the same command
-    second, resume_from = open_checkpoints(cfg, world_of_one)
-    assert resume_from.step == 10 and resume_from.manifest["run_id"] == second.run_id == first.run_id
-    save_tiny(second, cfg, world_of_one, step=20)
+    second, _ = save_tiny(cfg, world_of_one, step=20)
+    resume_from = second.resume_from
+    assert resume_from.step == 10 and resume_from.manifest["run_id"] == second.store.run_id == first.store.run_id
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["step_00000020"]
 
 
@@ -183,8 +186,7 @@ def test_credentials_in_urls_are_redacted(text, redacted):
 def test_a_checkpoint_records_its_url_without_credentials(tmp_path, world_of_one):
     url = f"memory://AKIAKEY:SeCrEt@{tmp_path.name}/ckpt"
     cfg = TrainConfig(checkpoint_dir=url)
-    store, _ = open_checkpoints(cfg, world_of_one)
-    step_url = save_tiny(store, cfg, world_of_one, step=10)
+    _, step_url = save_tiny(cfg, world_of_one, step=10)
     with fsspec.open(f"{step_url}/manifest.json", "r") as f:
         manifest = f.read()
     assert "SeCrEt" not in manifest

@@ -26,8 +26,10 @@ import os
 import posixpath
 import re
 import socket
+import datetime
 import time
 import uuid
+from concurrent.futures import Future as ConcurrentFuture
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -36,9 +38,17 @@ from fsspec.implementations.local import LocalFileSystem
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torchrec.optim.keyed import KeyedOptimizer
 
-from apps.dlrm.checkpoint_storage import CheckpointError, CheckpointReader, load_shards, save_shards
+from apps.dlrm.checkpoint_storage import (
+    CheckpointError,
+    CheckpointReader,
+    host_stager,
+    load_shards,
+    save_shards,
+    save_shards_async,
+)
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.distributed import DistEnv, decided_by_main
 from apps.dlrm.urls import config_record
@@ -48,7 +58,8 @@ logger = logging.getLogger(__name__)
 COMMIT_MARKER = "COMMITTED"
 MANIFEST = "manifest.json"
 OWNER = "OWNER"
-PROGRESS = ("step", "train_loss")  # what the training loop needs to continue
+#: How long a background save may wait for the other ranks' writes before it fails.
+SAVE_TIMEOUT_S = 1800
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -84,6 +95,11 @@ class CheckpointStore:
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
         self.run_id: str | None = None
 
+    @property
+    def is_local(self) -> bool:
+        """Whether the checkpoints are files of this machine's file systems (not an object store)."""
+        return isinstance(self.fs, LocalFileSystem)
+
     def step_url(self, step: int) -> str:
         return f"{self.url}/{_step_name(step)}"
 
@@ -109,7 +125,7 @@ class CheckpointStore:
     def _make_dir(self, path: str) -> None:
         """Makes the folder ``path`` where folders are real: on object stores makedirs would
         create the bucket, and a missing bucket must be reported, not silently created."""
-        if isinstance(self.fs, LocalFileSystem):
+        if self.is_local:
             self.fs.makedirs(path, exist_ok=True)
 
     def write_share_probe(self) -> tuple[str, str]:
@@ -188,15 +204,42 @@ class CheckpointStore:
         """Collective: every rank writes its shards; rank 0 commits and prunes. Returns the URL."""
         url = self.step_url(step)
         decided_by_main(lambda: self._claim(step), env)  # also keeps every rank out until then
-        save_shards(state, url)
-        # dcp.save returns on every rank once the coordinator has written .metadata.
+        save_shards(state, url, self.is_local)  # returns on every rank once .metadata is written
         if env.is_main:
-            with self.fs.open(posixpath.join(self._path(step), MANIFEST), "w") as f:
-                json.dump(manifest, f, indent=2, sort_keys=True)
-            with self.fs.open(posixpath.join(self._path(step), COMMIT_MARKER), "w") as f:
-                f.write(json.dumps({"step": step, "time": time.time()}) + "\n")
-            self._prune(newest=step)
+            self._commit(step, manifest)
         return url
+
+    def save_async(self, step: int, state: dict[str, Any], manifest: dict[str, Any], env: DistEnv,
+                   group: dist.ProcessGroup, stager: BlockingAsyncStager) -> ConcurrentFuture:
+        """Collective: like :meth:`save`, but returns once this rank's shards are copied to host
+        memory. The future gives the URL once every rank's shards and ``.metadata`` are written
+        and, on rank 0, the checkpoint is committed (or raises what went wrong)."""
+        url = self.step_url(step)
+        decided_by_main(lambda: self._claim(step), env)
+        written = save_shards_async(state, url, self.is_local, group, stager)
+        committed: ConcurrentFuture = ConcurrentFuture()
+
+        def commit(done: ConcurrentFuture) -> None:  # in DCP's writer thread
+            try:
+                done.result()
+                if env.is_main:
+                    self._commit(step, manifest)
+                committed.set_result(url)
+            except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is one; re-raised by result()
+                committed.set_exception(e)
+
+        written.add_done_callback(commit)
+        return committed
+
+    def _commit(self, step: int, manifest: dict[str, Any]) -> None:
+        """Rank 0, once every rank's shards are written: the manifest, then the commit marker
+        (only now does the checkpoint count), then older checkpoints go."""
+        with self.fs.open(posixpath.join(self._path(step), MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+        with self.fs.open(posixpath.join(self._path(step), COMMIT_MARKER), "w") as f:
+            f.write(json.dumps({"step": step, "time": time.time()}) + "\n")
+        logger.info("step %d: checkpoint committed at %s", step, self.step_url(step))
+        self._prune(newest=step)
 
     def _claim(self, step: int) -> None:
         """Makes ``step``'s folder this run's, before any shard is written, or refuses.
@@ -246,7 +289,7 @@ class CheckpointStore:
 
     def load(self, checkpoint: Checkpoint, state: dict[str, Any]) -> None:
         """Collective: every rank reads the shards it holds under its current sharding."""
-        load_shards(state, checkpoint.url, local=isinstance(self.fs, LocalFileSystem))
+        load_shards(state, checkpoint.url, self.is_local)
 
 
 
@@ -432,66 +475,155 @@ def check_shared(store: CheckpointStore, env: DistEnv) -> None:
         )
 
 
-def training_state(model: nn.Module, optimizer: KeyedOptimizer, progress: dict[str, Any], rank: int) -> dict[str, Any]:
-    """What a checkpoint holds: DCP calls ``state_dict``/``load_state_dict`` on the stateful parts.
+@dataclass
+class TrainState:
+    """Where a run is: the last finished step, its training loss, and this rank's RNG stream.
 
-    The model's tables and the fused optimizer's states are sharded tensors: each rank saves and
-    loads only its own shards. The model's state dict holds views of its weights, so DCP loads
-    into them in place (no second copy through ``load_state_dict``). Progress and the per-rank
-    RNG state are top-level tensors: DCP mistakes a nested dict of plain numbers for its
-    pre-2.4 format when, as here, each rank holds the optimizer states of its own tables only.
+    A checkpoint saves it beside the model and optimizer and a resumed run continues from it:
+    its :meth:`state_dict` entries are top-level tensors of the checkpoint (DCP mistakes a nested
+    dict of plain numbers for its pre-2.4 format when each rank holds other optimizer states).
     """
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer,
-        "progress": torch.tensor([float(progress[name]) for name in PROGRESS], dtype=torch.float64),
-        f"rng_rank{rank}": torch.get_rng_state(),
-    }
+
+    rank: int
+    step: int = 0
+    train_loss: float = float("nan")
+
+    @property
+    def _rng_key(self) -> str:
+        return f"rng_rank{self.rank}"
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {
+            "progress": torch.tensor([float(self.step), self.train_loss], dtype=torch.float64),
+            self._rng_key: torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Takes the step and loss, and the RNG stream where ``state`` has this rank's."""
+        step, self.train_loss = state["progress"].tolist()
+        self.step = int(step)
+        if self._rng_key in state:
+            torch.set_rng_state(state[self._rng_key])
+
+    def progress(self) -> dict[str, Any]:
+        """The JSON form, for the manifest."""
+        return {"step": self.step, "train_loss": self.train_loss}
 
 
-def restore(
-    store: CheckpointStore,
-    checkpoint: Checkpoint,
-    model: nn.Module,
-    optimizer: KeyedOptimizer,
-    plan: dict[str, dict[str, Any]],
-    cfg: TrainConfig,
-    env: DistEnv,
-) -> dict[str, Any]:
-    """Collective. Loads ``checkpoint`` into the model and optimizers; returns its progress."""
-    check_compatible(checkpoint, cfg, plan)
-    state = training_state(model, optimizer, checkpoint.manifest["progress"], env.rank)
-    rng_key = f"rng_rank{env.rank}"
-    if checkpoint.manifest["world_size"] != env.world_size:
-        del state[rng_key]  # other ranks, other streams: keep this process's own
-    store.load(checkpoint, state)
-    if rng_key in state:
-        torch.set_rng_state(state[rng_key])
-    values = state["progress"].tolist()
-    progress = dict(zip(PROGRESS, values))
-    progress["step"] = int(progress["step"])
-    return progress
+class Checkpointer:
+    """The checkpoints of one training run, built once with it (collective).
+
+    It opens --checkpoint_dir and picks the checkpoint to resume from (before the model is
+    built, so that a bad location fails in seconds), then, given what to save (:meth:`track`),
+    says which steps save,
+    saves (in the background with --checkpoint_async: the state is copied to host memory, then
+    written while training goes on) and commits, restores, and has the store prune. At most one
+    save is in flight: the next one, and :meth:`close`, wait for it. A save commits (its
+    ``COMMITTED`` marker is written by rank 0) only once every rank's shards and DCP's
+    ``.metadata`` are written, so a run that dies mid-save leaves nothing that counts.
+    """
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
+        self.cfg, self.env = cfg, env
+        self.store, self.resume_from = open_checkpoints(cfg, env)
+        self.stalls: list[float] = []  # seconds each save blocked the training loop
+        self._parts: tuple[nn.Module, KeyedOptimizer] | None = None
+        self.plan: dict[str, dict[str, Any]] = {}
+        self._in_flight: ConcurrentFuture | None = None
+        # Async saves coordinate over a gloo group of their own: their collectives run in DCP's
+        # writer thread while training's run on the default group.
+        self._group, self._stager = None, None
+        if self.store is not None and cfg.checkpoint_async:
+            self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
+            self._stager = host_stager(pinned=env.device.type == "cuda")
+
+    def track(self, model: nn.Module, optimizer: KeyedOptimizer, plan: dict[str, dict[str, Any]]) -> None:
+        """What the checkpoints hold: the sharded model, its optimizers, and the plan they are
+        sharded by (per table, as :func:`apps.dlrm.sharding.plan_tables` gives it)."""
+        self._parts, self.plan = (model, optimizer), plan
+
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint is saved after ``step``."""
+        return self.store is not None and is_checkpoint_step(self.cfg, step)
+
+    def restore(self, state: TrainState) -> Checkpoint | None:
+        """Collective. Loads the checkpoint to resume from (if any) into the model, optimizers
+        and ``state``; returns it."""
+        checkpoint = self.resume_from
+        if checkpoint is None:
+            return None
+        check_compatible(checkpoint, self.cfg, self.plan)
+        loaded = TrainState(self.env.rank, checkpoint.manifest["progress"]["step"])
+        entries = self.entries(loaded)
+        if checkpoint.manifest["world_size"] != self.env.world_size:
+            del entries[loaded._rng_key]  # other ranks, other streams: keep this process's own
+        self.store.load(checkpoint, entries)
+        state.load_state_dict(entries)
+        return checkpoint
+
+    def save(self, state: TrainState) -> str:
+        """Collective. Saves the checkpoint of ``state.step``; returns its URL. Synchronous, or
+        with --checkpoint_async returns once the state is copied to host memory (after the save
+        before it, if still in flight, is committed); it commits once written."""
+        start = time.perf_counter()
+        self.wait()
+        entries, manifest = self.entries(state), self._manifest(state)
+        if self._group is None:
+            self.store.save(state.step, entries, manifest, self.env)
+        else:
+            self._in_flight = self.store.save_async(state.step, entries, manifest, self.env, self._group,
+                                                    self._stager)
+        self.stalls.append(time.perf_counter() - start)
+        return self.store.step_url(state.step)
+
+    def wait(self) -> None:
+        """Waits for the save in flight to be written and committed; raises its error."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
+
+    def close(self) -> None:
+        """Waits for the save in flight: call it before the process group goes."""
+        self.wait()
+        if self._group is not None:
+            self._stager.close()
+            dist.destroy_process_group(self._group)
+            self._group, self._stager = None, None
+
+    def entries(self, state: TrainState) -> dict[str, Any]:
+        """What a checkpoint holds: DCP calls ``state_dict``/``load_state_dict`` on the
+        stateful parts. Tables and fused optimizer states are sharded tensors, each rank saving
+        and loading its own shards; the model's state dict holds views of its weights, so DCP
+        loads into them in place (no second copy through ``load_state_dict``)."""
+        model, optimizer = self._parts
+        return {"model": model.state_dict(), "optimizer": optimizer, **state.state_dict()}
+
+    def _manifest(self, state: TrainState) -> dict[str, Any]:
+        return {
+            "step": state.step,
+            "world_size": self.env.world_size,
+            "progress": state.progress(),
+            "model": model_signature(self.cfg),
+            "sharding_plan": self.plan,
+            "config": config_record(self.cfg),
+            "versions": package_versions(),
+            "run_id": self.store.run_id,
+        }
 
 
-def save(
-    store: CheckpointStore,
-    model: nn.Module,
-    optimizer: KeyedOptimizer,
-    progress: dict[str, Any],
-    plan: dict[str, dict[str, Any]],
-    cfg: TrainConfig,
-    env: DistEnv,
-) -> str:
-    """Collective. Saves and commits the checkpoint of ``progress["step"]``."""
-    manifest = {
-        "step": progress["step"],
-        "world_size": env.world_size,
-        "progress": progress,
-        "model": model_signature(cfg),
-        "sharding_plan": plan,
-        "config": config_record(cfg),
-        "versions": package_versions(),
-        "run_id": store.run_id,
-    }
-    state = training_state(model, optimizer, progress, env.rank)
-    return store.save(progress["step"], state, manifest, env)
+# Transitional, for benchmarks/checkpoint_io.py until it uses Checkpointer itself.
+def restore(store, checkpoint, model, optimizer, plan, cfg, env) -> dict[str, Any]:
+    checkpointer = Checkpointer.__new__(Checkpointer)
+    checkpointer.cfg, checkpointer.env, checkpointer.store, checkpointer.resume_from = cfg, env, store, checkpoint
+    checkpointer.track(model, optimizer, plan)
+    state = TrainState(env.rank)
+    checkpointer.restore(state)
+    return state.progress()
+
+
+def save(store, model, optimizer, progress, plan, cfg, env) -> str:
+    checkpointer = Checkpointer.__new__(Checkpointer)
+    checkpointer.cfg, checkpointer.env, checkpointer.store, checkpointer.stalls = cfg, env, store, []
+    checkpointer._group, checkpointer._stager, checkpointer._in_flight = None, None, None
+    checkpointer.track(model, optimizer, plan)
+    return checkpointer.save(TrainState(env.rank, progress["step"], progress["train_loss"]))

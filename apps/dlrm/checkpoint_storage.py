@@ -11,6 +11,7 @@ types and nothing else, and tensors and byte entries load with ``torch.load(weig
 
 import io
 import pickle
+from concurrent.futures import Future as ConcurrentFuture
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.futures import Future
 
 from apps.dlrm.options import ConfigError
@@ -183,10 +185,29 @@ class BatchedFsspecReader(CheckpointReader):
                 planner.commit_tensor(req, target)
 
 
-def save_shards(state: dict[str, Any], url: str) -> None:
+def save_shards(state: dict[str, Any], url: str, local: bool) -> None:
     """Collective: every rank writes its shards of ``state`` under ``url``; returns once rank 0
-    has written ``.metadata`` (so every rank's shards are complete)."""
-    dcp.save(state, storage_writer=_CheckpointWriter(url, sync_files=False))
+    has written ``.metadata`` (so every rank's shards are complete). ``local`` files are
+    fsync'ed: a checkpoint is committed only after its bytes are on disk."""
+    dcp.save(state, storage_writer=_CheckpointWriter(url, sync_files=local))
+
+
+def host_stager(pinned: bool) -> BlockingAsyncStager:
+    """What copies the state to host memory for :func:`save_shards_async`. ``pinned`` (GPU
+    ranks) keeps page-locked buffers from one save to the next: the copy runs at full PCIe
+    speed and allocates nothing after the first save. Close it after the last save."""
+    return BlockingAsyncStager(cache_staged_state_dict=pinned)
+
+
+def save_shards_async(state: dict[str, Any], url: str, local: bool, group: dist.ProcessGroup,
+                      stager: BlockingAsyncStager) -> ConcurrentFuture:
+    """Collective: copies this rank's shards of ``state`` to host memory with ``stager`` now,
+    then writes them in a background thread that coordinates over ``group``. The future
+    completes once rank 0 wrote ``.metadata``: every rank's shards are then complete. ``group``
+    must be a gloo group that nothing else uses, since its collectives run in that thread while
+    training uses the default group."""
+    writer = _CheckpointWriter(url, sync_files=local)
+    return dcp.async_save(state, storage_writer=writer, process_group=group, async_stager=stager)
 
 
 def load_shards(state: dict[str, Any], url: str, local: bool) -> None:

@@ -234,6 +234,12 @@ class TrainConfig:
         500, "Save a checkpoint every N steps (and always after the last); 0: only after the last."
     )
     keep_last: int = option(2, "Committed checkpoints to keep; older ones are deleted.")
+    checkpoint_async: bool = option(
+        True,
+        "Save checkpoints in the background: training stops only while the state is copied to "
+        "host memory (pinned on GPUs), then goes on while it is written; a checkpoint counts "
+        "only once every rank's part is written. false: training waits for every save.",
+    )
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -22,7 +22,7 @@ from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSpar
 from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
-from apps.dlrm.checkpoint import CheckpointStore, is_checkpoint_step, open_checkpoints, restore, save
+from apps.dlrm.checkpoint import Checkpointer, TrainState
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data import ClickLogs, make_dataset
 from apps.dlrm.distributed import DistEnv, all_reduce_mean, init_distributed
@@ -139,28 +139,27 @@ def fit(
     cfg: TrainConfig,
     env: DistEnv,
     run: Training,
-    progress: dict[str, Any],
-    store: CheckpointStore | None,
+    state: TrainState,
+    checkpointer: Checkpointer,
     reporter: Reporter,
 ) -> Throughput:
-    """Trains from ``progress["step"]`` to ``cfg.steps``, validating and checkpointing on the way.
+    """Trains from ``state.step`` to ``cfg.steps``, validating and checkpointing on the way.
 
-    Updates ``progress`` (step, last training loss) in place; returns the training throughput.
+    Updates ``state`` (step, last training loss) in place; returns the training throughput.
     """
-    tables = plan_tables(run.plan)
     global_batch = cfg.batch_size * env.world_size
     throughput, window_meter = Throughput(), Throughput()
     window: list[torch.Tensor] = []
-    reporter.progress(total=cfg.steps, initial=progress["step"])
+    reporter.progress(total=cfg.steps, initial=state.step)
     stopwatch = Stopwatch()
     # Closed when training ends or fails: a data loader's threads must not outlive it.
-    with contextlib.closing(run.data.train_batches(start_step=progress["step"])) as batches:
-        for step in range(progress["step"] + 1, cfg.steps + 1):
+    with contextlib.closing(run.data.train_batches(start_step=state.step)) as batches:
+        for step in range(state.step + 1, cfg.steps + 1):
             run.schedule.apply(step - 1)
             loss, _, _ = run.pipeline.progress(batches)
             window.append(loss)
-            progress["step"] = step
-            checkpoint_due = store is not None and is_checkpoint_step(cfg, step)
+            state.step = step
+            checkpoint_due = checkpointer.due(step)
             log_due = step % cfg.log_every == 0 or step == cfg.steps or checkpoint_due
             # The only host sync of a training step, on log steps: it waits for the device to
             # finish, so that the lap below times work done, not work queued.
@@ -169,7 +168,7 @@ def fit(
             throughput.add(elapsed, global_batch)
             window_meter.add(elapsed, global_batch)
             if log_due:
-                progress["train_loss"] = all_reduce_mean(window_losses[-1], env)
+                state.train_loss = all_reduce_mean(window_losses[-1], env)
                 window_loss = all_reduce_mean(sum(window_losses) / len(window_losses), env)
                 reporter.scalars(
                     "train", {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}, step
@@ -187,8 +186,9 @@ def fit(
                 reporter.scalars("val", val, step)
                 reporter.log("step %d validation: %s", step, _fmt_metrics(val))
             if checkpoint_due:
-                url = save(store, run.model, run.optimizer, progress, tables, cfg, env)
-                reporter.log("step %d: checkpoint committed at %s", step, url)
+                url = checkpointer.save(state)
+                reporter.log("step %d: checkpoint taken for %s (training stopped %.2f s)", step, url,
+                             checkpointer.stalls[-1])
             stopwatch.lap()  # validation and checkpoint time is not training time
     reporter.close_progress()
     return throughput
@@ -197,18 +197,27 @@ def fit(
 def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     """The whole run: resume or start, train, validate and test, and write summary.json."""
     reporter = Reporter(cfg.output_dir, enabled=env.is_main)
-    store, resume_from = open_checkpoints(cfg, env)
+    checkpointer = Checkpointer(cfg, env)  # before the model: a bad --checkpoint_dir fails in seconds
     run = build_training(cfg, env)
+    checkpointer.track(run.model, run.optimizer, plan_tables(run.plan))
+    try:
+        return _train(cfg, env, run, checkpointer, reporter)
+    finally:
+        checkpointer.close()  # the last save, still being written, commits before the job ends
+
+
+def _train(cfg: TrainConfig, env: DistEnv, run: Training, checkpointer: Checkpointer,
+           reporter: Reporter) -> dict[str, Any]:
     reporter.log("sharding plan (%s):\n%s", cfg.sharding_type, describe_plan(run.plan))
-    progress = {"step": 0, "train_loss": float("nan")}
-    if resume_from is not None:
-        progress = restore(store, resume_from, run.model, run.optimizer, plan_tables(run.plan), cfg, env)
-        reporter.log("resumed from %s (step %d)", resume_from.url, progress["step"])
+    state = TrainState(env.rank)
+    resumed = checkpointer.restore(state)
+    if resumed is not None:
+        reporter.log("resumed from %s (step %d)", resumed.url, state.step)
     reporter.log(
         "training steps %d..%d of %d samples x %d ranks on %s (%s)",
-        progress["step"] + 1, cfg.steps, cfg.batch_size, env.world_size, env.device.type, env.backend,
+        state.step + 1, cfg.steps, cfg.batch_size, env.world_size, env.device.type, env.backend,
     )
-    throughput = fit(cfg, env, run, progress, store, reporter)
+    throughput = fit(cfg, env, run, state, checkpointer, reporter)
 
     val = evaluate_split(run, "val", cfg.val_batches, env)
     test = evaluate_split(run, "test", cfg.test_batches, env)
@@ -216,6 +225,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     reporter.scalars("test", test, cfg.steps)
     reporter.log("validation: %s", _fmt_metrics(val))
     reporter.log("test: %s", _fmt_metrics(test))
+    checkpointer.wait()
     summary: dict[str, Any] = {
         "val_auroc": val["auroc"],
         "val_log_loss": val["log_loss"],
@@ -224,16 +234,17 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         "test_auroc": test["auroc"],
         "test_log_loss": test["log_loss"],
         "test_accuracy": test["accuracy"],
-        "final_train_loss": progress["train_loss"],
-        "resumed_from_step": resume_from.step if resume_from else None,
+        "final_train_loss": state.train_loss,
+        "resumed_from_step": resumed.step if resumed else None,
         "samples_per_sec": throughput.samples_per_sec,
         "train_seconds": throughput.seconds,
-        "steps": progress["step"],
+        "steps": state.step,
         "world_size": env.world_size,
         "global_batch_size": cfg.batch_size * env.world_size,
         "device": env.device.type,
         "backend": env.backend,
         "peak_hbm_bytes": peak_hbm_bytes(env),
+        "checkpoint_stall_seconds": checkpointer.stalls,
         "sharding_plan": describe_plan(run.plan).splitlines(),
         "config": config_record(cfg),
     }
