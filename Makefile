@@ -1,11 +1,13 @@
 # make run   sets up (once) and runs the main job: 2 trainers on this machine
-# make test  sets up (once, with test tools) and runs the test suite
+# make test  sets up (once, with test tools) and runs the test suite, less its slow tests
+# make test-slow  runs the slow tests: a real container build (Podman, root, minutes)
+# make gpu-check  checks and measures this machine's NVIDIA GPUs (benchmarks/gpu_check.py)
 VENV ?= .venv
 PYTHON ?= python3
 # torchrun, torchx and python of the project's environment come first on PATH.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install install-test run test bench clean
+.PHONY: install install-test run test test-slow bench gpu-check clean
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
@@ -24,8 +26,14 @@ run: install
 test: install-test
 	$(VENV)/bin/python -m pytest tests
 
+test-slow: install-test
+	$(VENV)/bin/python -m pytest -m slow tests
+
 bench: install
 	$(VENV)/bin/python benchmarks/train_throughput.py
+
+gpu-check: install
+	$(VENV)/bin/python -m benchmarks.gpu_check
 
 clean:
 	rm -rf $(VENV) outputs

@@ -38,13 +38,12 @@ from fsspec.implementations.local import LocalFileSystem
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torchrec.optim.keyed import KeyedOptimizer
 
 from apps.dlrm.checkpoint_storage import (
     CheckpointError,
     CheckpointReader,
-    host_stager,
+    HostStager,
     load_shards,
     save_shards,
     save_shards_async,
@@ -210,7 +209,7 @@ class CheckpointStore:
         return url
 
     def save_async(self, step: int, state: dict[str, Any], manifest: dict[str, Any], env: DistEnv,
-                   group: dist.ProcessGroup, stager: BlockingAsyncStager) -> ConcurrentFuture:
+                   group: dist.ProcessGroup, stager: HostStager) -> ConcurrentFuture:
         """Collective: like :meth:`save`, but returns once this rank's shards are copied to host
         memory. The future gives the URL once every rank's shards and ``.metadata`` are written
         and, on rank 0, the checkpoint is committed (or raises what went wrong)."""
@@ -535,7 +534,7 @@ class Checkpointer:
         self._group, self._stager = None, None
         if self.store is not None and cfg.checkpoint_async:
             self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
-            self._stager = host_stager(pinned=env.device.type == "cuda")
+            self._stager = HostStager(pinned=env.device.type == "cuda")
 
     def track(self, model: nn.Module, optimizer: KeyedOptimizer, plan: dict[str, dict[str, Any]]) -> None:
         """What the checkpoints hold: the sharded model, its optimizers, and the plan they are
