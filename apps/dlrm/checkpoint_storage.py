@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint._traverse import set_element
@@ -192,15 +193,26 @@ def save_shards(state: dict[str, Any], url: str, local: bool) -> None:
     dcp.save(state, storage_writer=_CheckpointWriter(url, sync_files=local))
 
 
-def host_stager(pinned: bool) -> BlockingAsyncStager:
-    """What copies the state to host memory for :func:`save_shards_async`. ``pinned`` (GPU
-    ranks) keeps page-locked buffers from one save to the next: the copy runs at full PCIe
-    speed and allocates nothing after the first save. Close it after the last save."""
-    return BlockingAsyncStager(cache_staged_state_dict=pinned)
+class HostStager(BlockingAsyncStager):
+    """Copies the state to host memory for :func:`save_shards_async`, into buffers made at the
+    first save and reused by every later one: the copy is then all a background save costs
+    training (DCP's own stager allocates, and deep-copies sharded tensors, at every save, or
+    caches only pinned buffers, which CPU-only machines cannot make). ``pinned`` (GPU ranks)
+    page-locks them, so the copy from the GPU runs at full speed. One save at a time may use it
+    (the buffers are what the writer reads); close it after the last."""
+
+    def __init__(self, pinned: bool) -> None:
+        super().__init__(cache_staged_state_dict=True)
+        self._pinned = pinned
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        if self.state_dict_cache is None:
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=self._pinned)
+        return _copy_state_dict(state_dict, self.state_dict_cache)
 
 
 def save_shards_async(state: dict[str, Any], url: str, local: bool, group: dist.ProcessGroup,
-                      stager: BlockingAsyncStager) -> ConcurrentFuture:
+                      stager: HostStager) -> ConcurrentFuture:
     """Collective: copies this rank's shards of ``state`` to host memory with ``stager`` now,
     then writes them in a background thread that coordinates over ``group``. The future
     completes once rank 0 wrote ``.metadata``: every rank's shards are then complete. ``group``
