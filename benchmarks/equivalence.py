@@ -2,6 +2,7 @@
 
     python benchmarks/equivalence.py --nproc 2                       # every sharding type
     python benchmarks/equivalence.py --nproc 1 --sharding_types row_wise --json out.json
+    python benchmarks/equivalence.py --pooling mean --multi_hot_sizes 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1
 
 For each sharding type, ``--nproc`` ranks (GPUs when there are, float32 with TF32 off) train the
 app's sharded model -- fused FBGEMM optimizers, TorchRec's pipeline and all-to-alls -- for a few
@@ -23,7 +24,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from apps.dlrm.config import SHARDING_TYPES, TrainConfig  # noqa: E402
+from apps.dlrm.config import POOLINGS, SHARDING_TYPES, TrainConfig  # noqa: E402
 from apps.dlrm.data.synthetic import SyntheticClickLogs  # noqa: E402
 from apps.dlrm.model import build_model  # noqa: E402
 from apps.dlrm.optim import optimizer_class  # noqa: E402
@@ -102,7 +103,11 @@ def reference_losses(cfg: TrainConfig, init: dict[str, torch.Tensor], world_size
 
 
 def compare(sharding_type: str, world_size: int, workdir: str, steps: int = STEPS, **options) -> Comparison:
-    """Trains ``sharding_type`` on ``world_size`` ranks and the unsharded reference; their losses."""
+    """Trains ``sharding_type`` on ``world_size`` ranks and the unsharded reference; their losses.
+
+    ``options`` are other TrainConfig fields, the same on both sides (e.g. ``multi_hot_sizes``
+    and ``pooling``: the sharded tables' pooling against EmbeddingBagCollection's own).
+    """
     cfg = TrainConfig(num_embeddings=500, batch_size=64, sharding_type=sharding_type, allow_tf32=False,
                       output_dir="", **options)
     torch.manual_seed(1234)
@@ -147,15 +152,18 @@ def main(argv: list[str] | None = None) -> list[Comparison]:
     parser.add_argument("--nproc", type=int, default=2, help="ranks of the sharded side")
     parser.add_argument("--sharding_types", default=",".join(t for t in SHARDING_TYPES if t != "auto"))
     parser.add_argument("--json", default="", help="also write the results to this file")
+    parser.add_argument("--multi_hot_sizes", default="", help="ids per sample of each of the 26 features")
+    parser.add_argument("--pooling", default="sum", choices=POOLINGS)
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.worker is not None:
         worker(*opts.worker)
         return []
+    options = dict(pooling=opts.pooling, multi_hot_sizes=[int(m) for m in opts.multi_hot_sizes.split(",") if m])
     results = []
     for sharding_type in opts.sharding_types.split(","):
         with tempfile.TemporaryDirectory() as workdir:
-            result = compare(sharding_type, opts.nproc, workdir)
+            result = compare(sharding_type, opts.nproc, workdir, **options)
         results.append(result)
         print(f"{sharding_type:15s} {opts.nproc} ranks: max loss difference {result.max_difference:.2e} over "
               f"{len(result.sharded)} steps: {'equal' if result.equal else 'DIFFERENT'}", flush=True)

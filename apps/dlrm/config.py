@@ -5,11 +5,14 @@
 (``torchx run components.dlrm:train --help``), whose arguments are these same fields.
 """
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 
+from apps.dlrm import presets
 from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES
 from apps.dlrm.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
-from apps.dlrm.options import ConfigError, check_choices, option, parse_config
+from apps.dlrm.options import ConfigError, check_choices, field_default, option, parse_config
 
 SHARDING_TYPES = (
     "auto",
@@ -28,6 +31,7 @@ DENSE_PRECISIONS = ("fp32", "bf16")
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
 PIPELINES = ("sparse_dist", "base", "semi_sync", "fused_sparse_dist", "sparse_dist_lite", "prefetch")
 DATASETS = ("synthetic", "criteo")
+POOLINGS = ("sum", "mean")
 
 #: The most sparse features, that is embedding tables. TorchRec's planner, which every job runs
 #: at start-up (and --check_plan before it), searches placements in a time that grows with the
@@ -36,6 +40,9 @@ MAX_SPARSE_FEATURES = 1024
 #: The most bytes one table's float32 weights may take: torch counts a tensor's bytes in an int64.
 MAX_TABLE_BYTES = 2**63 - 1
 FLOAT32_BYTES = 4
+#: The most ids per sample of one feature (MLPerf's DLRMv2 has at most 100): every batch holds
+#: batch_size x their sum ids.
+MAX_MULTI_HOT_SIZE = 1024
 
 
 @dataclass
@@ -78,6 +85,26 @@ class TrainConfig:
         [128, 64],
         "Projection interaction, branch 2 MLP sizes; the last must be a multiple of "
         "--embedding_dim.",
+    )
+    multi_hot_sizes: list[int] = option(
+        [],
+        "Ids per sample of each sparse feature, one comma-separated entry per feature (MLPerf's "
+        "DLRMv2: 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1); each feature's ids "
+        "are pooled into one vector by --pooling. Synthetic data draws that many ids; Criteo "
+        "derives them from the one-hot id as MLPerf does. Empty: one id per feature.",
+    )
+    pooling: str = option(
+        "sum",
+        "How a feature's embedding vectors are pooled into one: sum or mean (the same for one id).",
+        choices=POOLINGS,
+    )
+    preset: str = option(
+        "none",
+        "A whole recipe: dlrmv2 is MLPerf's DLRMv2 (DCNv2 interaction, layers 512,256,128 and "
+        "1024,1024,512,256,1, dim 128, --table_size_preset mlperf, its multi-hot sizes, Adagrad "
+        "at 0.005 without warmup or decay, 8192 samples per rank). It sets only the options left "
+        "at their defaults: options given with other values win.",
+        choices=presets.PRESET_CHOICES,
     )
     # --- data --------------------------------------------------------------------------------
     data: str = option(
@@ -243,6 +270,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        self._apply_preset()
         for name in (
             "num_dense_features",
             "num_sparse_features",
@@ -276,6 +304,7 @@ class TrainConfig:
             )
         self._check_data()
         self._check_table_sizes()
+        self._check_multi_hot_sizes()
         self._check_layer_sizes()
         if self.sharding_type in ROW_WISE_KINDS:
             check_int8_comms(self, [self.sharding_type])
@@ -331,6 +360,42 @@ class TrainConfig:
                 )
             self._check_table_bytes(f"--num_embeddings_per_feature entry {i}", size)
 
+    def _apply_preset(self) -> None:
+        """Gives the options that are still at their defaults the --preset's values.
+
+        The rule (apps/dlrm/presets.py): an option with a value other than its default was given
+        and wins; one at its default takes the preset's value.
+        """
+        values = presets.preset_values(self.preset)
+        if not values:
+            return
+        if (self.num_dense_features, self.num_sparse_features) != (INT_FEATURES, CAT_FEATURES):
+            raise ConfigError(
+                f"--preset {self.preset} is a model of Criteo's {INT_FEATURES} dense and "
+                f"{CAT_FEATURES} sparse features: drop --num_dense_features "
+                f"{self.num_dense_features} and --num_sparse_features {self.num_sparse_features}, "
+                "or drop --preset and give the model's options one by one"
+            )
+        defaults = {f.name: field_default(f) for f in dataclasses.fields(self)}
+        for name, value in values.items():
+            if all(getattr(self, n) == defaults[n] for n in presets.deciding_options(name)):
+                setattr(self, name, copy.copy(value))
+
+    def _check_multi_hot_sizes(self) -> None:
+        sizes = self.multi_hot_sizes
+        if sizes and len(sizes) != self.num_sparse_features:
+            raise ConfigError(
+                f"--multi_hot_sizes has {len(sizes)} entries ({_fmt(sizes)}) but there are "
+                f"{self.num_sparse_features} sparse features: give one size per feature, or leave "
+                "it empty for one id per feature"
+            )
+        for i, size in enumerate(sizes):
+            if not 1 <= size <= MAX_MULTI_HOT_SIZE:
+                raise ConfigError(
+                    f"--multi_hot_sizes entry {i} is {size}: every feature has from 1 to "
+                    f"{MAX_MULTI_HOT_SIZE} ids per sample"
+                )
+
     def _check_table_bytes(self, what: str, rows: int) -> None:
         """Refuses a table torch cannot allocate, before the planner overflows on it."""
         if rows * self.embedding_dim * FLOAT32_BYTES > MAX_TABLE_BYTES:
@@ -376,6 +441,11 @@ class TrainConfig:
     def table_sizes(self) -> list[int]:
         """Rows of each embedding table, one per sparse feature."""
         return self.num_embeddings_per_feature or [self.num_embeddings] * self.num_sparse_features
+
+    @property
+    def ids_per_feature(self) -> list[int]:
+        """Ids per sample of each sparse feature."""
+        return self.multi_hot_sizes or [1] * self.num_sparse_features
 
     @property
     def dense_lr(self) -> float:

@@ -4,7 +4,7 @@ import functools
 
 import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from apps.dlrm.config import TrainConfig
@@ -20,12 +20,14 @@ def feature_names(num_sparse_features: int) -> list[str]:
 
 
 def table_configs(cfg: TrainConfig) -> list[EmbeddingBagConfig]:
+    """One table per feature; a feature's ids in a sample are pooled by ``--pooling``."""
     return [
         EmbeddingBagConfig(
             name=f"t_{name}",
             embedding_dim=cfg.embedding_dim,
             num_embeddings=rows,
             feature_names=[name],
+            pooling=PoolingType[cfg.pooling.upper()],
         )
         for name, rows in zip(feature_names(cfg.num_sparse_features), cfg.table_sizes)
     ]

@@ -21,6 +21,10 @@ global batch form one more, smaller batch, split as evenly as possible over the 
 capped at the whole split. Every rank gets the same number of batches, as the sharded model's
 collectives require.
 
+Multi-hot (``--multi_hot_sizes``): each one-hot id becomes that many ids by MLPerf DLRMv2's fixed
+lookup tables (:mod:`apps.dlrm.criteo.multi_hot`), drawn once when the loader starts, so the
+preprocessed one-hot folder trains as MLPerf's multi-hot Criteo.
+
 Batches are assembled with numpy slice copies (a few per batch, never a loop over rows) into
 tensors that are pinned when training on a GPU, by a background thread that keeps a few batches
 ready, so the training loop does not wait on page faults or disk reads.
@@ -40,6 +44,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, open_folder
+from apps.dlrm.criteo.multi_hot import expand, multi_hot_tables
 from apps.dlrm.model import feature_names
 from apps.dlrm.options import ConfigError
 
@@ -77,6 +82,12 @@ class CriteoClickLogs:
             )
         self._block_rows = cfg.shuffle_block_rows if cfg.shuffle else train_rows
         self._kjt_layouts: dict[int, dict] = {}
+        self._ids_per_feature = cfg.ids_per_feature
+        self._multi_hot = None
+        if max(self._ids_per_feature) > 1:
+            logger.info("criteo: drawing MLPerf's multi-hot lookup tables (%s ids per sample)",
+                        sum(self._ids_per_feature))
+            self._multi_hot = multi_hot_tables(self._ids_per_feature, cfg.table_sizes)
         logger.info(
             "criteo %s: %d days, %s rows: train %s (%d steps per epoch), validation %s, test %s",
             folder, len(self.days), f"{int(self._day_starts[-1]):,}", f"{train_rows:,}",
@@ -135,23 +146,33 @@ class CriteoClickLogs:
                 at += n
         return Batch(
             dense_features=dense,
-            sparse_features=KeyedJaggedTensor(keys=self.keys, values=ids.view(-1), **self._kjt_layout(size)),
+            sparse_features=KeyedJaggedTensor(keys=self.keys, values=self._values(ids), **self._kjt_layout(size)),
             labels=labels,
         )
+
+    def _values(self, ids: torch.Tensor) -> torch.Tensor:
+        """The KJT values of one-hot ``ids`` [features, batch]: multi-hot ones if configured."""
+        if self._multi_hot is None:
+            return ids.view(-1)
+        values = self._empty((ids.shape[1] * sum(self._ids_per_feature),), torch.int32)
+        expand(ids.numpy(), self._multi_hot, values.numpy())
+        return values
 
     def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=self.pin_memory)
 
     def _kjt_layout(self, size: int) -> dict:
-        """One id per feature per sample: the same lengths and offsets for every batch of a size."""
+        """A fixed number of ids per feature per sample: the same lengths and offsets for every
+        batch of a size, computed once (no KJT sync per batch)."""
         if size not in self._kjt_layouts:
-            count = CAT_FEATURES * size
+            per_key = [size * m for m in self._ids_per_feature]
+            lengths = torch.tensor(self._ids_per_feature, dtype=torch.int32).repeat_interleave(size)
             self._kjt_layouts[size] = dict(
-                lengths=torch.ones(count, dtype=torch.int32),
-                offsets=torch.arange(count + 1, dtype=torch.int32),
+                lengths=lengths,
+                offsets=torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0, dtype=torch.int32)]),
                 stride=size,
-                length_per_key=[size] * CAT_FEATURES,
-                offset_per_key=[size * f for f in range(CAT_FEATURES + 1)],
+                length_per_key=per_key,
+                offset_per_key=[0, *itertools.accumulate(per_key)],
                 index_per_key={key: f for f, key in enumerate(self.keys)},
             )
         return self._kjt_layouts[size]

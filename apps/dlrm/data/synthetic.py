@@ -1,14 +1,18 @@
 """Synthetic click logs that a DLRM can learn, generated on the fly on the training device.
 
-Every sample has dense features ~ N(0, 1) and one id per sparse feature, drawn from a power law
-(a few ids are hot, most are rare, as in real click logs) and scattered over the table by a
-per-table permutation. Its label is drawn from a hidden logistic *teacher*:
+Every sample has dense features ~ N(0, 1) and ``m_t`` ids for each sparse feature ``t``
+(``--multi_hot_sizes``; one by default), each drawn from a power law (a few ids are hot, most are
+rare, as in real click logs) and scattered over the table by a per-table permutation. Its label
+is drawn from a hidden logistic *teacher*:
 
-    logit = bias + sum_t w_t(id_t) + v . dense,     label ~ Bernoulli(sigmoid(logit))
+    logit = bias + sum_t pool_t(w_t(id) for its ids) + v . dense,   label ~ Bernoulli(sigmoid(logit))
 
 where ``w_t(id)`` is a pseudo-random normal weight derived from a hash of (seed, table, id), so
-the teacher needs no memory however large the tables are. The teacher's own AUROC is the best
-any model can reach on this data: the app reports it as ``auroc_ceiling``.
+the teacher needs no memory however large the tables are, and ``pool_t`` sums or averages a
+feature's ids as the model's embedding bags do (``--pooling``), so the model can represent it.
+The teacher's own AUROC is the best any model can reach on this data: the app reports it as
+``auroc_ceiling``. With one id per feature, sum and mean are the same and the batches are those
+this module made before multi-hot features existed.
 
 Samples come in blocks of ``batch_size``; block ``k`` of a split is a pure function of
 (seed, split, k). Training step ``s`` on rank ``r`` of ``W`` reads block ``s * W + r``, so ranks
@@ -23,6 +27,7 @@ arithmetic, so a block has the same ids and dense values on a CPU and on a GPU (
 teacher's logits, which go through float64 ``log``/``exp``, up to rounding).
 """
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -121,21 +126,28 @@ class SyntheticClickLogs:
         self.world_size = world_size
         self.device = device
         self.keys = feature_names(cfg.num_sparse_features)
-        rows = cfg.table_sizes
-        self._rows = torch.tensor(rows, dtype=torch.int64, device=device)
+        rows, sizes = cfg.table_sizes, cfg.ids_per_feature
+        # A sample's ids are a row of [batch, sum(sizes)] columns, feature t's in m_t of them.
+        feature = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
+        self._rows = torch.tensor(rows, dtype=torch.int64, device=device)[feature]
         self._multipliers = torch.tensor(
             [_coprime_multiplier(n, cfg.seed * 7919 + t) for t, n in enumerate(rows)], device=device
-        )
+        )[feature]
         self._offsets = torch.tensor(
             [(mix64_int(cfg.seed + 31 * t) & _MASK64) % n for t, n in enumerate(rows)], device=device
-        )
+        )[feature]
         self._table_keys = torch.tensor(
             [mix64_int(cfg.seed * 1_000_003 + t) for t in range(cfg.num_sparse_features)], device=device
-        )
+        )[feature]
         weights = normal(self._stream(mix64_int(cfg.seed * 104_729 + 99), _DENSE_WEIGHTS, cfg.num_dense_features))
         self._dense_weights = weights * (_DENSE_LOGIT_STD / math.sqrt(cfg.num_dense_features))
-        self._sparse_scale = _SPARSE_LOGIT_STD / math.sqrt(cfg.num_sparse_features)
-        self._lengths = torch.ones(cfg.batch_size * cfg.num_sparse_features, dtype=torch.int32, device=device)
+        self._mean = cfg.pooling == "mean"
+        # 1/m_t per column: mean pooling; the variance of a pooled term is m_t (sum) or 1/m_t (mean)
+        self._pool_weights = 1.0 / torch.tensor(sizes, dtype=torch.float64, device=device)[feature]
+        variance = sum(1.0 / m if self._mean else m for m in sizes)
+        self._sparse_scale = _SPARSE_LOGIT_STD / math.sqrt(variance)
+        self._lengths = torch.tensor(sizes, dtype=torch.int32, device=device).repeat_interleave(cfg.batch_size)
+        self._to_kjt, self._from_kjt = _kjt_order(cfg.batch_size, sizes, device)
 
     # --- sampling ------------------------------------------------------------------------------
 
@@ -145,7 +157,11 @@ class SyntheticClickLogs:
         return mix64(counters * _signed(_GOLDEN_GAMMA) + key)
 
     def _power_law_ids(self, u: torch.Tensor) -> torch.Tensor:
-        """Inverse CDF of a power law with exponent s over [1, rows], scattered over each table."""
+        """Inverse CDF of a power law with exponent s over [1, rows], scattered over each table.
+
+        ``u`` is [batch, columns]: column ``c`` holds ids of the feature that ``self._rows[c]``
+        and the other per-column tensors describe.
+        """
         s = self.cfg.zipf_exponent
         n = self._rows.double()[None, :]
         if abs(s - 1.0) < 1e-9:
@@ -158,13 +174,13 @@ class SyntheticClickLogs:
     def block(self, split: str, index: int) -> Batch:
         """Block ``index`` of ``split``: ``batch_size`` samples on this object's device."""
         cfg = self.cfg
-        b, tables = cfg.batch_size, cfg.num_sparse_features
+        b, columns = cfg.batch_size, self._rows.numel()
         key = mix64_int(mix64_int(mix64_int(cfg.seed) + SPLITS[split]) + index)
-        ids = self._power_law_ids(uniform(self._stream(key, _IDS, b * tables)).view(b, tables))
+        ids = self._power_law_ids(uniform(self._stream(key, _IDS, b * columns)).view(b, columns))
         dense = normal(self._stream(key, _DENSE, b * cfg.num_dense_features)).view(b, -1).float()
         logits = self._teacher(ids, dense)
         labels = (uniform(self._stream(key, _LABELS, b)) < torch.sigmoid(logits)).float()
-        sparse = KeyedJaggedTensor(keys=self.keys, values=ids.t().reshape(-1), lengths=self._lengths)
+        sparse = KeyedJaggedTensor(keys=self.keys, values=ids.view(-1)[self._to_kjt], lengths=self._lengths)
         if self.device.type != "cuda":
             return Batch(dense_features=dense, sparse_features=sparse, labels=labels)
         ready = torch.cuda.Event()
@@ -172,14 +188,16 @@ class SyntheticClickLogs:
         return GpuMadeBatch(dense_features=dense, sparse_features=sparse, labels=labels, ready=ready)
 
     def _teacher(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        """The teacher's float64 logits of samples with ``ids`` [batch, tables] and ``dense``."""
-        sparse = normal(mix64(ids ^ self._table_keys[None, :])).sum(dim=1)
-        return _BIAS + self._sparse_scale * sparse + dense.double() @ self._dense_weights
+        """The teacher's float64 logits of samples with ``ids`` [batch, columns] and ``dense``."""
+        weights = normal(mix64(ids ^ self._table_keys[None, :]))
+        if self._mean:
+            weights = weights * self._pool_weights[None, :]
+        return _BIAS + self._sparse_scale * weights.sum(dim=1) + dense.double() @ self._dense_weights
 
     def teacher_logits(self, batch: Batch) -> torch.Tensor:
         """The hidden teacher's logits for a batch this class generated, on the batch's device."""
         b = batch.labels.shape[0]
-        ids = batch.sparse_features.values().to(self.device).view(-1, b).t()
+        ids = batch.sparse_features.values().to(self.device)[self._from_kjt].view(b, -1)
         return self._teacher(ids, batch.dense_features.to(self.device)).float()
 
     # --- iteration -----------------------------------------------------------------------------
@@ -195,6 +213,18 @@ class SyntheticClickLogs:
         """This rank's ``num_batches`` batches of the ``val`` or ``test`` split."""
         for i in range(num_batches):
             yield self.block(split, i * self.world_size + self.rank)
+
+
+def _kjt_order(batch: int, sizes: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gathers between ids [batch, sum(sizes)] and KJT values, and back.
+
+    A KeyedJaggedTensor holds its values feature after feature and, within a feature, sample
+    after sample; ``ids.view(-1)[to_kjt]`` is that order, ``values[from_kjt]`` the ids again.
+    """
+    starts = [0, *itertools.accumulate(sizes)]
+    grid = torch.arange(batch * starts[-1], device=device).view(batch, -1)
+    to_kjt = torch.cat([grid[:, lo:hi].reshape(-1) for lo, hi in zip(starts, starts[1:])])
+    return to_kjt, torch.argsort(to_kjt)
 
 
 def _coprime_multiplier(rows: int, salt: int) -> int:

@@ -1,0 +1,168 @@
+"""Multi-hot features (several ids per sample per feature, pooled by the embedding bags) and the
+DLRMv2 preset: synthetic multi-hot batches and their ceiling, MLPerf's Criteo derivation checked
+against TorchRec's DLRMv2 example, sharded = unsharded training, and the preset training and
+previewing its plan."""
+
+import hashlib
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torchmetrics.classification import BinaryAUROC
+
+from apps.dlrm.config import TrainConfig, parse_train_config
+from apps.dlrm.criteo.multi_hot import MLPERF_MULTI_HOT_SIZES, expand, multi_hot_tables
+from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS
+from apps.dlrm.data.synthetic import SyntheticClickLogs
+from apps.dlrm.options import ConfigError, to_argv
+from benchmarks.equivalence import STEPS, TOLERANCE, compare
+from tests.conftest import assert_ok, run, torchrun
+from tests.test_criteo_data import TABLES, dataset, rows_of, write_folder
+
+ROWS = [1000, 50, 100_000, 7]
+SIZES = [1, 3, 5, 2]
+CFG = TrainConfig(num_sparse_features=4, num_embeddings_per_feature=ROWS, multi_hot_sizes=SIZES, batch_size=128)
+
+
+# --- synthetic data --------------------------------------------------------------------------
+
+def per_sample(batch, key: str, size: int) -> np.ndarray:
+    """The ids of feature ``key`` as [batch, size]."""
+    return batch.sparse_features[key].values().numpy().reshape(-1, size)
+
+
+def test_synthetic_multi_hot_batches_have_the_sizes_ranges_and_determinism():
+    data = SyntheticClickLogs(CFG, 0, 1)
+    batch = data.block("train", 3)
+    kjt = batch.sparse_features
+    for t, (rows, size) in enumerate(zip(ROWS, SIZES)):
+        assert kjt[f"cat_{t}"].lengths().tolist() == [size] * 128
+        ids = per_sample(batch, f"cat_{t}", size)
+        assert ids.min() >= 0 and ids.max() < rows
+    assert not np.all(per_sample(batch, "cat_2", 5) == per_sample(batch, "cat_2", 5)[:, :1])  # not 5 copies
+    again = SyntheticClickLogs(CFG, 0, 1).block("train", 3)
+    assert torch.equal(kjt.values(), again.sparse_features.values()) and torch.equal(batch.labels, again.labels)
+    assert not torch.equal(kjt.values(), data.block("train", 4).sparse_features.values())
+
+
+def test_one_id_per_feature_gives_the_one_hot_batches():
+    one_hot = TrainConfig(num_sparse_features=4, num_embeddings_per_feature=ROWS, batch_size=128)
+    ones = TrainConfig(**{**one_hot.__dict__, "multi_hot_sizes": [1, 1, 1, 1], "pooling": "mean"})
+    a, b = SyntheticClickLogs(one_hot, 0, 1).block("val", 2), SyntheticClickLogs(ones, 0, 1).block("val", 2)
+    assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+    assert torch.equal(a.labels, b.labels) and torch.equal(a.dense_features, b.dense_features)
+
+
+@pytest.mark.parametrize("pooling", ["sum", "mean"])
+def test_teacher_pools_like_the_model_and_sets_a_ceiling(pooling):
+    cfg = TrainConfig(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling=pooling)
+    data = SyntheticClickLogs(cfg, 0, 1)
+    auroc = BinaryAUROC()
+    for batch in data.eval_batches("val", 10):
+        auroc.update(data.teacher_logits(batch), batch.labels.long())
+    assert 0.72 < auroc.compute().item() < 0.9
+    # the teacher's logit of a sample is its pooled per-id weights: mean != sum with several ids
+    other = SyntheticClickLogs(TrainConfig(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES,
+                                           pooling="sum" if pooling == "mean" else "mean"), 0, 1)
+    assert not torch.allclose(data.teacher_logits(batch), other.teacher_logits(batch))
+
+
+# --- Criteo: MLPerf's derivation ------------------------------------------------------------
+
+#: Produced by TorchRec's DLRMv2 example itself (facebookresearch/dlrm torchrec_dlrm/multi_hot.py
+#: at 090956e, ``Multihot(MLPERF_MULTI_HOT_SIZES, SAMPLE_ROWS, 4, False, "uniform")``, the same
+#: file as mlcommons/training recommendation_v2/torchrec_dlrm/multi_hot.py): the SHA-256 of its
+#: lookup tables (int32, little-endian, feature after feature), and of the KJT values that its
+#: ``convert_to_multi_hot`` makes of SAMPLE_IDS. That module is not shipped in the torchrec
+#: package, so it cannot run here.
+SAMPLE_ROWS = [min(rows, 50_000) for rows in TABLE_SIZE_PRESETS["mlperf"]]
+SAMPLE_IDS = [[0, r - 1, r // 2, (7919 * (f + 1)) % r] for f, r in enumerate(SAMPLE_ROWS)]
+REFERENCE_TABLES_SHA256 = "dfc29fbfe92c1f2f0af1b6ec420448a9437f33ed15d8aa9c47fb7464e90f59bd"
+REFERENCE_VALUES_SHA256 = "144e5061354bd2b530360f8b78b2682898055b66451250e57da2992acdf31f4e"
+REFERENCE_CAT_0 = [0, 2732, 43567, 49999, 13903, 42122, 25000, 32526, 32216, 7919, 41436, 2089]
+
+
+def test_criteo_multi_hot_ids_are_those_of_torchrec_dlrmv2_example():
+    tables = multi_hot_tables(MLPERF_MULTI_HOT_SIZES, SAMPLE_ROWS)
+    digest = hashlib.sha256()
+    for table in tables:
+        digest.update(table.astype("<i4").tobytes())
+    assert digest.hexdigest() == REFERENCE_TABLES_SHA256
+    values = np.empty(4 * sum(MLPERF_MULTI_HOT_SIZES), np.int32)
+    expand(np.array(SAMPLE_IDS, np.int32), tables, values)
+    assert hashlib.sha256(values.astype("<i4").tobytes()).hexdigest() == REFERENCE_VALUES_SHA256
+    assert values[:12].tolist() == REFERENCE_CAT_0
+
+
+def test_criteo_loader_makes_multi_hot_batches(tmp_path):
+    folder = write_folder(tmp_path / "npy", [300, 300])
+    sizes = [1 + f % 4 for f in range(26)]
+    batch = next(iter(dataset(folder, multi_hot_sizes=sizes).train_batches()))
+    tables = multi_hot_tables(sizes, [TABLES] * 26)
+    for f in (0, 3, 25):
+        one_hot = [(r + f) % TABLES for r in rows_of(batch)]  # write_folder's ids
+        ids = per_sample(batch, f"cat_{f}", sizes[f])
+        assert ids[:, 0].tolist() == one_hot
+        assert np.array_equal(ids, tables[f][one_hot])
+
+
+# --- sharded = unsharded ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("sharding_type, pooling", [("table_wise", "sum"), ("row_wise", "mean")])
+def test_multi_hot_sharded_training_matches_unsharded_reference(sharding_type, pooling, tmp_path):
+    result = compare(sharding_type, 2, str(tmp_path), multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling=pooling)
+    assert set(result.plan) == {sharding_type} and len(result.sharded) == STEPS
+    assert result.sharded == pytest.approx(result.reference, abs=TOLERANCE), (result.sharded, result.reference)
+    assert result.equal
+
+
+# --- the DLRMv2 preset -----------------------------------------------------------------------
+
+def test_preset_fills_defaults_and_explicit_options_win():
+    cfg = TrainConfig(preset="dlrmv2")
+    assert (cfg.interaction_type, cfg.dcn_num_layers, cfg.dcn_low_rank_dim) == ("dcn", 3, 512)
+    assert cfg.dense_arch_layer_sizes == [512, 256, 128] and cfg.over_arch_layer_sizes == [1024, 1024, 512, 256, 1]
+    assert cfg.table_sizes == TABLE_SIZE_PRESETS["mlperf"] and cfg.multi_hot_sizes == MLPERF_MULTI_HOT_SIZES
+    assert (cfg.embedding_optimizer, cfg.dense_optimizer, cfg.learning_rate, cfg.dense_lr) == (
+        "adagrad", "adagrad", 0.005, 0.005)
+    assert (cfg.batch_size, cfg.lr_warmup_steps, cfg.lr_decay_steps) == (8192, 0, 0)
+    assert parse_train_config(to_argv(cfg)) == cfg  # what the component hands the app
+    small = TrainConfig(preset="dlrmv2", num_embeddings=2000, batch_size=256, learning_rate=0.01)
+    assert small.table_sizes == [2000] * 26 and small.batch_size == 256 and small.dense_lr == 0.01
+    assert small.interaction_type == "dcn"
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(preset="dlrmv2", num_sparse_features=8), "--preset dlrmv2 is a model of Criteo's 13 dense and 26 sparse"),
+    (dict(multi_hot_sizes=[2, 3]), "--multi_hot_sizes has 2 entries (2,3) but there are 26 sparse features"),
+    (dict(multi_hot_sizes=[0] * 26), "--multi_hot_sizes entry 0 is 0"),
+    (dict(pooling="max"), "--pooling 'max' is not supported: use one of sum, mean"),
+])
+def test_bad_multi_hot_options_name_the_value_and_the_fix(kwargs, fragment):
+    with pytest.raises(ConfigError) as error:
+        TrainConfig(**kwargs)
+    assert fragment in str(error.value)
+
+
+def test_dlrmv2_preset_trains_scaled_down_under_torchrun(tmp_path):
+    result = torchrun(["-m", "apps.dlrm.train", "--preset", "dlrmv2", "--num_embeddings", "2000",
+                       "--batch_size", "256", "--steps", "40", "--log_every", "20", "--val_batches", "4",
+                       "--test_batches", "4", "--output_dir", str(tmp_path)])
+    assert_ok(result)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    config = summary["config"]
+    assert config["multi_hot_sizes"] == MLPERF_MULTI_HOT_SIZES and config["interaction_type"] == "dcn"
+    assert config["num_embeddings_per_feature"] == [] and config["batch_size"] == 256
+    assert summary["final_train_loss"] < 0.69  # below the loss of predicting 0.5
+    assert summary["val_auroc"] > 0.55
+
+
+def test_plan_previews_the_dlrmv2_preset_on_a_p5():
+    result = run([sys.executable, "-m", "apps.dlrm.plan", "--preset", "dlrmv2", "--j", "1x8",
+                  "--h", "aws_p5.48xlarge"])
+    assert_ok(result)
+    assert "1 node x 8 GPUs (8 ranks) of aws_p5.48xlarge, batch 8192 per rank" in result.stdout
+    assert "t_cat_20  40,000,000  128" in result.stdout
+    assert "\nfits: " in result.stdout
