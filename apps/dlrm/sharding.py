@@ -177,19 +177,29 @@ def make_planner(
     ``stats`` replace TorchRec's default report: the planner hands its chosen placement, with
     per-shard storage estimates, only to them (the plan preview reads it there).
     """
-    constraints = None
-    if cfg.sharding_type != "auto":
-        constraints = {
-            f"t_cat_{i}": ParameterConstraints(sharding_types=[cfg.sharding_type])
-            for i in range(cfg.num_sparse_features)
-        }
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=cfg.batch_size,
         storage_reservation=storage_reservation(model),
-        constraints=constraints,
+        constraints=table_constraints(cfg),
         stats=stats,
     )
+
+
+def table_constraints(cfg: TrainConfig) -> dict[str, ParameterConstraints] | None:
+    """Per table, what the planner must respect: an explicit --sharding_type, and with
+    --multi_hot_sizes the ids per sample (its pooling factor), which its estimates of input
+    size, comms and compute scale with (TorchRec assumes one otherwise)."""
+    constraints = {}
+    for i in range(cfg.num_sparse_features):
+        kwargs = {}
+        if cfg.sharding_type != "auto":
+            kwargs["sharding_types"] = [cfg.sharding_type]
+        if cfg.multi_hot_sizes:
+            kwargs["pooling_factors"] = [float(cfg.multi_hot_sizes[i])]
+        if kwargs:
+            constraints[f"t_cat_{i}"] = ParameterConstraints(**kwargs)
+    return constraints or None
 
 
 def planner_offers(cfg: TrainConfig, sharder: EmbeddingBagCollectionSharder, device_type: str) -> bool:
