@@ -1,11 +1,18 @@
-"""Resumes the app's training state from --checkpoint_dir and dumps what each rank then holds.
+"""Trains and resumes the app in one process group, for the tests of checkpoints.
 
-Run under torchrun by tests/test_checkpoint.py:
-    torchrun --nproc_per_node N tests/checkpoint_worker.py OUT_PREFIX [APP ARGS...]
-Rank r writes OUT_PREFIX.rank{r}.pt: every tensor of the model and optimizer state, as the
-pieces (offsets, values) the rank holds under its own sharding.
+Run under torchrun by tests/test_checkpoint.py and tests/test_reshard.py:
+    torchrun --nproc_per_node N tests/checkpoint_worker.py RUNS.json
+RUNS.json lists runs, done in order, each ``{"args": [APP ARGS...]}`` or
+``{"args": [...], "resume": [CHECKPOINT_DIR...], "dump": OUT_PREFIX}``. A run without "resume"
+trains as the app does (apps.dlrm.train.train: it saves a checkpoint to its --checkpoint_dir). A
+run with it builds the app's model once and resumes it from each checkpoint dir i in turn; rank r
+writes OUT_PREFIX.{i}.rank{r}.pt: the step, the plan and every tensor of the model and optimizer
+state, as the pieces (offsets, values) the rank holds under its own sharding. One process for
+many runs: starting torchrun and importing TorchRec take most of a small run's time.
 """
 
+import dataclasses
+import json
 import sys
 
 import torch
@@ -13,28 +20,39 @@ import torch.distributed as dist
 
 from apps.dlrm.checkpoint import Checkpointer, TrainState
 from apps.dlrm.config import parse_train_config
-from apps.dlrm.distributed import init_distributed
+from apps.dlrm.distributed import DistEnv, init_distributed
 from apps.dlrm.sharding import plan_tables
-from apps.dlrm.train import build_training
+from apps.dlrm.train import build_training, train
 from tests.shards import local_pieces
 
 
-def main() -> None:
-    out_prefix, *app_args = sys.argv[1:]
-    cfg = parse_train_config(app_args)
-    env = init_distributed()
-    checkpointer = Checkpointer(cfg, env)
-    assert checkpointer.resume_from is not None, "no checkpoint to resume from"
+def resume_each(args: list[str], checkpoint_dirs: list[str], out_prefix: str, env: DistEnv) -> None:
+    """Builds the app's model for ``args``, then resumes it from each of ``checkpoint_dirs``."""
+    cfg = parse_train_config(args)
     run = build_training(cfg, env)
-    checkpointer.track(run.model, run.optimizer, plan_tables(run.plan))
-    state = TrainState(env.rank)
-    checkpointer.restore(state)
-    torch.save(
-        {"progress": state.progress(), "pieces": local_pieces(checkpointer.entries(state)),
-         "plan": plan_tables(run.plan)},
-        f"{out_prefix}.rank{env.rank}.pt",
-    )
-    checkpointer.close()
+    for i, checkpoint_dir in enumerate(checkpoint_dirs):
+        checkpointer = Checkpointer(dataclasses.replace(cfg, checkpoint_dir=checkpoint_dir), env)
+        assert checkpointer.resume_from is not None, f"no checkpoint to resume from in {checkpoint_dir}"
+        checkpointer.track(run.model, run.optimizer, plan_tables(run.plan))
+        state = TrainState(env.rank)
+        checkpointer.restore(state)
+        torch.save(
+            {"progress": state.progress(), "pieces": local_pieces(checkpointer.entries(state)),
+             "plan": plan_tables(run.plan)},
+            f"{out_prefix}.{i}.rank{env.rank}.pt",
+        )
+        checkpointer.close()
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        runs = json.load(f)
+    env = init_distributed()
+    for spec in runs:
+        if "resume" in spec:
+            resume_each(spec["args"], spec["resume"], spec["dump"], env)
+        else:
+            train(parse_train_config(spec["args"]), env)
     dist.destroy_process_group()
 
 

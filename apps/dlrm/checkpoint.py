@@ -10,7 +10,8 @@ Layout under ``--checkpoint_dir`` (a local path, ``file://``, ``s3://``, ``gs://
         COMMITTED                          written last: only now does the checkpoint count
 
 Embedding tables are never gathered: every rank writes and reads only its own shards, and
-``torch.distributed.checkpoint`` reshards them when the world size or sharding changes. A
+``torch.distributed.checkpoint`` reshards them when the world size or sharding changes; the
+optimizer states that another sharding lays out otherwise are converted (:mod:`apps.dlrm.reshard`). A
 directory without ``COMMITTED``, or whose files do not match its ``.metadata``, is skipped with a
 warning and never resumed from. Old checkpoints are deleted only after a newer one is committed,
 and only the run's own (see :meth:`CheckpointStore._prune`).
@@ -50,6 +51,7 @@ from apps.dlrm.checkpoint_storage import (
 )
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.distributed import DistEnv, decided_by_main
+from apps.dlrm.reshard import Resharding, below
 from apps.dlrm.urls import config_record
 
 logger = logging.getLogger(__name__)
@@ -343,8 +345,9 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def check_compatible(checkpoint: Checkpoint, cfg: TrainConfig, plan: dict[str, dict[str, Any]]) -> None:
-    """Refuses, before any step, a checkpoint this run cannot continue from."""
+def check_compatible(checkpoint: Checkpoint, cfg: TrainConfig) -> None:
+    """Refuses, before any step, a checkpoint of another model. Any sharding and world size may
+    resume it: :mod:`apps.dlrm.reshard` carries the optimizer state across."""
     saved = checkpoint.manifest.get("model", {})
     wanted = model_signature(cfg)
     differences = [
@@ -358,39 +361,19 @@ def check_compatible(checkpoint: Checkpoint, cfg: TrainConfig, plan: dict[str, d
             + "; ".join(differences)
             + "). Resume with the options it was written with, or use a new --checkpoint_dir."
         )
-    for table, saved_sharding in checkpoint.manifest.get("sharding_plan", {}).items():
-        problem = _optimizer_state_move(saved_sharding, plan.get(table, {}))
-        if problem:
-            raise CheckpointError(
-                f"checkpoint {checkpoint.url} cannot be resumed with this sharding: table {table} "
-                f"{problem}. Resume with the checkpoint's sharding ({saved_sharding['type']} over "
-                f"{len(saved_sharding['ranks'])} ranks) for that table."
-            )
 
 
-# Sharding kinds whose optimizer state is one tensor per table, sharded by rows: DCP reshards
-# it among them freely.
-_ROW_SHARDED_STATE = {"table_wise", "row_wise", "table_row_wise"}
-
-
-def _optimizer_state_move(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """Why a table's optimizer state cannot move from sharding ``saved`` to ``current``."""
-    before, after = saved["type"], current.get("type")
-    if before in _ROW_SHARDED_STATE and after in _ROW_SHARDED_STATE:
-        return None
-    if before == after == "data_parallel":
-        return None
-    if before == after == "column_wise" and len(saved["ranks"]) == len(current.get("ranks", [])):
-        return None
-    if "column_wise" in (before, after):
-        return (
-            f"was column_wise over {len(saved['ranks'])} ranks and would be {after} over "
-            f"{len(current.get('ranks', []))}: FBGEMM keeps one optimizer state per column shard, "
-            "which cannot be resharded"
-        )
-    return (
-        f"was {before} and would be {after}: data-parallel tables keep their optimizer state "
-        "outside FBGEMM, in another layout"
+def _describe_resharding(checkpoint: Checkpoint, plan: dict[str, dict[str, Any]], converted: dict[str, bool]) -> str:
+    """What a resume under another sharding did to the optimizer state: per change of sharding
+    type, the tables whose state was converted exactly, and those that got an estimate."""
+    saved_plan = checkpoint.manifest.get("sharding_plan", {})
+    changes: dict[tuple[str, str, bool], list[str]] = {}
+    for table, exact in converted.items():
+        change = (saved_plan.get(table, {}).get("type"), plan.get(table, {}).get("type"), exact)
+        changes.setdefault(change, []).append(table)
+    return "optimizer state converted from the checkpoint's sharding (README: Checkpoints and resuming):\n" + "\n".join(
+        f"  {before} -> {after}: {'exact' if exact else 'estimated'} for {', '.join(tables)}"
+        for (before, after, exact), tables in changes.items()
     )
 
 
@@ -547,17 +530,27 @@ class Checkpointer:
 
     def restore(self, state: TrainState) -> Checkpoint | None:
         """Collective. Loads the checkpoint to resume from (if any) into the model, optimizers
-        and ``state``; returns it."""
+        and ``state``; returns it. The checkpoint may have been written under any sharding and
+        world size: optimizer states whose layout differs are converted (:mod:`apps.dlrm.reshard`)."""
         checkpoint = self.resume_from
         if checkpoint is None:
             return None
-        check_compatible(checkpoint, self.cfg, self.plan)
+        check_compatible(checkpoint, self.cfg)
         loaded = TrainState(self.env.rank, checkpoint.manifest["progress"]["step"])
         entries = self.entries(loaded)
         if checkpoint.manifest["world_size"] != self.env.world_size:
             del entries[loaded._rng_key]  # other ranks, other streams: keep this process's own
-        self.store.load(checkpoint, entries)
+        optimizer = entries["optimizer"]
+        optimizer_state = optimizer.state_dict()
+        saved = CheckpointReader(checkpoint.url).read_metadata()
+        resharding = Resharding(optimizer_state, below(saved, "optimizer"), entries["model"], below(saved, "model"),
+                                self.cfg.embedding_optimizer, loaded.step)
+        self.store.load(checkpoint, {**entries, "optimizer": resharding.destinations})
+        resharding.apply()
+        optimizer.load_state_dict(optimizer_state)
         state.load_state_dict(entries)
+        if self.env.is_main and resharding.converted:
+            logger.info("%s", _describe_resharding(checkpoint, self.plan, resharding.converted))
         return checkpoint
 
     def save(self, state: TrainState) -> str:
