@@ -10,6 +10,16 @@ commit marker) and loaded back, by 2 ranks, to a local directory and to an S3-co
 server on loopback (moto). The baseline has each rank write, then read, the same number of
 bytes as one plain fsspec file. Prints GB/s of each and the ratios (target >= 0.8).
 
+Both sides are measured ``--repeats`` times (default 3), alternately (the checkpoint first in
+even repeats, the baseline first in odd ones), and the medians are reported with every sample;
+a ratio is the baseline's median time over the checkpoint's. They stand on equal footing: every
+local write is on disk before it counts as done (the baseline fsyncs its file; the checkpoint's
+writer fsyncs its shards, as the app's saves do), and before every local read the files about to
+be read are dropped from the page cache (fsync, then ``posix_fadvise(DONTNEED)``: no root
+needed), so both sides read the disk, as a job resumed on another host does. moto keeps every
+object of more than 5 MB in a temporary file of its own process, read back whole for each
+request, so on S3 both sides read from moto's temporary files (in the page cache) alike.
+
 ``--targets`` picks the locations; ``local`` alone needs neither moto nor boto3. Each rank
 works on its own device: its GPU where CUDA is available (NCCL), else the CPU (gloo).
 
@@ -27,6 +37,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,51 +73,111 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def checkpoint_io(store, run, cfg, env) -> tuple[float, float, Any]:
-    """Collective. (save seconds, load seconds, the checkpoint) of the app's checkpointing."""
-    import torch.distributed as dist
+def evict(paths: list[str]) -> None:
+    """Drops the files ``paths`` from the page cache: reading them next reads the disk. Their
+    dirty pages are written first, since the kernel keeps those."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
-    from apps.dlrm.checkpoint import restore, save
+
+def step_files(store, step: int) -> list[str]:
+    """The local files of the checkpoint of ``step``."""
+    folder = store.step_url(step)
+    return [os.path.join(folder, name) for name in os.listdir(folder)]
+
+
+def checkpoint_save(store, run, cfg, step: int, env) -> float:
+    """Collective. Seconds to save (and commit) the checkpoint of ``step`` with the app's checkpointing."""
+    from apps.dlrm.checkpoint import save
     from apps.dlrm.sharding import plan_tables
 
-    tables = plan_tables(run.plan)
-    progress = {"step": 1, "train_loss": 0.0}
-    save_s = timed(lambda: save(store, run.model, run.optimizer, progress, tables, cfg, env))
+    progress = {"step": step, "train_loss": 0.0}
+    return timed(lambda: save(store, run.model, run.optimizer, progress, plan_tables(run.plan), cfg, env))
+
+
+def newest(store, env):
+    """Collective. The newest committed checkpoint, as rank 0 finds it (the app's resume check)."""
+    import torch.distributed as dist
+
     box = [store.newest() if env.is_main else None]
     dist.broadcast_object_list(box)
-    load_s = timed(lambda: restore(store, box[0], run.model, run.optimizer, tables, cfg, env))
-    return save_s, load_s, box[0]
+    return box[0]
 
 
-def shard_bytes(store, env) -> tuple[int, float]:
-    """Collective. (bytes of this rank's shard file, GB of every rank's) of the saved step."""
+def checkpoint_load(store, checkpoint, run, cfg, local: bool, env) -> float:
+    """Collective. Seconds to load ``checkpoint`` into ``run``'s model and optimizer, from the disk
+    where ``local``."""
+    from apps.dlrm.checkpoint import restore
+    from apps.dlrm.sharding import plan_tables
+
+    if local:
+        evict(step_files(store, checkpoint.step))
+    return timed(lambda: restore(store, checkpoint, run.model, run.optimizer, plan_tables(run.plan), cfg, env))
+
+
+def shard_bytes(store, step: int, env) -> tuple[int, float]:
+    """Collective. (bytes of this rank's shard file, GB of every rank's) of the checkpoint of ``step``."""
     import fsspec
     import torch
     import torch.distributed as dist
 
-    fs, root = fsspec.core.url_to_fs(store.step_url(1))
+    fs, root = fsspec.core.url_to_fs(store.step_url(step))
     mine = sum(fs.size(f) for f in fs.ls(root, detail=False) if f.endswith(f"__{env.rank}_0.distcp"))
     total = torch.tensor([mine], dtype=torch.float64, device=env.device)  # NCCL reduces on the GPU
     dist.all_reduce(total)
     return mine, total.item() / 1e9
 
 
-def raw_io(url: str, size: int, env) -> tuple[float, float]:
-    """Collective. Seconds for every rank to write, then read, ``size`` bytes as one fsspec file."""
+def raw_write(path: str, payload: bytes, local: bool) -> float:
+    """Collective. Seconds for every rank to write its ``payload`` as one fsspec file, on disk where ``local``."""
     import fsspec
 
-    payload = (os.urandom(1024 * 1024) * (size // (1024 * 1024) + 1))[:size]
-    raw = f"{url}/raw/rank{env.rank}.bin"
-
     def write() -> None:
-        with fsspec.open(raw, "wb") as f:
+        with fsspec.open(path, "wb") as f:
             f.write(payload)
+            if local:
+                f.flush()
+                os.fsync(f.fileno())
+
+    return timed(write)
+
+
+def raw_read(path: str, local: bool) -> float:
+    """Collective. Seconds for every rank to read its file of :func:`raw_write`, from the disk where ``local``."""
+    import fsspec
+
+    if local:
+        evict([path])
 
     def read() -> None:
-        with fsspec.open(raw, "rb") as f:
+        with fsspec.open(path, "rb") as f:
             f.read()
 
-    return timed(write), timed(read)
+    return timed(read)
+
+
+def in_turn(repeat: int, first: str, second: str) -> tuple[str, str]:
+    """The order of two sides in ``repeat``: alternating, ``first`` first in even repeats."""
+    return (first, second) if repeat % 2 == 0 else (second, first)
+
+
+RATES = ("save", "raw_write", "load", "raw_read")
+
+
+def summary(gb: float, seconds: dict[str, list[float]]) -> dict:
+    """The report of one location: GB/s medians, the ratios of medians, and every sample."""
+    median = {name: statistics.median(values) for name, values in seconds.items()}
+    figures = {f"{name}_gbps": gb / median[name] for name in RATES}
+    figures.update(save_ratio=median["raw_write"] / median["save"], load_ratio=median["raw_read"] / median["load"])
+    samples = {f"{name}_gbps": [gb / s for s in seconds[name]] for name in RATES}
+    samples.update(save_ratio=[w / s for w, s in zip(seconds["raw_write"], seconds["save"])],
+                   load_ratio=[r / s for r, s in zip(seconds["raw_read"], seconds["load"])])
+    return {"gb": gb, "repeats": len(seconds["save"]), **figures, "samples": samples}
 
 
 # --- --reshard_to --------------------------------------------------------------------------------
@@ -180,45 +251,66 @@ def tables_equal(saved, resharded, env) -> bool:
     return box[0]
 
 
-def reshard(store, checkpoint, saved, target: Resharded, gb: float, env) -> dict:
-    """Collective. Loads ``checkpoint`` into ``target``'s model: its figures for the report."""
-    from apps.dlrm.checkpoint import restore
+def reshard(store, checkpoint, saved, target: Resharded, gb: float, repeats: int, local: bool, env) -> dict:
+    """Collective. Loads ``checkpoint`` into ``target``'s model ``repeats`` times (from the disk
+    where ``local``): its figures for the report (the median rate, every sample)."""
     from apps.dlrm.options import ConfigError
-    from apps.dlrm.sharding import plan_tables
 
     figures = {"reshard_to": target.sharding_type, "reshard_load_gbps": None, "reshard_equal": False}
     if target.error:
         return {**figures, "reshard_error": target.error}
-    run = target.run
     try:  # refused before any collective, alike on every rank
-        seconds = timed(lambda: restore(store, checkpoint, run.model, run.optimizer, plan_tables(run.plan),
-                                        target.cfg, env))
+        rates = [gb / checkpoint_load(store, checkpoint, target.run, target.cfg, local, env) for _ in range(repeats)]
     except ConfigError as e:
         return {**figures, "reshard_error": str(e)}
-    return {**figures, "reshard_load_gbps": gb / seconds, "reshard_equal": tables_equal(saved, run, env)}
+    return {**figures, "reshard_load_gbps": statistics.median(rates), "samples": {"reshard_load_gbps": rates},
+            "reshard_equal": tables_equal(saved, target.run, env)}
 
 
 # --- the ranks ---------------------------------------------------------------------------------
 
-def measure(url: str, run, cfg, target: Resharded | None, env) -> dict:
+def measure(url: str, run, cfg, target: Resharded | None, repeats: int, env) -> dict:
     """Collective. The figures of one location (the --json report's entry for it)."""
     from apps.dlrm.checkpoint import open_checkpoints
 
-    cfg.checkpoint_dir = url
+    # Every save and raw write makes new files, and none is deleted while measuring (a save
+    # beyond --keep_last would also time the deletion of the oldest checkpoint).
+    cfg.checkpoint_dir, cfg.keep_last = url, repeats
     store, _ = open_checkpoints(cfg, env)
-    save_s, load_s, checkpoint = checkpoint_io(store, run, cfg, env)
-    mine, gb = shard_bytes(store, env)
-    write_s, read_s = raw_io(url, mine, env)
-    figures = {"gb": gb, "save_gbps": gb / save_s, "load_gbps": gb / load_s, "raw_write_gbps": gb / write_s,
-               "raw_read_gbps": gb / read_s, "save_ratio": write_s / save_s, "load_ratio": read_s / load_s}
+    local = "://" not in url
+    seconds: dict[str, list[float]] = {name: [] for name in RATES}
+    payload, gb = b"", 0.0
+    for repeat in range(repeats):
+        raw = f"{url}/raw/rank{env.rank}.{repeat}.bin"
+        for name in in_turn(repeat, "save", "raw_write"):
+            if name == "raw_write":
+                seconds[name].append(raw_write(raw, payload, local))
+                continue
+            seconds[name].append(checkpoint_save(store, run, cfg, repeat + 1, env))
+            if not payload:  # repeat 0 saves first: the baseline then writes as many bytes
+                size, gb = shard_bytes(store, repeat + 1, env)
+                payload = (os.urandom(2**20) * (size // 2**20 + 1))[:size]
+        checkpoint = newest(store, env)
+        for name in in_turn(repeat, "load", "raw_read"):
+            load = name == "load"
+            seconds[name].append(checkpoint_load(store, checkpoint, run, cfg, local, env) if load
+                                 else raw_read(raw, local))
+    figures = summary(gb, seconds)
     if target is not None:
-        figures.update(reshard(store, checkpoint, run, target, gb, env))
+        resharded = reshard(store, checkpoint, run, target, gb, repeats, local, env)
+        figures["samples"].update(resharded.pop("samples", {}))
+        figures.update(resharded)
     return figures
 
 
 def describe(target: str, f: dict) -> str:
-    """The line of figures printed for ``target`` (unchanged without --reshard_to), plus the reshard's."""
-    line = (f"{target}: {f['gb']:.2f} GB of shards | "
+    """The figures printed for ``target``: a line of medians (plus the reshard's), a line of samples."""
+    samples = " | ".join(f"{name} " + " ".join(f"{v:.3f}" for v in values) for name, values in f["samples"].items())
+    return f"{medians_line(target, f)}\n  samples: {samples}"
+
+
+def medians_line(target: str, f: dict) -> str:
+    line = (f"{target}: {f['gb']:.2f} GB of shards, medians of {f['repeats']} | "
             f"save {f['save_gbps']:.3f} GB/s vs raw write {f['raw_write_gbps']:.3f} GB/s = {f['save_ratio']:.2f} | "
             f"load {f['load_gbps']:.3f} GB/s vs raw read {f['raw_read_gbps']:.3f} GB/s = {f['load_ratio']:.2f}")
     if "reshard_error" in f:
@@ -229,7 +321,7 @@ def describe(target: str, f: dict) -> str:
     return line
 
 
-def worker(urls: list[str], rows: int, reshard_to: str | None, results: str) -> None:
+def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, results: str) -> None:
     """Runs under torchrun: measures each URL; rank 0 prints the figures and writes ``results``."""
     import torch.distributed as dist
 
@@ -246,7 +338,7 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, results: str) -> 
     report = {}
     for url in urls:
         name = url.split(":")[0] if "://" in url else "local"
-        report[name] = measure(url, run, cfg, target, env)
+        report[name] = measure(url, run, cfg, target, repeats, env)
         if env.is_main:
             print(describe(name, report[name]), flush=True)
     if env.is_main:
@@ -297,10 +389,19 @@ def targets_arg(value: str) -> tuple[str, ...]:
     return tuple(t for t in TARGETS if t in chosen)
 
 
+def positive(value: str) -> int:
+    """--repeats: a whole number >= 1."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
+    return int(value)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of each of the 8 tables")
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--repeats", type=positive, default=3,
+                        help="measurements of each side, alternating; medians are reported (default 3)")
     parser.add_argument("--targets", type=targets_arg, default=TARGETS,
                         help="where to checkpoint, comma-separated: local (a temporary folder under "
                              "$BENCH_DIR, default /var/tmp), s3 (moto on loopback). Default: local,s3")
@@ -320,7 +421,8 @@ def launch(opts: argparse.Namespace, folder: str, env: dict[str, str], urls: lis
     reshard = ["--reshard_to", opts.reshard_to] if opts.reshard_to else []
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(opts.nproc),
-         os.path.abspath(__file__), "--rows", str(opts.rows), *reshard, "--results", results, "--worker", *urls],
+         os.path.abspath(__file__), "--rows", str(opts.rows), "--repeats", str(opts.repeats), *reshard,
+         "--results", results, "--worker", *urls],
         env={**os.environ, "OMP_NUM_THREADS": "1", **env}, check=True,
     )
     with open(results) as f:
@@ -330,7 +432,7 @@ def launch(opts: argparse.Namespace, folder: str, env: dict[str, str], urls: lis
 def main() -> None:
     opts = parse_args()
     if opts.worker is not None:
-        worker(opts.worker, opts.rows, opts.reshard_to, opts.results)
+        worker(opts.worker, opts.rows, opts.reshard_to, opts.repeats, opts.results)
         return
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as local, \
             contextlib.ExitStack() as stack:

@@ -48,12 +48,13 @@ def test_loader_delivers_into_the_gpu(tmp_path):
 def test_checkpoint_io_reshards_local_checkpoint_equal(tmp_path):
     report = tmp_path / "checkpoint.json"
     result = run([sys.executable, CHECKPOINT_IO, "--targets", "local", "--rows", "20000", "--nproc", "2",
-                  "--reshard_to", "row_wise", "--json", str(report)], BENCH_DIR=str(tmp_path))
+                  "--repeats", "1", "--reshard_to", "row_wise", "--json", str(report)], BENCH_DIR=str(tmp_path))
     assert_ok(result)
     figures = json.loads(report.read_text())
     assert list(figures) == ["local"]
     local = figures["local"]
-    assert local["gb"] > 0
+    assert local["gb"] > 0 and local["repeats"] == 1
     rates = ("save_gbps", "load_gbps", "raw_write_gbps", "raw_read_gbps", "reshard_load_gbps")
     assert all(local[name] > 0 for name in rates), local
+    assert all(local["samples"][name] == [local[name]] for name in rates), local
     assert local["reshard_to"] == "row_wise" and local["reshard_equal"] is True

@@ -5,14 +5,28 @@ the bytes. Every rank writes its own shards and ``.metadata`` (a pickle, written
 says where each tensor's pieces are; loading reads only the pieces a rank holds under its
 current sharding, which is how DCP reshards.
 
+The files are DCP's own (each tensor a ``torch.save`` entry at an offset of its rank's file),
+laid out so that a rank reads few of them (:class:`_SavePlanner`), and loading reads each
+tensor's elements straight from the file (or the fetched bytes) into the tensor they load into,
+where DCP's reader deserialises every entry into a new tensor and copies that, at half the speed
+of reading the same bytes (see :func:`_read_tensor`). Checkpoints of DCP's own layout, or of
+DCP's own writer, load the same way.
+
 Nothing read here runs code: ``.metadata`` is read by an unpickler that builds DCP's metadata
-types and nothing else, and tensors and byte entries load with ``torch.load(weights_only=True)``.
+types and nothing else, a tensor entry's header by one that builds its layout and nothing else,
+and the entries that are not plain tensors load with ``torch.load(weights_only=True)``.
 """
 
+import collections
+import dataclasses
 import io
+import itertools
 import pickle
+import struct
+import sys
+import zipfile
 from concurrent.futures import Future as ConcurrentFuture
-from typing import Any
+from typing import Any, Iterator, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -22,9 +36,16 @@ from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_st
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    WriteItemType,
+)
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.futures import Future
 
@@ -85,7 +106,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 class CheckpointReader(FsspecReader):
     """DCP's fsspec reader, reading ``.metadata`` with :class:`_MetadataUnpickler` instead of
-    ``pickle.load``. Every read of our checkpoints goes through it (and its subclass)."""
+    ``pickle.load``, and tensors straight into the tensors they load into (:func:`_load_item`).
+    Every read of our checkpoints goes through it (and its subclass)."""
 
     def read_metadata(self) -> dcp_metadata.Metadata:
         # No **kwargs: DCP then never falls back to per-rank metadata files, which we never write.
@@ -100,6 +122,43 @@ class CheckpointReader(FsspecReader):
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Loads every entry of ``plan`` with :func:`_load_item`, in file order."""
+        items = sorted(((req, self.storage_data[req.storage_index]) for req in plan.items),
+                       key=lambda item: (item[1].relative_path, item[1].offset))
+        if any(info.transform_descriptors for _, info in items):
+            return super().read_data(plan, planner)  # compressed/transformed: DCP's own path
+        for stream, start, group in self._sources(items):
+            for req, info in group:
+                _load_item(_EntryView(stream, info, start), req, planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _sources(self, items: list) -> Iterator[tuple[Any, int, list]]:
+        """(a stream, the offset in its shard file where it starts, the items it holds) for every
+        ``(req, info)`` of ``items`` (sorted by file and offset): here each file, opened once."""
+        for path, group in itertools.groupby(items, key=lambda item: item[1].relative_path):
+            with self.fs.create_stream(self.fs.concat_path(self.path, path), "rb") as stream:
+                yield stream, 0, list(group)
+
+
+class _SavePlanner(DefaultSavePlanner):
+    """DCP's default save planner, laying the files out for loading: the entries every rank holds
+    (dense parameters, their optimizer state, the progress) are all written by rank 0 (DCP would
+    spread them over the ranks' files), and every file starts with its entries that are not
+    shards of a sharded tensor. A rank then reads its own file and, in one request, the start of
+    rank 0's. Each file read costs a request, which moto serves by reading the whole object:
+    loads measured 0.65x of a raw read on it with DCP's layout, 0.79x with this one."""
+
+    def __init__(self) -> None:
+        super().__init__(dedup_save_to_lowest_rank=True)
+
+    def create_local_plan(self) -> SavePlan:
+        plan = super().create_local_plan()
+        items = sorted(plan.items, key=lambda item: item.type == WriteItemType.SHARD)
+        return dataclasses.replace(plan, items=items)
 
 
 class _CheckpointWriter(FsspecWriter):
@@ -118,46 +177,46 @@ class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
     planted shard file pickled. Our checkpoints hold tensors only; plain data still loads."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        try:
-            loaded = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError:
-            raise CheckpointError(
-                f"checkpoint entry {read_item.dest_index.fqn} holds a pickled object, not plain "
-                "data: it was not loaded. Someone else may have written into --checkpoint_dir: use a "
-                "--checkpoint_dir only you can write to"
-            ) from None
+        loaded = _load_plain_data(value, read_item.dest_index.fqn)
         set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
 
 
+def _load_plain_data(entry: Any, fqn: str) -> Any:
+    """``torch.load(weights_only=True)`` of the checkpoint entry of ``fqn``, on the CPU: refuses,
+    having run nothing, an entry that pickles anything but plain data and tensors."""
+    try:
+        return torch.load(entry, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"checkpoint entry {fqn} holds a pickled object, not plain data: it was not loaded. "
+            "Someone else may have written into --checkpoint_dir: use a --checkpoint_dir only you "
+            "can write to"
+        ) from None
+
+
 class BatchedFsspecReader(CheckpointReader):
-    """DCP's fsspec reader, fetching the byte ranges of many tensors in one request.
+    """DCP's fsspec reader, fetching the byte ranges of many entries in one request.
 
     DCP's own reader hands ``torch.load`` a view of the remote file, whose many small reads and
     seeks each become a request to the object store (over 3x slower than reading the same
-    bytes here on S3). This one fetches up to ``_READ_BATCH_BYTES`` of ranges at once with
-    fsspec's ``cat_ranges`` (concurrent on object stores) and deserialises from memory.
+    bytes here on S3). This one fetches up to ``_READ_BATCH_BYTES`` of entries at once with
+    fsspec's ``cat_ranges`` (concurrent on object stores) and loads them from memory.
     """
 
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        items = [(req, self.storage_data[req.storage_index]) for req in plan.items]
-        if any(info.transform_descriptors for _, info in items):
-            return super().read_data(plan, planner)  # compressed/transformed: DCP's own path
+    def _sources(self, items: list) -> Iterator[tuple[Any, int, list]]:
         batch: list = []
-        for item in items + [None]:
-            if item is None or sum(info.length for _, info in batch) + item[1].length > _READ_BATCH_BYTES:
-                self._load_batch(batch, planner)
-                batch = []
-            if item is not None:
-                batch.append(item)
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
+        size = 0
+        for item in items:
+            if batch and size + item[1].length > _READ_BATCH_BYTES:
+                yield from self._fetch(batch)
+                batch, size = [], 0
+            batch.append(item)
+            size += item[1].length
+        yield from self._fetch(batch)
 
-    def _load_batch(self, batch: list, planner: LoadPlanner) -> None:
-        if not batch:
-            return
-        # DCP writes a rank's tensors back to back: adjacent ranges become one request.
-        batch = sorted(batch, key=lambda item: (item[1].relative_path, item[1].offset))
+    def _fetch(self, batch: list) -> Iterator[tuple[io.BytesIO, int, list]]:
+        """The entries of ``batch`` fetched, each run of adjacent ones (DCP writes a rank's
+        tensors back to back) in one request."""
         spans: list[list] = []  # [path, start, end, items]
         for item in batch:
             info = item[1]
@@ -173,24 +232,222 @@ class BatchedFsspecReader(CheckpointReader):
             on_error="raise",
         )
         for (_, start, _, items), blob in zip(spans, blobs):
-            view = memoryview(blob)
-            for req, info in items:
-                data = io.BytesIO(view[info.offset - start : info.offset - start + info.length])
-                if req.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(req, data)
-                    continue
-                tensor = torch.load(data, map_location="cpu", weights_only=True)
-                tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-                target = planner.resolve_tensor(req).detach()
-                target.copy_(tensor)
-                planner.commit_tensor(req, target)
+            yield io.BytesIO(blob), start, items  # BytesIO shares the bytes: no copy
+
+
+# --- reading an entry ---------------------------------------------------------------------------
+
+class _EntryView(io.RawIOBase):
+    """One entry of a shard file as a file of its own: the ``info.length`` bytes at
+    ``info.offset`` of the shard file, read from ``stream``, which starts at the file's byte
+    ``start``. Reads never leave the entry: a damaged one cannot spill into its neighbours."""
+
+    def __init__(self, stream: Any, info: _StorageInfo, start: int) -> None:
+        super().__init__()
+        self.stream, self.info = stream, info
+        self.base = info.offset - start
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = offset + (0, self.pos, self.info.length)[whence]
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        left = max(0, self.info.length - self.pos)
+        with memoryview(buffer) as view, view.cast("B") as raw, raw[:left] as wanted:
+            self.stream.seek(self.base + self.pos)
+            got = self.stream.readinto(wanted) or 0
+        self.pos += got
+        return got
+
+    def fill(self, offset: int, tensor: torch.Tensor) -> torch.Tensor:
+        """Reads the entry's bytes from ``offset`` into the contiguous CPU ``tensor``; returns it."""
+        with memoryview(tensor.view(-1).view(torch.uint8).numpy()) as buffer:
+            self.seek(offset)
+            filled = 0
+            while filled < len(buffer):
+                got = self.readinto(buffer[filled:])
+                if not got:
+                    raise CheckpointError(
+                        f"shard file {self.info.relative_path} ends inside its entry at byte "
+                        f"{self.info.offset}: it is truncated. Delete that step folder to resume "
+                        "from the checkpoint before it"
+                    )
+                filled += got
+        return tensor
+
+
+def _load_item(entry: _EntryView, req: ReadItem, planner: LoadPlanner) -> None:
+    """Loads the piece ``req`` of ``entry`` through ``planner``, as DCP's reader does."""
+    if req.type == LoadItemType.BYTE_IO:
+        planner.load_bytes(req, io.BytesIO(entry.read()))
+        return
+    target = planner.resolve_tensor(req).detach()
+    source = _read_tensor(entry, req, target)
+    if source.shape != target.shape:
+        raise CheckpointError(
+            f"checkpoint entry {req.storage_index.fqn} holds a {tuple(source.shape)} piece where its "
+            f".metadata says {tuple(target.shape)}: the checkpoint is damaged. Delete that step "
+            "folder to resume from the checkpoint before it"
+        )
+    if source is not target:
+        target.copy_(source)
+    planner.commit_tensor(req, target)
+
+
+def _read_tensor(entry: _EntryView, req: ReadItem, target: torch.Tensor) -> torch.Tensor:
+    """The piece ``req`` of the tensor in ``entry``, read straight into ``target`` where the
+    piece lies in one run of bytes and ``target`` is a contiguous CPU tensor of its dtype (the
+    common case, which needs no copy beyond the read); else read into a new CPU tensor.
+
+    DCP's reader ``torch.load``s every entry into a new tensor and copies that into the target.
+    Profiled on one rank of a 1 GB load (2 ranks, page cache dropped): 1.34-1.46 s that way,
+    0.9 s of it reading into fresh memory and 0.2-0.3 s copying; 0.74 s this way, all reading.
+    """
+    stored = _stored_tensor(entry)
+    if stored is None:  # not a plain tensor: torch's own loader, as DCP reads it
+        entry.seek(0)
+        return narrow_tensor_by_index(_load_plain_data(entry, req.storage_index.fqn),
+                                      req.storage_offsets, req.lengths)
+    piece = narrow_tensor_by_index(stored.layout, req.storage_offsets, req.lengths)
+    if not piece.is_contiguous():  # strewn through the storage (a column slice): read it all
+        storage = entry.fill(stored.start, torch.empty(stored.numel, dtype=piece.dtype))
+        return storage.as_strided(piece.shape, piece.stride(), piece.storage_offset())
+    in_place = (target.device.type == "cpu" and target.is_contiguous()
+                and (target.dtype, target.shape) == (piece.dtype, piece.shape))
+    into = target if in_place else torch.empty(piece.shape, dtype=piece.dtype)
+    return entry.fill(stored.start + piece.storage_offset() * piece.element_size(), into)
+
+
+class _StoredTensor(NamedTuple):
+    """A plain tensor in a ``torch.save`` entry: its layout (a meta tensor of its dtype, size,
+    strides and storage offset), where its storage's bytes start, how many elements it holds."""
+
+    layout: torch.Tensor
+    start: int
+    numel: int
+
+
+# What a damaged entry, or one that is not a plain tensor, raises while it is parsed: it then goes
+# to torch.load, which loads it or raises its own error, as with DCP's reader.
+_NOT_PLAIN = (zipfile.BadZipFile, pickle.UnpicklingError, struct.error, KeyError, IndexError,
+              EOFError, ValueError, TypeError, OverflowError, RuntimeError)
+
+
+def _stored_tensor(entry: _EntryView) -> _StoredTensor | None:
+    """The :class:`_StoredTensor` that ``entry`` holds, or None where it holds anything else.
+
+    A ``torch.save`` entry is a zip archive: ``data.pkl`` pickles how to rebuild the tensor from
+    its storage, ``data/<key>`` holds the storage's bytes, stored uncompressed and aligned. Plain
+    means: one strided tensor, of a dtype with a storage type of its own, in this machine's
+    byte order, every record stored, and every element inside the entry.
+    """
+    try:
+        archive = zipfile.ZipFile(entry)
+        records = archive.infolist()
+        prefix = records[0].filename.split("/")[0]
+        if any(record.compress_type != zipfile.ZIP_STORED for record in records):
+            return None
+        if archive.read(f"{prefix}/byteorder").decode() != sys.byteorder:
+            return None
+        layout = _TensorUnpickler(io.BytesIO(archive.read(f"{prefix}/data.pkl"))).load()
+        if not isinstance(layout, _Layout):
+            return None
+        storage = archive.getinfo(f"{prefix}/data/{layout.storage.key}")
+        start = _data_start(entry, storage)
+        tensor = torch.empty(layout.storage.numel, dtype=layout.storage.dtype, device="meta")
+        tensor = tensor.as_strided(layout.size, layout.stride, layout.offset)
+    except _NOT_PLAIN:
+        return None
+    numel = layout.storage.numel
+    if storage.file_size != numel * tensor.element_size() or start + storage.file_size > entry.info.length:
+        return None  # not the bytes of its storage, or not all inside the entry
+    last = tensor.storage_offset() + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))
+    return _StoredTensor(tensor, start, numel) if tensor.numel() == 0 or last < numel else None
+
+
+def _data_start(entry: _EntryView, record: zipfile.ZipInfo) -> int:
+    """Where the bytes of the zip record ``record`` start: after its local header, whose name and
+    extra field (which torch pads to align the bytes) have lengths of their own."""
+    entry.seek(record.header_offset)
+    header = struct.unpack(zipfile.structFileHeader, entry.read(zipfile.sizeFileHeader))
+    if header[0] != zipfile.stringFileHeader:
+        raise zipfile.BadZipFile(f"no local header at {record.header_offset}")
+    return record.header_offset + zipfile.sizeFileHeader + header[-2] + header[-1]
+
+
+# The storage types torch.save names for the dtypes that have one. Newer dtypes (the float8s,
+# uint16...) are pickled through another rebuild function and load through torch.load.
+_STORAGE_DTYPES = {
+    "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool, "ComplexFloatStorage": torch.complex64,
+    "ComplexDoubleStorage": torch.complex128,
+}
+
+
+class _NotPlain(pickle.UnpicklingError):
+    """A tensor entry's ``data.pkl`` is not that of one plain tensor."""
+
+
+class _Storage(NamedTuple):
+    dtype: torch.dtype
+    key: str
+    numel: int
+
+
+class _Layout(NamedTuple):
+    storage: _Storage
+    offset: int
+    size: tuple
+    stride: tuple
+
+
+def _layout(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any,
+            metadata: Any = None) -> _Layout:
+    """Stands in for ``torch._utils._rebuild_tensor_v2``: what it would rebuild the tensor from."""
+    if not isinstance(storage, _Storage) or hooks or metadata:
+        raise _NotPlain("a tensor with hooks or metadata of its own")
+    return _Layout(storage, offset, size, stride)
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    """Reads the ``data.pkl`` that ``torch.save`` writes for one plain tensor into its
+    :class:`_Layout`, and builds nothing else: any other global (another object, a tensor
+    subclass, ``os.system``...) raises :class:`_NotPlain` unloaded."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return _layout
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict  # the tensor's backward hooks, none
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return _STORAGE_DTYPES[name]
+        raise _NotPlain(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> _Storage:
+        kind, dtype, key, _, numel = pid if isinstance(pid, tuple) and len(pid) == 5 else (None,) * 5
+        if kind != "storage" or not isinstance(dtype, torch.dtype) or not isinstance(key, str) \
+                or not isinstance(numel, int):
+            raise _NotPlain(f"storage {pid!r}")
+        return _Storage(dtype, key, numel)
 
 
 def save_shards(state: dict[str, Any], url: str, local: bool) -> None:
     """Collective: every rank writes its shards of ``state`` under ``url``; returns once rank 0
     has written ``.metadata`` (so every rank's shards are complete). ``local`` files are
     fsync'ed: a checkpoint is committed only after its bytes are on disk."""
-    dcp.save(state, storage_writer=_CheckpointWriter(url, sync_files=local))
+    dcp.save(state, storage_writer=_CheckpointWriter(url, sync_files=local), planner=_SavePlanner())
 
 
 class HostStager(BlockingAsyncStager):
@@ -219,11 +476,12 @@ def save_shards_async(state: dict[str, Any], url: str, local: bool, group: dist.
     must be a gloo group that nothing else uses, since its collectives run in that thread while
     training uses the default group."""
     writer = _CheckpointWriter(url, sync_files=local)
-    return dcp.async_save(state, storage_writer=writer, process_group=group, async_stager=stager)
+    return dcp.async_save(state, storage_writer=writer, planner=_SavePlanner(), process_group=group,
+                          async_stager=stager)
 
 
 def load_shards(state: dict[str, Any], url: str, local: bool) -> None:
     """Collective: every rank reads into ``state`` the pieces it holds under its current sharding."""
-    # A local file is read fastest by DCP itself (torch.load straight from the file).
+    # A local file is read in place; an object store's in large batches of requests.
     reader = CheckpointReader(url) if local else BatchedFsspecReader(url)
     dcp.load(state, storage_reader=reader, planner=_WeightsOnlyLoadPlanner())
