@@ -49,12 +49,17 @@ def listing(path) -> dict[str, tuple[int, float]]:
     return files
 
 
+# Dense Adam: its state is made lazily, at the first step, so a resumed run must make it before
+# loading the saved one into it.
+DENSE_ADAM = ["--dense_optimizer", "adam"]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """40 steps on 2 ranks, a checkpoint every 10 steps, the last 2 kept."""
+    """40 steps on 2 ranks with dense Adam, a checkpoint every 10 steps, the last 2 kept."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    result, summary = train_app(tmp, "out", "--checkpoint_dir", str(tmp / "ckpt"), "--checkpoint_every", "10",
-                                "--keep_last", "2")
+    result, summary = train_app(tmp, "out", *DENSE_ADAM, "--checkpoint_dir", str(tmp / "ckpt"),
+                                "--checkpoint_every", "10", "--keep_last", "2")
     assert_ok(result)
     return tmp / "ckpt", summary
 
@@ -78,10 +83,11 @@ def test_commits_every_interval_and_keeps_the_last(uninterrupted):
 def test_resume_continues_exactly_where_it_stopped(uninterrupted, tmp_path):
     _, reference = uninterrupted
     ckpt = str(tmp_path / "ckpt")
-    first, stopped = train_app(tmp_path, "first", "--checkpoint_dir", ckpt, "--steps", "20")
+    first, stopped = train_app(tmp_path, "first", *DENSE_ADAM, "--checkpoint_dir", ckpt, "--steps", "20")
     assert_ok(first)
     # the same command again, with the full step count: no flag says "resume"
-    second, resumed = train_app(tmp_path, "second", "--checkpoint_dir", ckpt, "--checkpoint_every", "10")
+    second, resumed = train_app(tmp_path, "second", *DENSE_ADAM, "--checkpoint_dir", ckpt,
+                                "--checkpoint_every", "10")
     assert_ok(second)
     assert stopped["resumed_from_step"] is None and resumed["resumed_from_step"] == 20
     assert resumed["steps"] == 40
@@ -89,11 +95,11 @@ def test_resume_continues_exactly_where_it_stopped(uninterrupted, tmp_path):
     assert resumed["val_auroc"] == reference["val_auroc"]
 
 
-def assert_resumes_resharded(step_dir, tmp_path, nproc: int, sharding: str, step: int) -> None:
-    """Resumes ``step_dir``'s checkpoint on ``nproc`` ranks with ``sharding``; the tables and
-    their optimizer state equal what was saved."""
+def assert_resumes_resharded(step_dir, tmp_path, nproc: int, sharding: str, step: int, args=()) -> None:
+    """Resumes ``step_dir``'s checkpoint (saved with the options ``args``) on ``nproc`` ranks with
+    ``sharding``; the tables and their optimizer state equal what was saved."""
     runs = tmp_path / "runs.json"
-    runs.write_text(json.dumps([{"args": [*TINY, "--sharding_type", sharding], "resume": [str(step_dir.parent)],
+    runs.write_text(json.dumps([{"args": [*TINY, *args, "--sharding_type", sharding], "resume": [str(step_dir.parent)],
                                  "dump": str(tmp_path / "dump")}]))
     result = torchrun([f"{REPO}/tests/checkpoint_worker.py", str(runs)], nproc=nproc)
     assert_ok(result)
@@ -112,7 +118,8 @@ def assert_resumes_resharded(step_dir, tmp_path, nproc: int, sharding: str, step
 def test_two_rank_checkpoint_resumes_on_one_rank_row_wise(uninterrupted, tmp_path):
     ckpt, _ = uninterrupted
     shutil.copytree(ckpt, tmp_path / "ckpt")
-    assert_resumes_resharded(tmp_path / "ckpt" / "step_00000040", tmp_path, nproc=1, sharding="row_wise", step=40)
+    assert_resumes_resharded(tmp_path / "ckpt" / "step_00000040", tmp_path, nproc=1, sharding="row_wise", step=40,
+                             args=DENSE_ADAM)
 
 
 def test_one_rank_checkpoint_resumes_on_two_ranks_table_row_wise(tmp_path):
@@ -145,7 +152,7 @@ def test_incompatible_checkpoint_is_refused_before_training_and_kept(uninterrupt
     ckpt, _ = uninterrupted
     shutil.copytree(ckpt, tmp_path / "ckpt")
     before = listing(tmp_path / "ckpt")
-    result = run([sys.executable, "-m", "apps.dlrm.train", *TINY, "--num_embeddings", "3000",
+    result = run([sys.executable, "-m", "apps.dlrm.train", *TINY, *DENSE_ADAM, "--num_embeddings", "3000",
                   "--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "out")])
     assert result.returncode == 2
     assert "was written for another model (table_sizes: 26x2000 there, 26x3000 here)" in result.stderr

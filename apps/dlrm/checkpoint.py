@@ -39,7 +39,7 @@ from fsspec.implementations.local import LocalFileSystem
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec.optim.keyed import KeyedOptimizer
+from torchrec.optim.keyed import CombinedOptimizer
 
 from apps.dlrm.checkpoint_storage import (
     CheckpointError,
@@ -51,6 +51,7 @@ from apps.dlrm.checkpoint_storage import (
 )
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.distributed import DistEnv, decided_by_main
+from apps.dlrm.optim import make_lazy_state
 from apps.dlrm.reshard import Resharding, below
 from apps.dlrm.urls import config_record
 
@@ -509,7 +510,7 @@ class Checkpointer:
         self.cfg, self.env = cfg, env
         self.store, self.resume_from = open_checkpoints(cfg, env)
         self.stalls: list[float] = []  # seconds each save blocked the training loop
-        self._parts: tuple[nn.Module, KeyedOptimizer] | None = None
+        self._parts: tuple[nn.Module, CombinedOptimizer] | None = None
         self.plan: dict[str, dict[str, Any]] = {}
         self._in_flight: ConcurrentFuture | None = None
         # Async saves coordinate over a gloo group of their own: their collectives run in DCP's
@@ -519,7 +520,7 @@ class Checkpointer:
             self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
             self._stager = HostStager(pinned=env.device.type == "cuda")
 
-    def track(self, model: nn.Module, optimizer: KeyedOptimizer, plan: dict[str, dict[str, Any]]) -> None:
+    def track(self, model: nn.Module, optimizer: CombinedOptimizer, plan: dict[str, dict[str, Any]]) -> None:
         """What the checkpoints hold: the sharded model, its optimizers, and the plan they are
         sharded by (per table, as :func:`apps.dlrm.sharding.plan_tables` gives it)."""
         self._parts, self.plan = (model, optimizer), plan
@@ -541,6 +542,7 @@ class Checkpointer:
         if checkpoint.manifest["world_size"] != self.env.world_size:
             del entries[loaded._rng_key]  # other ranks, other streams: keep this process's own
         optimizer = entries["optimizer"]
+        make_lazy_state(optimizer)
         optimizer_state = optimizer.state_dict()
         saved = CheckpointReader(checkpoint.url).read_metadata()
         resharding = Resharding(optimizer_state, below(saved, "optimizer"), entries["model"], below(saved, "model"),
