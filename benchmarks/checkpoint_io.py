@@ -27,9 +27,9 @@ works on its own device: its GPU where CUDA is available (NCCL), else the CPU (g
 into a second model sharded that way, as a job resumed with another ``--sharding_type`` does:
 timed as "reshard load", then every table is gathered whole from both models and compared
 element for element. The saved tables hold random values of their own first, so the check
-cannot pass by both models starting from the same seeded weights. A sharding the app refuses
-to resume into (column_wise, data_parallel: their optimizer state has another layout) is
-reported with the app's message. A refused or unequal reshard exits 1, after the figures and
+cannot pass by both models starting from the same seeded weights. Saving and loading go through
+the app's ``Checkpointer``, as training does. A sharding the app refuses to build here (its
+error says why) is reported with the app's message. A refused or unequal reshard exits 1, after the figures and
 ``--json`` are written.
 """
 
@@ -43,23 +43,25 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from apps.dlrm.config import SHARDING_TYPES  # noqa: E402  (light: the worker imports torch)
+from benchmarks.moto_s3 import TARGETS, s3_bucket, targets_arg  # noqa: E402
 
-TARGETS = ("local", "s3")
 SAVED_SHARDING = "table_wise"
 DEFAULT_RESHARD = "row_wise"  # planned by the app on CPUs and GPUs; keeps the optimizer state
 
 
 def bench_config(rows: int, sharding_type: str):
-    """The benchmark's model: 8 tables of ``rows`` x 32, sharded ``sharding_type``."""
+    """The benchmark's model: 8 tables of ``rows`` x 32, sharded ``sharding_type``, saved
+    synchronously (the save's own throughput is measured, not the training's stall)."""
     from apps.dlrm.config import TrainConfig
 
     return TrainConfig(num_sparse_features=8, num_embeddings=rows, embedding_dim=32,
-                       dense_arch_layer_sizes=[64, 32], sharding_type=sharding_type, output_dir="")
+                       dense_arch_layer_sizes=[64, 32], sharding_type=sharding_type, output_dir="",
+                       checkpoint_async=False)
 
 
 def timed(fn) -> float:
@@ -85,19 +87,27 @@ def evict(paths: list[str]) -> None:
             os.close(fd)
 
 
+def checkpointer(cfg, run, env):
+    """Collective. The app's checkpointer of ``run`` (at ``cfg.checkpoint_dir``), as training builds it."""
+    from apps.dlrm.checkpoint import Checkpointer
+    from apps.dlrm.sharding import plan_tables
+
+    made = Checkpointer(cfg, env)
+    made.track(run.model, run.optimizer, plan_tables(run.plan))
+    return made
+
+
 def step_files(store, step: int) -> list[str]:
     """The local files of the checkpoint of ``step``."""
     folder = store.step_url(step)
     return [os.path.join(folder, name) for name in os.listdir(folder)]
 
 
-def checkpoint_save(store, run, cfg, step: int, env) -> float:
-    """Collective. Seconds to save (and commit) the checkpoint of ``step`` with the app's checkpointing."""
-    from apps.dlrm.checkpoint import save
-    from apps.dlrm.sharding import plan_tables
+def checkpoint_save(saver, step: int, env) -> float:
+    """Collective. Seconds for the checkpointer ``saver`` to save and commit the checkpoint of ``step``."""
+    from apps.dlrm.checkpoint import TrainState
 
-    progress = {"step": step, "train_loss": 0.0}
-    return timed(lambda: save(store, run.model, run.optimizer, progress, plan_tables(run.plan), cfg, env))
+    return timed(lambda: saver.save(TrainState(env.rank, step, 0.0)))
 
 
 def newest(store, env):
@@ -109,15 +119,14 @@ def newest(store, env):
     return box[0]
 
 
-def checkpoint_load(store, checkpoint, run, cfg, local: bool, env) -> float:
-    """Collective. Seconds to load ``checkpoint`` into ``run``'s model and optimizer, from the disk
-    where ``local``."""
-    from apps.dlrm.checkpoint import restore
-    from apps.dlrm.sharding import plan_tables
+def checkpoint_load(loader, checkpoint, local: bool, env) -> float:
+    """Collective. Seconds for the checkpointer ``loader`` to restore ``checkpoint`` into its model
+    and optimizer, from the disk where ``local``."""
+    from apps.dlrm.checkpoint import TrainState
 
     if local:
-        evict(step_files(store, checkpoint.step))
-    return timed(lambda: restore(store, checkpoint, run.model, run.optimizer, plan_tables(run.plan), cfg, env))
+        evict(step_files(loader.store, checkpoint.step))
+    return timed(lambda: loader.restore(TrainState(env.rank), checkpoint))
 
 
 def shard_bytes(store, step: int, env) -> tuple[int, float]:
@@ -251,7 +260,7 @@ def tables_equal(saved, resharded, env) -> bool:
     return box[0]
 
 
-def reshard(store, checkpoint, saved, target: Resharded, gb: float, repeats: int, local: bool, env) -> dict:
+def reshard(checkpoint, saved, target: Resharded, gb: float, repeats: int, local: bool, env) -> dict:
     """Collective. Loads ``checkpoint`` into ``target``'s model ``repeats`` times (from the disk
     where ``local``): its figures for the report (the median rate, every sample)."""
     from apps.dlrm.options import ConfigError
@@ -259,8 +268,10 @@ def reshard(store, checkpoint, saved, target: Resharded, gb: float, repeats: int
     figures = {"reshard_to": target.sharding_type, "reshard_load_gbps": None, "reshard_equal": False}
     if target.error:
         return {**figures, "reshard_error": target.error}
+    target.cfg.checkpoint_dir = os.path.dirname(checkpoint.url)
+    loader = checkpointer(target.cfg, target.run, env)
     try:  # refused before any collective, alike on every rank
-        rates = [gb / checkpoint_load(store, checkpoint, target.run, target.cfg, local, env) for _ in range(repeats)]
+        rates = [gb / checkpoint_load(loader, checkpoint, local, env) for _ in range(repeats)]
     except ConfigError as e:
         return {**figures, "reshard_error": str(e)}
     return {**figures, "reshard_load_gbps": statistics.median(rates), "samples": {"reshard_load_gbps": rates},
@@ -271,12 +282,10 @@ def reshard(store, checkpoint, saved, target: Resharded, gb: float, repeats: int
 
 def measure(url: str, run, cfg, target: Resharded | None, repeats: int, env) -> dict:
     """Collective. The figures of one location (the --json report's entry for it)."""
-    from apps.dlrm.checkpoint import open_checkpoints
-
     # Every save and raw write makes new files, and none is deleted while measuring (a save
     # beyond --keep_last would also time the deletion of the oldest checkpoint).
     cfg.checkpoint_dir, cfg.keep_last = url, repeats
-    store, _ = open_checkpoints(cfg, env)
+    app = checkpointer(cfg, run, env)
     local = "://" not in url
     seconds: dict[str, list[float]] = {name: [] for name in RATES}
     payload, gb = b"", 0.0
@@ -286,18 +295,18 @@ def measure(url: str, run, cfg, target: Resharded | None, repeats: int, env) -> 
             if name == "raw_write":
                 seconds[name].append(raw_write(raw, payload, local))
                 continue
-            seconds[name].append(checkpoint_save(store, run, cfg, repeat + 1, env))
+            seconds[name].append(checkpoint_save(app, repeat + 1, env))
             if not payload:  # repeat 0 saves first: the baseline then writes as many bytes
-                size, gb = shard_bytes(store, repeat + 1, env)
+                size, gb = shard_bytes(app.store, repeat + 1, env)
                 payload = (os.urandom(2**20) * (size // 2**20 + 1))[:size]
-        checkpoint = newest(store, env)
+        checkpoint = newest(app.store, env)
         for name in in_turn(repeat, "load", "raw_read"):
             load = name == "load"
-            seconds[name].append(checkpoint_load(store, checkpoint, run, cfg, local, env) if load
+            seconds[name].append(checkpoint_load(app, checkpoint, local, env) if load
                                  else raw_read(raw, local))
     figures = summary(gb, seconds)
     if target is not None:
-        resharded = reshard(store, checkpoint, run, target, gb, repeats, local, env)
+        resharded = reshard(checkpoint, run, target, gb, repeats, local, env)
         figures["samples"].update(resharded.pop("samples", {}))
         figures.update(resharded)
     return figures
@@ -348,46 +357,6 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, res
 
 
 # --- the launcher ------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def s3_bucket(bucket: str) -> Iterator[dict[str, str]]:
-    """An S3 server (moto) on loopback with an empty ``bucket``: yields the AWS variables for it.
-
-    moto and boto3 are imported only here, so ``--targets local`` runs without them.
-    """
-    try:
-        import boto3
-        from moto.server import ThreadedMotoServer
-    except ImportError as e:
-        sys.exit(f"checkpoint_io: --targets s3 needs moto's server and boto3 ({e}): "
-                 "pip install 'moto[server]' boto3, or measure --targets local only")
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per S3 request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench",
-               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-west-2",
-               "AWS_EC2_METADATA_DISABLED": "true"}
-        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-west-2",
-                     aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(
-            Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
-        yield env
-    finally:
-        server.stop()
-
-
-def targets_arg(value: str) -> tuple[str, ...]:
-    """--targets: a comma-separated subset of TARGETS, measured in TARGETS' order."""
-    chosen = set(value.split(","))
-    unknown = sorted(chosen - set(TARGETS))
-    if unknown or not value:
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: {', '.join(unknown) or 'nothing'} is not a target; give local, s3 or local,s3")
-    return tuple(t for t in TARGETS if t in chosen)
-
 
 def positive(value: str) -> int:
     """--repeats: a whole number >= 1."""

@@ -1,23 +1,31 @@
 """How long a checkpoint stops training: background (--checkpoint_async) against synchronous saves.
 
-    python benchmarks/checkpoint_stall.py                   # ~1 GB of tables, 2 ranks, local disk
-    python benchmarks/checkpoint_stall.py --rows 250000 --repeats 1 --json stall.json
+    python benchmarks/checkpoint_stall.py                   # ~1 GB of tables, 2 ranks, local disk and S3
+    python benchmarks/checkpoint_stall.py --rows 250000 --repeats 1 --targets local --json stall.json
 
-The same training job runs with each kind of save, alternately, ``--repeats`` times, saving every
+For each target (a local folder; an S3 bucket on an S3-compatible server on loopback, moto), the
+same training job runs with each kind of save, alternately, ``--repeats`` times, saving every
 ``--every`` steps to a fresh folder; each reports the seconds every save blocked its training
 loop (summary.json's ``checkpoint_stall_seconds``: for a background save, the copy to host memory
 and any wait for the save before it). Prints the median stall of each kind and their ratio
 (target <= 0.2), the first save's apart (a background save allocates its host buffers then), and
-the training samples/s of each run.
+the training samples/s of each run. On S3 a synchronous save stalls for the whole upload; a
+background one only for the copy to host memory.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.moto_s3 import TARGETS, s3_bucket, targets_arg  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = {"async": "true", "sync": "false"}
@@ -32,18 +40,57 @@ def job_args(rows: int, steps: int, every: int) -> list[str]:
             "--val_batches", "1", "--test_batches", "1"]
 
 
-def run_job(args: list[str], mode: str, nproc: int, workdir: str) -> dict:
-    """One training run with ``mode`` saves into a fresh folder under ``workdir``; its summary."""
+class Target:
+    """Where the runs checkpoint: fresh folders under a local folder or an S3 prefix, and the
+    environment that reaches it."""
+
+    def __init__(self, name: str, root: str, env: dict[str, str]) -> None:
+        self.name, self.root, self.env = name, root, env
+
+    def fresh_folder(self) -> str:
+        return f"{self.root}/{uuid.uuid4().hex[:8]}/ckpt"
+
+
+def run_job(args: list[str], mode: str, nproc: int, target: Target, workdir: str) -> dict:
+    """One training run with ``mode`` saves into a fresh folder of ``target``; its summary."""
     out = tempfile.mkdtemp(dir=workdir)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "apps.dlrm.train", *args, "--checkpoint_async", MODES[mode],
-           "--checkpoint_dir", os.path.join(out, "ckpt"), "--output_dir", out]
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+           "--checkpoint_dir", target.fresh_folder(), "--output_dir", out]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **target.env}
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     if result.returncode != 0:
-        sys.exit(f"benchmark run failed ({mode}): {' '.join(cmd)}\n{result.stderr[-4000:]}")
+        sys.exit(f"benchmark run failed ({target.name}, {mode}): {' '.join(cmd)}\n{result.stderr[-4000:]}")
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)
+
+
+def measure(args: list[str], opts: argparse.Namespace, target: Target, workdir: str) -> dict:
+    """Both kinds of save on ``target``, alternately: prints each run, then the medians; the figures."""
+    stalls: dict[str, list[float]] = {mode: [] for mode in MODES}
+    first: dict[str, list[float]] = {mode: [] for mode in MODES}
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for i in range(opts.repeats):
+        for mode in MODES if i % 2 == 0 else reversed(MODES):
+            summary = run_job(args, mode, opts.nproc, target, workdir)
+            first[mode].append(summary["checkpoint_stall_seconds"][0])
+            stalls[mode] += summary["checkpoint_stall_seconds"][1:]
+            rates[mode].append(summary["samples_per_sec"])
+            print(f"{target.name} run {i + 1} {mode:5s}: stalls "
+                  f"{', '.join(f'{s:.3f}' for s in summary['checkpoint_stall_seconds'])} s; "
+                  f"{summary['samples_per_sec']:,.0f} samples/s", flush=True)
+    median = {mode: statistics.median(values) for mode, values in stalls.items()}
+    ratio = median["async"] / median["sync"]
+    print(f"{target.name}: 8 tables x {opts.rows:,} x 32, {opts.nproc} ranks, a save every {opts.every} of "
+          f"{opts.steps} steps, {opts.repeats} runs of each")
+    for mode in MODES:
+        print(f"  {mode:5s} save: training stopped {median[mode]:.3f} s per checkpoint (median of "
+              f"{len(stalls[mode])}; first saves {statistics.median(first[mode]):.3f} s), "
+              f"{statistics.median(rates[mode]):,.0f} samples/s")
+    print(f"  stall ratio async/sync {ratio:.3f} (target <= {TARGET}): {'met' if ratio <= TARGET else 'NOT met'}",
+          flush=True)
+    return {"stalls": stalls, "first_stalls": first, "samples_per_sec": rates, "median_stall_seconds": median,
+            "ratio": ratio, "target_met": ratio <= TARGET}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -55,31 +102,19 @@ def main(argv: list[str] | None = None) -> dict:
                              "in real runs (a save that finds the last one still writing waits for it)")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--targets", type=targets_arg, default=TARGETS,
+                        help="where to checkpoint, comma-separated: local (a temporary folder under "
+                             "$BENCH_DIR, default /var/tmp), s3 (moto on loopback). Default: local,s3")
     parser.add_argument("--json", default="", help="also write the figures to this file")
     opts = parser.parse_args(argv)
     args = job_args(opts.rows, opts.steps, opts.every)
-    stalls: dict[str, list[float]] = {mode: [] for mode in MODES}
-    first: dict[str, list[float]] = {mode: [] for mode in MODES}
-    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    record = {"rows": opts.rows, "nproc": opts.nproc, "repeats": opts.repeats, "every": opts.every}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as workdir:
-        for i in range(opts.repeats):
-            for mode in MODES:
-                summary = run_job(args, mode, opts.nproc, workdir)
-                first[mode].append(summary["checkpoint_stall_seconds"][0])
-                stalls[mode] += summary["checkpoint_stall_seconds"][1:]
-                rates[mode].append(summary["samples_per_sec"])
-                print(f"run {i + 1} {mode:5s}: stalls {', '.join(f'{s:.3f}' for s in summary['checkpoint_stall_seconds'])} s; "
-                      f"{summary['samples_per_sec']:,.0f} samples/s", flush=True)
-    median = {mode: statistics.median(values) for mode, values in stalls.items()}
-    ratio = median["async"] / median["sync"]
-    print(f"\n8 tables x {opts.rows:,} x 32, {opts.nproc} ranks, a save every {opts.every} of {opts.steps} steps, "
-          f"{opts.repeats} runs of each")
-    for mode in MODES:
-        print(f"{mode:5s} save: training stopped {median[mode]:.3f} s per checkpoint (median of {len(stalls[mode])}; "
-              f"first saves {statistics.median(first[mode]):.3f} s), {statistics.median(rates[mode]):,.0f} samples/s")
-    print(f"stall ratio async/sync {ratio:.3f} (target <= {TARGET}): {'met' if ratio <= TARGET else 'NOT met'}")
-    record = {"rows": opts.rows, "nproc": opts.nproc, "repeats": opts.repeats, "stalls": stalls, "first_stalls": first,
-              "median_stall_seconds": median, "ratio": ratio, "target_met": ratio <= TARGET}
+        for name in opts.targets:
+            with contextlib.ExitStack() as stack:
+                target = (Target(name, "s3://bench/stall", stack.enter_context(s3_bucket("bench"))) if name == "s3"
+                          else Target(name, os.path.join(workdir, "ckpt"), {}))
+                record[name] = measure(args, opts, target, workdir)
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(record, f, indent=2)

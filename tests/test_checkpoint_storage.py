@@ -13,6 +13,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
+from apps.dlrm import checkpoint_storage
 from apps.dlrm.checkpoint_storage import _CheckpointWriter, load_shards, save_shards
 from apps.dlrm.distributed import free_port
 
@@ -64,6 +65,16 @@ def test_checkpoints_in_dcps_format_load_exactly(tmp_path, local, writer):
     dcp.save(saved, storage_writer=writer(str(tmp_path)), no_dist=True)
     loaded = blank(saved)
     load_shards(loaded, str(tmp_path), local)
+    assert_equal(loaded, saved)
+
+
+def test_object_store_reads_in_many_fetches_load_exactly(tmp_path, monkeypatch):
+    # Fetches of at most 64 bytes: about one per entry, each fetched while the last one loads.
+    monkeypatch.setattr(checkpoint_storage, "_READ_BATCH_BYTES", 64)
+    saved = varied()
+    dcp.save(saved, storage_writer=FsspecWriter(str(tmp_path)), no_dist=True)
+    loaded = blank(saved)
+    load_shards(loaded, str(tmp_path), local=False)
     assert_equal(loaded, saved)
 
 

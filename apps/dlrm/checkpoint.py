@@ -529,11 +529,11 @@ class Checkpointer:
         """Whether a checkpoint is saved after ``step``."""
         return self.store is not None and is_checkpoint_step(self.cfg, step)
 
-    def restore(self, state: TrainState) -> Checkpoint | None:
-        """Collective. Loads the checkpoint to resume from (if any) into the model, optimizers
-        and ``state``; returns it. The checkpoint may have been written under any sharding and
-        world size: optimizer states whose layout differs are converted (:mod:`apps.dlrm.reshard`)."""
-        checkpoint = self.resume_from
+    def restore(self, state: TrainState, checkpoint: Checkpoint | None = None) -> Checkpoint | None:
+        """Collective. Loads ``checkpoint`` (by default the one to resume from, if any) into the
+        model, optimizers and ``state``; returns it. It may have been written under any sharding
+        and world size: optimizer states whose layout differs are converted (:mod:`apps.dlrm.reshard`)."""
+        checkpoint = checkpoint or self.resume_from
         if checkpoint is None:
             return None
         check_compatible(checkpoint, self.cfg)
@@ -604,20 +604,3 @@ class Checkpointer:
             "run_id": self.store.run_id,
         }
 
-
-# Transitional, for benchmarks/checkpoint_io.py until it uses Checkpointer itself.
-def restore(store, checkpoint, model, optimizer, plan, cfg, env) -> dict[str, Any]:
-    checkpointer = Checkpointer.__new__(Checkpointer)
-    checkpointer.cfg, checkpointer.env, checkpointer.store, checkpointer.resume_from = cfg, env, store, checkpoint
-    checkpointer.track(model, optimizer, plan)
-    state = TrainState(env.rank)
-    checkpointer.restore(state)
-    return state.progress()
-
-
-def save(store, model, optimizer, progress, plan, cfg, env) -> str:
-    checkpointer = Checkpointer.__new__(Checkpointer)
-    checkpointer.cfg, checkpointer.env, checkpointer.store, checkpointer.stalls = cfg, env, store, []
-    checkpointer._group, checkpointer._stager, checkpointer._in_flight = None, None, None
-    checkpointer.track(model, optimizer, plan)
-    return checkpointer.save(TrainState(env.rank, progress["step"], progress["train_loss"]))

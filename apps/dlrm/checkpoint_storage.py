@@ -25,7 +25,7 @@ import pickle
 import struct
 import sys
 import zipfile
-from concurrent.futures import Future as ConcurrentFuture
+from concurrent.futures import Future as ConcurrentFuture, ThreadPoolExecutor
 from typing import Any, Iterator, NamedTuple
 
 import torch
@@ -52,7 +52,8 @@ from torch.futures import Future
 from apps.dlrm.options import ConfigError
 from apps.dlrm.urls import redact_urls
 
-# Bytes fetched per round trip when loading: bounds the memory a load needs beyond the model.
+# Bytes fetched per round trip when loading from an object store. A load holds two such batches
+# beyond the model (one loading, the next one arriving).
 _READ_BATCH_BYTES = 512 * 2**20
 
 
@@ -200,21 +201,21 @@ class BatchedFsspecReader(CheckpointReader):
     DCP's own reader hands ``torch.load`` a view of the remote file, whose many small reads and
     seeks each become a request to the object store (over 3x slower than reading the same
     bytes here on S3). This one fetches up to ``_READ_BATCH_BYTES`` of entries at once with
-    fsspec's ``cat_ranges`` (concurrent on object stores) and loads them from memory.
+    fsspec's ``cat_ranges`` (concurrent on object stores) and loads them from memory while the
+    next batch arrives.
     """
 
     def _sources(self, items: list) -> Iterator[tuple[Any, int, list]]:
-        batch: list = []
-        size = 0
-        for item in items:
-            if batch and size + item[1].length > _READ_BATCH_BYTES:
-                yield from self._fetch(batch)
-                batch, size = [], 0
-            batch.append(item)
-            size += item[1].length
-        yield from self._fetch(batch)
+        """The fetched batches; the next one is fetched while this one loads into the tensors."""
+        batches = _batches(items)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-fetch") as fetcher:
+            pending = fetcher.submit(self._fetch, batches[0]) if batches else None
+            for following in [*batches[1:], None]:
+                fetched = pending.result()
+                pending = fetcher.submit(self._fetch, following) if following else None
+                yield from fetched
 
-    def _fetch(self, batch: list) -> Iterator[tuple[io.BytesIO, int, list]]:
+    def _fetch(self, batch: list) -> list[tuple[io.BytesIO, int, list]]:
         """The entries of ``batch`` fetched, each run of adjacent ones (DCP writes a rank's
         tensors back to back) in one request."""
         spans: list[list] = []  # [path, start, end, items]
@@ -231,8 +232,22 @@ class BatchedFsspecReader(CheckpointReader):
             [end for _, _, end, _ in spans],
             on_error="raise",
         )
-        for (_, start, _, items), blob in zip(spans, blobs):
-            yield io.BytesIO(blob), start, items  # BytesIO shares the bytes: no copy
+        # BytesIO shares the bytes: no copy
+        return [(io.BytesIO(blob), start, items) for (_, start, _, items), blob in zip(spans, blobs)]
+
+
+def _batches(items: list) -> list[list]:
+    """``items`` (sorted ``(req, info)`` pairs) cut into runs of at most ``_READ_BATCH_BYTES``
+    (an entry larger than that is a batch of its own)."""
+    batches: list[list] = [[]]
+    size = 0
+    for item in items:
+        if batches[-1] and size + item[1].length > _READ_BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(item)
+        size += item[1].length
+    return batches if batches[0] else []
 
 
 # --- reading an entry ---------------------------------------------------------------------------
