@@ -7,6 +7,7 @@ from torchx import specs
 from torchx.components import dist
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
+from apps.dlrm.job_shape import JobShape
 from apps.dlrm.options import ConfigError, option
 
 #: The image built by the repository's Dockerfile (``docker build -t torchrec-dlrm .``).
@@ -43,12 +44,6 @@ EFA_ENV = {
 EFA_RDMA_ENV = {"FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_NET_GDR_LEVEL": "2"}
 EFA_RDMA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300", "p6e-gb200"})
 
-_JOB_SIZE = re.compile(r"^(?:(?P<min>\d+):)?(?P<nodes>\d+)(?:x(?P<nproc>\d+))?$")
-
-#: A guard against typos rather than a tuning: more processes per node than any node has GPUs
-#: or CPU cores, which local_cwd would all start on this machine.
-MAX_NPROC_PER_NODE = 1024
-
 #: Job names: RUN, EXPERIMENT/RUN, /RUN or EXPERIMENT/, as TorchX reads them. Schedulers put the name in job names, log
 #: folders, scripts and variable lists (sbatch's --export is comma separated), so each part is
 #: letters, digits, '_', '-' and '.', the characters all of them take as they are.
@@ -59,39 +54,6 @@ MAX_NAME_LENGTH = 100
 
 #: Names that every shell and scheduler passes on as environment variables.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass(frozen=True)
-class JobSize:
-    min_nodes: int
-    max_nodes: int
-    nproc_per_node: int | None  # None: inferred from the named resource's GPU count
-
-
-def parse_job_size(j: str) -> JobSize:
-    """Parses ``-j``: ``NNODESxNPROC``, ``MIN:MAXxNPROC`` (elastic) or ``NPROC`` (one node)."""
-    match = _JOB_SIZE.match(j.strip())
-    if not match:
-        raise ConfigError(
-            f"-j {j!r} is not a job size: use NNODESxNPROC_PER_NODE (e.g. 1x2 or 2x8), "
-            "MIN_NODES:MAX_NODESxNPROC_PER_NODE for an elastic job (e.g. 1:4x8), "
-            "or a single number of processes on one node"
-        )
-    nodes = int(match["nodes"])
-    nproc = match["nproc"]
-    size = JobSize(
-        min_nodes=int(match["min"]) if match["min"] else nodes,
-        max_nodes=nodes,
-        nproc_per_node=int(nproc) if nproc else None,
-    )
-    if min(size.min_nodes, size.max_nodes, size.nproc_per_node or 1) < 1 or size.nproc_per_node == 0:
-        raise ConfigError(f"-j {j!r} asks for zero nodes or processes: every count must be >= 1")
-    if size.min_nodes > size.max_nodes:
-        raise ConfigError(
-            f"-j {j!r}: the minimum node count {size.min_nodes} exceeds the maximum "
-            f"{size.max_nodes}; write MIN:MAXxNPROC with MIN <= MAX"
-        )
-    return size
 
 
 @dataclass
@@ -135,20 +97,18 @@ class Launch:
     rdzv_port: int = option(29500, "Port of the rendezvous on the first node (multi-node jobs).")
 
     def __post_init__(self) -> None:
-        self.job_size = parse_job_size(self.j)
+        shape = JobShape(self.j, self.h, self.gpu)  # -j, -h and --gpu, as the planner reads them
+        self.job_size, self.resource = shape.job_size, shape.resource
         for name in ("cpu", "memMB"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be positive")
-        for name in ("gpu", "max_retries"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name} {getattr(self, name)} must be 0 or more")
+        if self.max_retries < 0:
+            raise ConfigError(f"--max_retries {self.max_retries} must be 0 or more")
         if not 1 <= self.rdzv_port <= 65535:
             raise ConfigError(f"--rdzv_port {self.rdzv_port} is not a TCP port: use one of 1-65535")
         self._check_name()
         self._check_env()
         self._check_mounts()
-        self.resource = self._named_resource() if self.h else None
-        self._check_processes_per_node()
 
     def _check_name(self) -> None:
         if len(self.name) > MAX_NAME_LENGTH or not _JOB_NAME.fullmatch(self.name):
@@ -178,47 +138,6 @@ class Launch:
                 "type=bind,src=/data,dst=/data[,readonly] or type=volume,src=NAME,dst=PATH, "
                 "one after another"
             ) from None
-
-    def _check_processes_per_node(self) -> None:
-        nproc = self.job_size.nproc_per_node
-        if nproc is None:  # a bare -j: with -h, one process per GPU; without, processes on one node
-            nproc = self.resource.gpu if self.resource else self.job_size.max_nodes
-        if nproc > MAX_NPROC_PER_NODE:
-            raise ConfigError(
-                f"-j {self.j!r} starts {nproc} processes per node, more than "
-                f"{MAX_NPROC_PER_NODE}: start one per GPU or CPU core (e.g. -j {self._with_nproc(8)})"
-            )
-        if not self.h and self.gpu and nproc > self.gpu:
-            raise ConfigError(
-                f"-j {self.j!r} starts {nproc} processes per node but --gpu is {self.gpu}: use at "
-                f"most one process per GPU (e.g. -j {self._with_nproc(self.gpu)})"
-            )
-
-    def _with_nproc(self, nproc: int) -> str:
-        """``-j`` with ``nproc`` processes per node, for advice."""
-        j = self.j.strip()
-        if self.job_size.nproc_per_node:
-            return f"{j.rpartition('x')[0]}x{nproc}"
-        return f"{j if self.h else 1}x{nproc}"  # a bare -j counts nodes with -h, processes without
-
-    def _named_resource(self) -> specs.Resource:
-        """The ``-h`` instance type, checked against ``-j`` before anything is submitted."""
-        try:
-            resource = specs.resource(h=self.h)
-        except KeyError as e:
-            raise ConfigError(f"-h {self.h!r} is not a known instance type. {e.args[0]}") from None
-        nproc = self.job_size.nproc_per_node
-        if nproc is None and not resource.gpu:
-            raise ConfigError(
-                f"-j {self.j!r} gives no processes per node and -h {self.h} has no GPUs to infer them "
-                f"from: write -j {self.job_size.max_nodes}xNPROC_PER_NODE"
-            )
-        if nproc is not None and resource.gpu and nproc > resource.gpu:
-            raise ConfigError(
-                f"-j {self.j!r} asks for {nproc} processes per node but -h {self.h} has {resource.gpu} "
-                f"GPUs: use at most one process per GPU (e.g. -j {self._with_nproc(resource.gpu)})"
-            )
-        return resource
 
     @property
     def instance_env(self) -> dict[str, str]:

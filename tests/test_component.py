@@ -12,7 +12,8 @@ from torchx.specs.builders import materialize_appdef
 
 from apps.dlrm.config import TrainConfig
 from components import dlrm
-from components.launch import DEFAULT_ENV, parse_job_size
+from apps.dlrm.job_shape import parse_job_size
+from components.launch import DEFAULT_ENV
 from components.signature import InvalidComponentArgument
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,8 +14,8 @@ from torchx.components.dist import parse_nnodes
 from torchx.components.structured_arg import StructuredJArgument
 from torchx.specs.named_resources_aws import K8S_ITYPE
 
+from apps.dlrm.job_shape import JobShape
 from apps.dlrm.options import ConfigError, option
-from components.launch import Launch
 
 GiB = 1024**3
 MiB = 1024**2
@@ -85,10 +85,11 @@ class PlanTarget:
     def __post_init__(self) -> None:
         if self.hbm_gb < 0:
             raise ConfigError(f"--hbm_gb {self.hbm_gb:g} must be 0 or more (0: the GPU's own memory)")
-        # -j, -h, --gpu and --memMB are refused exactly as the training job's launcher refuses them
-        # (at most one process per GPU among them).
-        launch = Launch(j=self.j, h=self.h or None, gpu=self.gpu, memMB=self.memMB)
-        self.cluster = self._resolve(launch.resource or specs.Resource(cpu=1, gpu=self.gpu, memMB=self.memMB))
+        if self.memMB <= 0:
+            raise ConfigError(f"--memMB {self.memMB} must be positive")
+        # -j, -h and --gpu are read and refused exactly as the training job's launcher reads them.
+        shape = JobShape(self.j, self.h or None, self.gpu)
+        self.cluster = self._resolve(shape.resource or specs.Resource(cpu=1, gpu=self.gpu, memMB=self.memMB))
 
     def _resolve(self, resource: specs.Resource) -> Cluster:
         j = self.j
