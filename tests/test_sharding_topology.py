@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from apps.dlrm.config import TrainConfig
+from apps.dlrm.device_support import check_device_support
 from apps.dlrm.distributed import DistEnv
 from apps.dlrm.model import EBC_PATH
 from apps.dlrm.options import ConfigError
@@ -51,7 +52,7 @@ def test_hbm_gb_larger_than_the_gpu_is_refused_in_one_line():
 
 def test_hbm_gb_on_cpu_ranks_is_refused_not_ignored():
     with pytest.raises(ConfigError, match=r"--hbm_gb 8 is for GPU ranks, but this job runs on cpu"):
-        model_to_shard(TrainConfig(hbm_gb=8), torch.device("cpu"), dense_device=torch.device("meta"))
+        check_device_support(TrainConfig(hbm_gb=8), torch.device("cpu"))
 
 
 def test_the_app_plans_the_tables_and_kernels_the_preview_predicts():

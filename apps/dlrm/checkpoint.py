@@ -352,7 +352,7 @@ def check_compatible(checkpoint: Checkpoint, cfg: TrainConfig) -> None:
     saved = checkpoint.manifest.get("model", {})
     wanted = model_signature(cfg)
     differences = [
-        f"{name}: {_fmt(saved.get(name))} there, {_fmt(value)} here"
+        f"{name}: {_signature_value(saved.get(name))} there, {_signature_value(value)} here"
         for name, value in wanted.items()
         if saved.get(name) != value
     ]
@@ -378,7 +378,8 @@ def _describe_resharding(checkpoint: Checkpoint, plan: dict[str, dict[str, Any]]
     )
 
 
-def _fmt(value: Any) -> str:
+def _signature_value(value: Any) -> str:
+    """A model signature's value for people: a list of one repeated size as COUNTxSIZE (26x2000)."""
     if isinstance(value, list):
         if value and all(v == value[0] for v in value) and len(value) > 3:
             return f"{len(value)}x{value[0]}"

@@ -8,7 +8,6 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.options import ConfigError
 
 #: Where the tables live inside ``DLRMTrain``: the key of the module in a sharding plan.
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
@@ -80,11 +79,6 @@ def speed_up_dense(cfg: TrainConfig, model: DLRMTrain, device: torch.device) -> 
     ``nn.Module.compile`` compiles in place), so checkpoints and sharding plans are the same
     with or without. Outputs stay float32, as the loss and the next part expect.
     """
-    if cfg.compile_dense == "reduce-overhead" and device.type != "cuda":
-        raise ConfigError(
-            "--compile_dense reduce-overhead replays CUDA graphs, which needs GPUs: use default "
-            "or none on CPU"
-        )
     for name in DENSE_PARTS:
         part = getattr(model.model, name)
         if cfg.dense_precision == "bf16":

@@ -17,7 +17,6 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.options import ConfigError
 
 # Parameters of the embedding tables have this in their names.
 TABLES = "embedding_bag_collection"
@@ -37,14 +36,6 @@ _OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
 def optimizer_class(name: str, lr: float) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     cls, kwargs = _OPTIMIZERS[name]
     return cls, {"lr": lr, **kwargs}
-
-
-def check_embedding_optimizer(cfg: TrainConfig, device: torch.device) -> None:
-    if cfg.embedding_optimizer == "adam" and device.type != "cuda":
-        raise ConfigError(
-            "--embedding_optimizer adam needs GPUs: FBGEMM's fused Adam has no CPU kernel; "
-            "use rowwise_adagrad, adagrad or sgd on CPU"
-        )
 
 
 def fuse_embedding_optimizer(cfg: TrainConfig, tables: Iterable[nn.Parameter]) -> None:

@@ -2,7 +2,7 @@
 
 A field declared with :func:`option` carries its help text and allowed choices. The same field
 then builds the app's ``argparse`` parser (:func:`build_parser`) and the TorchX component's
-signature (``components/_signature.py``), and :func:`to_argv` turns a dataclass back into the
+signature (``components/signature.py``), and :func:`to_argv` turns a dataclass back into the
 command line the app parses. Values use one text form everywhere, the one TorchX's CLI already
 uses: lists are comma separated (``64,32,1``), booleans are ``true``/``false``. The app's parser
 and the component (``components/signature.py``) read that text with the same :func:`value_parser`,

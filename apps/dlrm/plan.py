@@ -32,6 +32,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingPlan
 
 from apps.dlrm.config import TrainConfig, check_int8_comms
+from apps.dlrm.device_support import check_device_support
 from apps.dlrm.model import table_configs
 from apps.dlrm.options import ConfigError, add_options, build_parser, options_of
 from apps.dlrm.sharding import make_planner, make_topology, model_to_shard, planner_offers
@@ -147,6 +148,7 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
     The model is built and its optimizer fused exactly as the training app does, on the meta
     device, so the planner sees the same tables and estimates the same storage.
     """
+    check_device_support(cfg, torch.device(cluster.device))
     model, sharder = model_to_shard(cfg, torch.device(cluster.device), dense_device=torch.device("meta"))
     if not planner_offers(cfg, sharder, cluster.device):
         raise ConfigError(
@@ -156,13 +158,13 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
         )
     report, error = _PlannerReport(), ""
     try:
-        plan = _plan(cfg, model, sharder, _topology(cluster), report)
+        plan = _offline_plan(cfg, model, sharder, _topology(cluster), report)
     except PlannerError as e:
         if e.error_type != PlannerErrorType.INSUFFICIENT_STORAGE:
             raise ConfigError(f"TorchRec's planner found no plan: {_first_line(e)}") from None
         error = _first_line(e)
         try:
-            plan = _plan(cfg, model, sharder, _topology(cluster, unlimited=True), report)
+            plan = _offline_plan(cfg, model, sharder, _topology(cluster, unlimited=True), report)
         except PlannerError as unlimited:
             raise ConfigError(f"TorchRec's planner found no plan: {_first_line(unlimited)}") from None
     check_int8_comms(cfg, [option.sharding_type for option in report.best_plan])
@@ -197,7 +199,7 @@ def _topology(cluster: Cluster, unlimited: bool = False) -> Topology:
     return make_topology(cluster.world_size, cluster.nproc_per_node, cluster.device, hbm, ddr)
 
 
-def _plan(cfg, model, sharder, topology: Topology, report: _PlannerReport) -> ShardingPlan:
+def _offline_plan(cfg, model, sharder, topology: Topology, report: _PlannerReport) -> ShardingPlan:
     """TorchRec's planner without a process group: ``plan`` where the app calls ``collective_plan``."""
     with _quiet_planner():
         return make_planner(cfg, model, topology, stats=[report]).plan(model, [sharder])

@@ -35,7 +35,7 @@ from torchrec.distributed.types import ShardingPlan
 from apps.dlrm.config import TrainConfig, check_int8_comms
 from apps.dlrm.distributed import DistEnv
 from apps.dlrm.model import EBC_PATH, build_model
-from apps.dlrm.optim import check_embedding_optimizer, fuse_embedding_optimizer
+from apps.dlrm.optim import fuse_embedding_optimizer
 from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -57,15 +57,6 @@ _COMM_TYPES = {
 }
 
 
-def check_comm_precisions(cfg: TrainConfig, device: torch.device) -> None:
-    for name in ("qcomm_forward_precision", "qcomm_backward_precision"):
-        if getattr(cfg, name) == "fp8" and device.type != "cuda":
-            raise ConfigError(
-                f"--{name} fp8 needs GPUs: FBGEMM's fp8 codec has no CPU kernel; "
-                "use fp16, bf16 or int8 on CPU"
-            )
-
-
 def model_to_shard(
     cfg: TrainConfig, device: torch.device, dense_device: torch.device
 ) -> tuple[nn.Module, EmbeddingBagCollectionSharder]:
@@ -74,9 +65,6 @@ def model_to_shard(
     What the training app shards on ``device`` and what the plan preview plans for it: one
     recipe, so the preview's planner sees the tables and storage the job will have.
     """
-    check_embedding_optimizer(cfg, device)
-    check_comm_precisions(cfg, device)
-    check_hbm_gb(cfg, device)
     model = build_model(cfg, dense_device=dense_device)
     fuse_embedding_optimizer(cfg, model.model.sparse_arch.parameters())
     return model, make_sharder(cfg)
@@ -137,15 +125,6 @@ def hbm_per_rank(cfg: TrainConfig, gpu_bytes: int) -> int:
             "most that, or 0 to plan with the whole GPU"
         )
     return hbm
-
-
-def check_hbm_gb(cfg: TrainConfig, device: torch.device) -> None:
-    """--hbm_gb sizes GPU memory: on CPU ranks it would be silently ignored, so it is refused."""
-    if cfg.hbm_gb and device.type != "cuda":
-        raise ConfigError(
-            f"--hbm_gb {cfg.hbm_gb:g} is for GPU ranks, but this job runs on {device.type}: "
-            "drop it, or run the job on GPUs (-h, or --gpu)"
-        )
 
 
 def storage_reservation(model: nn.Module) -> HeuristicalStorageReservation:
@@ -217,17 +196,18 @@ def build_plan(
     TorchRec's planner places the tables for ``auto`` and for every sharding type it offers on
     this device. On CPUs it offers no row-wise kinds, so those plans are built directly.
     """
-    plan = _plan(cfg, model, sharder, env)
+    plan = _rank_plan(cfg, model, sharder, env)
     check_int8_comms(cfg, [s.sharding_type for s in plan.plan[EBC_PATH].values()])
     return plan
 
 
-def _plan(
+def _rank_plan(
     cfg: TrainConfig,
     model: nn.Module,
     sharder: EmbeddingBagCollectionSharder,
     env: DistEnv,
 ) -> ShardingPlan:
+    """Collective. The planner's plan, agreed by every rank, or the row-wise plan built directly."""
     device_type = env.device.type
     if planner_offers(cfg, sharder, device_type):
         gpu_bytes = torch.cuda.get_device_properties(env.device).total_memory if device_type == "cuda" else 0

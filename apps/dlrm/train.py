@@ -25,6 +25,7 @@ from torchrec.optim.keyed import CombinedOptimizer
 from apps.dlrm.checkpoint import Checkpointer, TrainState
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data import ClickLogs, make_dataset
+from apps.dlrm.device_support import check_device_support
 from apps.dlrm.distributed import DistEnv, all_reduce_mean, init_distributed
 from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.model import speed_up_dense
@@ -47,27 +48,16 @@ PIPELINE_CLASSES = {
     "prefetch": "PrefetchTrainPipelineSparseDist",
 }
 
-#: Pipelines that fail on CPU ranks, and why.
-GPU_PIPELINES = {
-    "semi_sync": "orders its steps with CUDA streams and events",
-    "fused_sparse_dist": "orders its steps with CUDA streams and events",
-    "prefetch": "prefetches rows into FBGEMM's UVM caches, which CPU ranks do not have",
-}
 
 
-def pipeline_class(cfg: TrainConfig, device: torch.device) -> type[TrainPipeline]:
-    """TorchRec's pipeline class that --pipeline names, if this TorchRec and device have it."""
+def pipeline_class(cfg: TrainConfig) -> type[TrainPipeline]:
+    """TorchRec's pipeline class that --pipeline names, if this TorchRec has it."""
     name = PIPELINE_CLASSES[cfg.pipeline]
     cls = getattr(train_pipelines, name, None)
     if cls is None:
         raise ConfigError(
             f"--pipeline {cfg.pipeline} needs TorchRec's {name}, which torchrec "
             f"{torchrec.__version__} does not have: upgrade torchrec or use --pipeline sparse_dist"
-        )
-    if cfg.pipeline in GPU_PIPELINES and device.type != "cuda":
-        raise ConfigError(
-            f"--pipeline {cfg.pipeline} needs GPUs: TorchRec's {name} {GPU_PIPELINES[cfg.pipeline]}; "
-            "use sparse_dist or sparse_dist_lite on CPU"
         )
     return cls
 
@@ -110,7 +100,8 @@ class Training:
 
 def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
     """Opens the data (a bad --data_path fails in seconds), then builds, plans and shards the model."""
-    pipeline_cls = pipeline_class(cfg, env.device)
+    check_device_support(cfg, env.device)
+    pipeline_cls = pipeline_class(cfg)
     data = make_dataset(cfg, env)
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32

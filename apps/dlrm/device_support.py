@@ -1,0 +1,44 @@
+"""The options that need GPUs, checked in one place before a job or a plan preview builds anything.
+
+On CPU ranks each of them would fail deep inside FBGEMM or TorchRec (or, for --hbm_gb, be
+silently ignored); this check names the option and the CPU alternative instead.
+"""
+
+from typing import Iterator
+
+import torch
+
+from apps.dlrm.config import TrainConfig
+from apps.dlrm.options import ConfigError
+
+#: Pipelines that fail on CPU ranks, and why.
+GPU_PIPELINES = {
+    "semi_sync": "orders its steps with CUDA streams and events",
+    "fused_sparse_dist": "orders its steps with CUDA streams and events",
+    "prefetch": "prefetches rows into FBGEMM's UVM caches, which CPU ranks do not have",
+}
+
+
+def check_device_support(cfg: TrainConfig, device: torch.device) -> None:
+    """Refuses, with the first one's fix, the options of ``cfg`` that ``device`` cannot run."""
+    if device.type == "cuda":
+        return
+    for problem in _gpu_only_options(cfg, device.type):
+        raise ConfigError(problem)
+
+
+def _gpu_only_options(cfg: TrainConfig, device_type: str) -> Iterator[str]:
+    if cfg.embedding_optimizer == "adam":
+        yield ("--embedding_optimizer adam needs GPUs: FBGEMM's fused Adam has no CPU kernel; "
+               "use rowwise_adagrad, adagrad or sgd on CPU")
+    for name in ("qcomm_forward_precision", "qcomm_backward_precision"):
+        if getattr(cfg, name) == "fp8":
+            yield f"--{name} fp8 needs GPUs: FBGEMM's fp8 codec has no CPU kernel; use fp16, bf16 or int8 on CPU"
+    if cfg.hbm_gb:
+        yield (f"--hbm_gb {cfg.hbm_gb:g} is for GPU ranks, but this job runs on {device_type}: "
+               "drop it, or run the job on GPUs (-h, or --gpu)")
+    if cfg.pipeline in GPU_PIPELINES:
+        yield (f"--pipeline {cfg.pipeline} needs GPUs: it {GPU_PIPELINES[cfg.pipeline]}; "
+               "use sparse_dist or sparse_dist_lite on CPU")
+    if cfg.compile_dense == "reduce-overhead":
+        yield "--compile_dense reduce-overhead replays CUDA graphs, which needs GPUs: use default or none on CPU"
