@@ -62,6 +62,8 @@ MANIFEST = "manifest.json"
 OWNER = "OWNER"
 #: How long a background save may wait for the other ranks' writes before it fails.
 SAVE_TIMEOUT_S = 1800
+#: Seconds a save may wait for the one before it before the run warns that saves come too often.
+LONG_WAIT_S = 1.0
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -511,6 +513,7 @@ class Checkpointer:
         self.cfg, self.env = cfg, env
         self.store, self.resume_from = open_checkpoints(cfg, env)
         self.stalls: list[float] = []  # seconds each save blocked the training loop
+        self.waits: list[float] = []  # of which waiting for the save before it to be written
         self._parts: tuple[nn.Module, CombinedOptimizer] | None = None
         self.plan: dict[str, dict[str, Any]] = {}
         self._in_flight: ConcurrentFuture | None = None
@@ -562,6 +565,8 @@ class Checkpointer:
         before it, if still in flight, is committed); it commits once written."""
         start = time.perf_counter()
         self.wait()
+        self.waits.append(time.perf_counter() - start)
+        self._warn_if_waited(state.step)
         entries, manifest = self.entries(state), self._manifest(state)
         if self._group is None:
             self.store.save(state.step, entries, manifest, self.env)
@@ -570,6 +575,13 @@ class Checkpointer:
                                                     self._stager)
         self.stalls.append(time.perf_counter() - start)
         return self.store.step_url(state.step)
+
+    def _warn_if_waited(self, step: int) -> None:
+        if self.env.is_main and self.waits[-1] > LONG_WAIT_S:
+            logger.warning(
+                "step %d: the checkpoint waited %.1f s for the one before it, still being written: a "
+                "save takes longer than --checkpoint_every %d steps of training; raise it so that "
+                "training does not wait", step, self.waits[-1], self.cfg.checkpoint_every)
 
     def wait(self) -> None:
         """Waits for the save in flight to be written and committed; raises its error."""

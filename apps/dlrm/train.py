@@ -236,6 +236,7 @@ def _train(cfg: TrainConfig, env: DistEnv, run: Training, checkpointer: Checkpoi
         "backend": env.backend,
         "peak_hbm_bytes": peak_hbm_bytes(env),
         "checkpoint_stall_seconds": checkpointer.stalls,
+        "checkpoint_wait_seconds": checkpointer.waits,
         "sharding_plan": describe_plan(run.plan).splitlines(),
         "config": config_record(cfg),
     }
