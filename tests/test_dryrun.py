@@ -3,8 +3,9 @@
 The request for a 2-node p4d job is generated through TorchX's CLI, as a user runs it, and
 compared with a reviewed golden file under tests/golden/ (run-to-run values replaced by
 placeholders; UPDATE_GOLDEN=1 rewrites them). The Volcano job is also validated offline
-against a schema of the Volcano Job API and the Kubernetes client's pod models, since no API
-server can run here; the sbatch script is parsed by bash.
+against a schema of the Volcano Job API and the Kubernetes client's pod models, and the Kubeflow
+PyTorchJob and TrainJob against the operators' published models, since no API server can run
+here; the sbatch script is parsed by bash.
 """
 
 import ast
@@ -20,10 +21,12 @@ import yaml
 
 from tests.conftest import BIN, process_env
 from tests.golden_files import assert_matches_golden
+from tests.kubeflow_validation import validate_pytorchjob, validate_trainjob
 from tests.volcano_validation import validate_volcano_job
 
 TRAIN_2X8 = ["components.dlrm:train", "-j", "2x8", "-h", "aws_p4d.24xlarge", "--batch_size", "8192"]
 KUBERNETES_CFG = "queue=dlrm,service_account=dlrm-trainer,validate_spec=False"
+KUBEFLOW_CFG = "queue=dlrm,service_account=dlrm-trainer"
 _SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
@@ -91,6 +94,20 @@ def test_kubernetes_volcano_job_is_valid_and_complete(volcano_job):
     # length puts them, and the golden file should read as one command per line.
     text = normalised(json.dumps(job), app_id=job["metadata"]["name"])
     assert_matches_golden("kubernetes_train_2x8_p4d.yaml", yaml.safe_dump(json.loads(text), width=1000))
+
+
+@pytest.mark.parametrize(
+    "api, validate, golden",
+    [
+        ("pytorchjob", validate_pytorchjob, "kubeflow_train_2x8_p4d.yaml"),
+        ("trainer", validate_trainjob, "kubeflow_trainer_train_2x8_p4d.yaml"),
+    ],
+)
+def test_kubeflow_job_is_valid_against_the_operators_models(tmp_path, api, validate, golden):
+    text = dryrun(tmp_path, "kubeflow", "-cfg", f"api={api},{KUBEFLOW_CFG}")
+    job = yaml.safe_load(text)
+    assert validate(job) == []
+    assert_matches_golden(golden, normalised(text.rstrip() + "\n", name=job["metadata"]["name"]))
 
 
 def _spec(job):

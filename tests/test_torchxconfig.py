@@ -16,7 +16,7 @@ from components import dlrm
 from tests.conftest import BIN, REPO, process_env
 
 CONFIG = os.path.join(REPO, ".torchxconfig")
-SCHEDULERS = ["slurm", "kubernetes", "aws_batch"]
+SCHEDULERS = ["slurm", "kubernetes", "kubeflow", "aws_batch"]
 
 
 def with_examples() -> str:
