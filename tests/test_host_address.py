@@ -1,6 +1,8 @@
 """How a multi-node trainer's torchrun is told this host's address (apps/dlrm/torchrun.py,
 apps/dlrm/network.py): the pure parts. The real thing runs across hosts in test_multi_node.py."""
 
+import socket
+
 import pytest
 
 from apps.dlrm import network, torchrun
@@ -46,11 +48,26 @@ def test_single_node_and_user_choices_are_left_alone(monkeypatch):
 
 
 def test_an_unknown_interface_or_endpoint_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(network, "RESOLVE_WAIT_S", 0.0)
     monkeypatch.setattr(network, "interface_addresses", lambda: {"eth0": "10.0.0.2"})
     with pytest.raises(ConfigError, match="network interface eth7 .* use one of eth0"):
         network.host_address("127.0.0.1", interface="eth7")
     with pytest.raises(ConfigError, match="'no-such-host.invalid' does not resolve"):
         network.host_address("no-such-host.invalid")
+
+
+def test_a_rendezvous_name_that_resolves_late_is_waited_for(monkeypatch):
+    answers = iter([socket.gaierror(socket.EAI_NONAME, "Name or service not known")] * 2 + ["10.0.0.9"])
+
+    def lookup(host):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(network, "_RESOLVE_RETRY_S", 0.0)
+    monkeypatch.setattr(network.socket, "gethostbyname", lookup)
+    assert network.resolve("dlrm-abc-node-0-0.dlrm-abc") == "10.0.0.9"
 
 
 def test_the_endpoint_named_by_loopback_uses_the_default_route_or_the_only_interface(monkeypatch, tmp_path):

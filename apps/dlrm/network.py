@@ -13,12 +13,16 @@ import fcntl
 import ipaddress
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 from apps.dlrm.options import ConfigError
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 _ROUTES = "/proc/net/route"
+#: Seconds a rendezvous host name that does not resolve yet is waited for (see :func:`resolve`).
+RESOLVE_WAIT_S = 120.0
+_RESOLVE_RETRY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -57,14 +61,28 @@ def default_route_interface(routes_file: str = _ROUTES) -> str | None:
 
 
 def resolve(host: str) -> str:
-    """``host``'s IPv4 address here, or a ConfigError naming it."""
-    try:
-        return socket.gethostbyname(host)
-    except (socket.gaierror, UnicodeError) as e:
-        raise ConfigError(
-            f"the rendezvous host {host!r} does not resolve on host {socket.gethostname()} ({e}): "
-            "make the first node's name resolvable here (DNS or /etc/hosts), or give its address"
-        ) from None
+    """``host``'s IPv4 address here, or a ConfigError naming it.
+
+    A name that does not resolve yet is asked again for up to RESOLVE_WAIT_S seconds: on Kubernetes
+    the first pod's DNS record (a TrainJob's, an elastic PyTorchJob's Worker 0) can appear seconds
+    after the other pods start, and nothing else makes them wait for it.
+    """
+    deadline = time.monotonic() + RESOLVE_WAIT_S
+    while True:
+        try:
+            return socket.gethostbyname(host)
+        except UnicodeError as e:  # not a host name at all: asking again cannot help
+            error: Exception = e
+            break
+        except socket.gaierror as e:
+            error = e
+            if e.errno not in (socket.EAI_AGAIN, socket.EAI_NONAME) or time.monotonic() >= deadline:
+                break
+            time.sleep(_RESOLVE_RETRY_S)
+    raise ConfigError(
+        f"the rendezvous host {host!r} does not resolve on host {socket.gethostname()} ({error}): "
+        "make the first node's name resolvable here (DNS or /etc/hosts), or give its address"
+    ) from None
 
 
 def source_address(destination: str) -> str:
