@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.criteo.fetch import local_folder
+from apps.dlrm.data.criteo_fetch import local_folder
 from apps.dlrm.criteo.layout import FORMAT, FORMAT_VERSION, array_file, checksums, day_report_file, write_json
 from apps.dlrm.data.criteo import CriteoClickLogs
 from apps.dlrm.options import ConfigError, to_argv
@@ -126,7 +126,8 @@ def test_evaluation_covers_the_split_with_equal_batch_counts(folder):
 
 
 def test_batches_are_torchrec_batches(folder):
-    batch = next(dataset(folder).eval_batches("test", 0))
+    data = dataset(folder)
+    batch = next(data.eval_batches("test", 0))
     kjt = batch.sparse_features
     assert kjt.keys() == [f"cat_{f}" for f in range(26)]
     assert kjt.values().dtype == torch.int32 and kjt.values().shape == (2600,)
@@ -134,7 +135,7 @@ def test_batches_are_torchrec_batches(folder):
     assert kjt.stride() == 100 and kjt["cat_1"].values().tolist() == [(r + 1) % TABLES for r in rows_of(batch)]
     assert batch.dense_features.dtype == torch.float32 and batch.dense_features.shape == (100, 13)
     assert batch.labels.dtype == torch.float32 and batch.labels.shape == (100,)
-    assert CriteoClickLogs.teacher_logits is None
+    assert data.teacher() is None
 
 
 def test_prefetch_thread_stops_with_its_iterator(folder):

@@ -12,9 +12,9 @@ import fsspec
 import numpy as np
 import pytest
 
-from apps.dlrm.criteo import fetch
+from apps.dlrm.data import criteo_fetch as fetch
 from apps.dlrm.criteo.config import PreprocessConfig
-from apps.dlrm.criteo.fetch import local_folder
+from apps.dlrm.data.criteo_fetch import local_folder
 from apps.dlrm.criteo.layout import MANIFEST, day_files, day_report_file, open_folder, write_json
 from apps.dlrm.criteo.pipeline import preprocess
 from apps.dlrm.options import ConfigError

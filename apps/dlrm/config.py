@@ -30,7 +30,15 @@ DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
 DENSE_PRECISIONS = ("fp32", "bf16")
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
 PIPELINES = ("sparse_dist", "base", "semi_sync", "fused_sparse_dist", "sparse_dist_lite", "prefetch")
-DATASETS = ("synthetic", "criteo")
+DATASETS = ("synthetic", "criteo", "parquet")
+CATEGORICAL_IDS = ("hash", "as_is")
+#: What --data_path names, for the sources that read one.
+DATA_PATH_HELP = {
+    "criteo": "the folder (or URL) that `python -m apps.dlrm.preprocess --output` wrote",
+    "parquet": "a folder, glob or URL of Parquet files (e.g. s3://bucket/clicks/)",
+}
+#: Characters that make a --dense_columns/--sparse_columns entry (or a path) a pattern: fnmatch's and glob's.
+PATTERN_CHARS = "*?["
 POOLINGS = ("sum", "mean")
 
 #: The most sparse features, that is embedding tables. TorchRec's planner, which every job runs
@@ -91,7 +99,8 @@ class TrainConfig:
         "Ids per sample of each sparse feature, one comma-separated entry per feature (MLPerf's "
         "DLRMv2: 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1); each feature's ids "
         "are pooled into one vector by --pooling. Synthetic data draws that many ids; Criteo "
-        "derives them from the one-hot id as MLPerf does. Empty: one id per feature.",
+        "derives them from the one-hot id as MLPerf does; Parquet's list columns carry their own ids, "
+        "and these sizes only tell the planner how many to expect. Empty: one id per feature.",
     )
     pooling: str = option(
         "sum",
@@ -111,11 +120,14 @@ class TrainConfig:
         "synthetic",
         "Training data. synthetic: generated on the fly, heavy-tailed ids and labels from a "
         "hidden teacher model. criteo: Criteo click logs preprocessed by "
-        "`python -m apps.dlrm.preprocess` (see --data_path).",
+        "`python -m apps.dlrm.preprocess` (see --data_path). parquet: click logs in Parquet files "
+        "(Spark, BigQuery, `python -m apps.dlrm.preprocess --output_format parquet`), streamed "
+        "from a folder or an object store (see --data_path and --label_column).",
         choices=DATASETS,
     )
     seed: int = option(
-        0, "Seed of the model initialisation, of the synthetic data and of the Criteo shuffling."
+        0, "Seed of the model initialisation, of the synthetic data and of the Criteo and Parquet "
+        "shuffling."
     )
     zipf_exponent: float = option(
         1.1, "Synthetic data: exponent of the power law that ids are drawn from (> 0)."
@@ -124,7 +136,11 @@ class TrainConfig:
         "",
         "Criteo: the folder (or fsspec URL, e.g. s3://bucket/criteo_npy) that "
         "`python -m apps.dlrm.preprocess --output` wrote. Its files are memory-mapped; a URL is "
-        "first copied to --data_cache_dir.",
+        "first copied to --data_cache_dir. Parquet: a folder (every .parquet file under it, "
+        "names starting with _ or . left out), a glob or a single file, local or a URL "
+        "(s3://bucket/clicks/, gs://...); files are streamed where they are, each rank reading "
+        "only its share of the row groups; files in natural name order are the days of "
+        "--eval_days.",
     )
     data_cache_dir: str = option(
         "",
@@ -134,26 +150,57 @@ class TrainConfig:
         "the system's temporary folder.",
     )
     table_size_preset: str = option("none", PRESET_HELP, choices=PRESET_CHOICES)
+    label_column: str = option(
+        "label", "Parquet: the click label's column (0/1, any integer, float or boolean type)."
+    )
+    dense_columns: list[str] = option(
+        ["int_*"],
+        "Parquet: the dense features' columns (integer, float or boolean), comma separated; a "
+        "name with * or ? stands for every matching column, in natural order (int_2 before "
+        "int_10). Named one by one, their count sets --num_dense_features; with a pattern, "
+        "--num_dense_features must equal the number of matches. Nulls count as 0.",
+    )
+    sparse_columns: list[str] = option(
+        ["cat_*"],
+        "Parquet: the sparse features' columns, comma separated, patterns as in --dense_columns "
+        "(whose count rule --num_sparse_features follows). An integer column is one id per "
+        "sample, a list<integer> column a multi-hot feature (its lists, of any length, are the "
+        "ids); a null is an empty bag. The k-th column feeds embedding table cat_k.",
+    )
+    categorical_ids: str = option(
+        "hash",
+        "Parquet: how a sparse column's integer becomes an embedding row. hash: a fixed 64-bit "
+        "mix (SplitMix64) of the value, modulo the table's size; as_is: the value itself, which "
+        "must be in [0, table size) (Categorify'd ids, e.g. from `python -m apps.dlrm.preprocess "
+        "--output_format parquet`).",
+        choices=CATEGORICAL_IDS,
+    )
     eval_days: int = option(
         1,
-        "Criteo: the last N days (files) are held out, MLPerf style: the first half of the "
-        "held-out rows validates, the second half tests; the other days train.",
+        "Criteo and Parquet: the last N days (files) are held out, MLPerf style: the first half "
+        "of the held-out rows validates, the second half tests; the other days train.",
     )
     eval_fraction: float = option(
         1.0,
-        "Criteo: the fraction of the rows of the --eval_days days that is held out (their last "
+        "Criteo and Parquet: the fraction of the rows of the --eval_days days that is held out (their last "
         "rows; the others train), e.g. 0.1 to hold out the last tenth of a single file such as "
         "Kaggle's train.txt.",
     )
     shuffle: bool = option(
         True,
         "Criteo: shuffle the training rows every epoch, deterministically from --seed, in "
-        "blocks of --shuffle_block_rows consecutive rows; false: file order.",
+        "blocks of --shuffle_block_rows consecutive rows; Parquet: permute the row groups every "
+        "epoch and the rows within --shuffle_buffer_rows. false: file order.",
     )
     shuffle_block_rows: int = option(
         1024,
         "Criteo: consecutive rows that stay together when shuffling; smaller blocks mix "
         "better, larger blocks read faster.",
+    )
+    shuffle_buffer_rows: int = option(
+        262_144,
+        "Parquet: rows of a rank's consecutive row groups that are read and shuffled together in "
+        "memory (a shuffle window; it holds them decoded). Larger mixes better and takes more memory.",
     )
     # --- training ----------------------------------------------------------------------------
     batch_size: int = option(512, "Training samples per rank per step.")
@@ -237,12 +284,14 @@ class TrainConfig:
         0, "Validate every N training steps; 0 validates only after training."
     )
     val_batches: int = option(
-        40, "Validation batches per rank; 0: none with synthetic data, the whole split with criteo."
+        40,
+        "Validation batches per rank; 0: none with synthetic data, the whole split with criteo and "
+        "parquet."
     )
     test_batches: int = option(
         40,
         "Test batches per rank, run once after training; 0: none with synthetic data, the whole "
-        "split with criteo.",
+        "split with criteo and parquet.",
     )
     log_every: int = option(100, "Log the training loss and throughput every N steps.")
     output_dir: str = option(
@@ -313,27 +362,46 @@ class TrainConfig:
         self.num_embeddings_per_feature = preset_table_sizes(
             self.table_size_preset, self.num_embeddings_per_feature
         )
+        if self.data in DATA_PATH_HELP and not self.data_path:
+            raise ConfigError(f"--data {self.data} needs --data_path: {DATA_PATH_HELP[self.data]}")
         if self.data == "criteo":
-            if not self.data_path:
-                raise ConfigError(
-                    "--data criteo needs --data_path: the folder (or URL) that "
-                    "`python -m apps.dlrm.preprocess --output` wrote"
-                )
             if (self.num_dense_features, self.num_sparse_features) != (INT_FEATURES, CAT_FEATURES):
                 raise ConfigError(
                     f"--data criteo has {INT_FEATURES} dense and {CAT_FEATURES} sparse features: "
                     f"--num_dense_features {self.num_dense_features} and --num_sparse_features "
                     f"{self.num_sparse_features} must be {INT_FEATURES} and {CAT_FEATURES}"
                 )
+        elif self.data == "parquet":
+            self._count_parquet_columns("dense_columns", "num_dense_features")
+            self._count_parquet_columns("sparse_columns", "num_sparse_features")
         elif self.data_path:
-            raise ConfigError(f"--data_path {self.data_path} is read only with --data criteo")
-        for name in ("eval_days", "shuffle_block_rows"):
+            raise ConfigError(f"--data_path {self.data_path} is read only with --data criteo or parquet")
+        for name in ("eval_days", "shuffle_block_rows", "shuffle_buffer_rows"):
             _require_positive(name, getattr(self, name))
         if not 0 < self.eval_fraction <= 1:
             raise ConfigError(
                 f"--eval_fraction {self.eval_fraction} must be in (0, 1]: the share of the "
                 "--eval_days days' rows held out for validation and test"
             )
+
+    def _count_parquet_columns(self, option: str, count: str) -> None:
+        """Columns named one by one set their feature count (a different count given too is
+        refused); patterns are matched, and their count checked, when the files are opened."""
+        columns = getattr(self, option)
+        if not columns or len(set(columns)) != len(columns):
+            raise ConfigError(
+                f"--{option} {_fmt(columns)!r} must name each column once, at least one: e.g. "
+                f"--{option} {field_default(self.__dataclass_fields__[option])[0]}"
+            )
+        if any(is_pattern(column) for column in columns):
+            return
+        given = getattr(self, count)
+        if given not in (len(columns), field_default(self.__dataclass_fields__[count])):
+            raise ConfigError(
+                f"--{option} names {len(columns)} columns but --{count} is {given}: drop --{count} "
+                f"(the columns set it) or name {given} columns"
+            )
+        setattr(self, count, len(columns))
 
     def _check_table_sizes(self) -> None:
         if self.num_sparse_features > MAX_SPARSE_FEATURES:
@@ -462,6 +530,10 @@ def check_int8_comms(cfg: TrainConfig, sharding_types: list[str]) -> None:
                 "int8 codec has no quantization context in the reduce-scatter those tables use; "
                 "use fp16 or bf16, or a table_wise/column_wise sharding"
             )
+
+
+def is_pattern(text: str) -> bool:
+    return any(char in text for char in PATTERN_CHARS)
 
 
 def _require_positive(name: str, value: float) -> None:

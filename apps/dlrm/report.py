@@ -21,7 +21,7 @@ logger = logging.getLogger("apps.dlrm.report")
 
 class _ProgressBar(tqdm):
     """tqdm without its monitor thread, which tqdm starts with the first bar and never stops:
-    no thread of the app may outlive training (see apps/dlrm/data/criteo.py, _prefetched)."""
+    no thread of the app may outlive training (see apps/dlrm/data/prefetch.py)."""
 
     monitor_interval = 0
 

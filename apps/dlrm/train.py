@@ -121,7 +121,7 @@ def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
 
 def evaluate_split(run: Training, split: str, num_batches: int, env: DistEnv) -> dict[str, float]:
     """Metrics on this split (with the teacher's ceiling on validation data that has one)."""
-    teacher = run.data.teacher_logits if split == "val" else None
+    teacher = run.data.teacher() if split == "val" else None
     with pipeline_paused(run.pipeline) as plain_model:
         return evaluate(plain_model, run.data.eval_batches(split, num_batches), env, teacher)
 

@@ -1,5 +1,6 @@
-"""Credentials written into URLs (``s3://KEY:SECRET@bucket``, ``sftp://user:pass@host/p``) never
-reach a log line or a record: everything the app prints or records passes through here.
+"""URLs: which paths are remote, and credentials written into URLs (``s3://KEY:SECRET@bucket``,
+``sftp://user:pass@host/p``) never reaching a log line or a record: everything the app prints or
+records passes through here.
 """
 
 import dataclasses
@@ -9,6 +10,11 @@ from typing import Any
 # A URL's scheme and user info: everything between "://" and the last "@" before the host's end
 # (a "/" or whitespace), so that a password with an unescaped "@" is hidden whole.
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s]*@")
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is a remote fsspec URL (``s3://``, ``gs://``, ...), not a local path."""
+    return "://" in path and not path.startswith("file://")
 
 
 def redact_urls(text: str) -> str:

@@ -40,7 +40,6 @@ from torchx.specs import AppDef, AppState, Role, macros
 
 from schedulers.kubeflow.kinds import (
     JobKind,
-    job_metadata,
     nproc_per_node,
     role_from_container,
     state_from_conditions,
@@ -128,12 +127,7 @@ class PyTorchJobKind(JobKind):
                 "maxRestarts": role.max_retries,
             }
         spec["pytorchReplicaSpecs"] = replica_specs
-        return {
-            "apiVersion": self.api_version,
-            "kind": self.kind,
-            "metadata": job_metadata(name, cfg, template["metadata"]["labels"]),
-            "spec": spec,
-        }
+        return self.job_object(name, cfg, template["metadata"]["labels"], spec)
 
     def state(self, job: dict[str, Any]) -> tuple[AppState, str]:
         decided = state_from_conditions(job, CONDITION_STATES)

@@ -31,7 +31,6 @@ from torchx.specs import AppDef, AppState, Role, macros
 from schedulers.kubeflow.kinds import (
     JobKind,
     UnsupportedAppError,
-    job_metadata,
     nproc_per_node,
     role_from_container,
     state_from_conditions,
@@ -105,12 +104,7 @@ class TrainJobKind(JobKind):
             spec["suspend"] = True  # as Kueue's documentation shows; see pytorchjob.py
         spec["trainer"] = trainer
         spec["runtimePatches"] = [runtime_patch]
-        return {
-            "apiVersion": self.api_version,
-            "kind": self.kind,
-            "metadata": job_metadata(name, cfg, template["metadata"]["labels"]),
-            "spec": spec,
-        }
+        return self.job_object(name, cfg, template["metadata"]["labels"], spec)
 
     def state(self, job: dict[str, Any]) -> tuple[AppState, str]:
         decided = state_from_conditions(job, CONDITION_STATES)

@@ -6,7 +6,7 @@ and the arguments of the TorchX component ``components.dlrm:preprocess``.
 
 from dataclasses import dataclass
 
-from apps.dlrm.criteo.layout import CAT_FEATURES
+from apps.dlrm.criteo.layout import CAT_FEATURES, OUTPUT_FORMATS
 from apps.dlrm.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
 from apps.dlrm.options import ConfigError, check_choices, option, parse_config
 
@@ -52,6 +52,14 @@ class PreprocessConfig:
         3,
         "With --categorical_ids vocabulary: values seen fewer times than this in all inputs "
         "share id 1; 0 or 1: every value gets its own id.",
+    )
+    output_format: str = option(
+        "npy",
+        "How each day is written: npy (three NumPy arrays, memory-mapped by --data criteo) or "
+        "parquet (one <day>.parquet file of columns label, int_0..int_12, cat_0..cat_25 holding the "
+        "same values, in row groups of 131,072 rows: NVTabular's kind of output, trained on with "
+        "--data parquet --categorical_ids as_is, also from an object store).",
+        choices=OUTPUT_FORMATS,
     )
     workers: int = option(
         0, "Processes converting files in parallel, one file each; 0: one per available core."

@@ -3,7 +3,9 @@
 A day streams through in blocks of about a megabyte of text, so memory does not grow with the
 size of the file. With ``--categorical_ids hash`` a day is complete after one pass. With
 ``vocabulary`` the first pass writes the raw 32-bit values and their counts, and the second
-(:func:`finish_day`, once the vocabulary of all days exists) turns them into ids.
+(:func:`finish_day`, once the vocabulary of all days exists) turns them into ids. With
+``--output_format parquet`` the complete arrays then become the day's Parquet file
+(:mod:`apps.dlrm.criteo.to_parquet`), before the day's report marks it complete.
 """
 
 import os
@@ -24,6 +26,7 @@ from apps.dlrm.criteo.layout import (
 )
 from apps.dlrm.criteo.parse import LineCounts, Rows, read_blocks
 from apps.dlrm.criteo.sources import Source, open_lines
+from apps.dlrm.criteo.to_parquet import remove_arrays, write_parquet_day
 
 # Rows of raw values turned into ids at once in the vocabulary's second pass.
 _LOOKUP_ROWS = 1 << 18
@@ -65,11 +68,14 @@ def convert_day(
     output: str,
     table_sizes: list[int] | None,
     progress: Callable[[int], None],
+    *,
+    output_format: str = "npy",
 ) -> dict | None:
     """Converts ``source`` into day ``source.day`` of ``output``.
 
-    With ``table_sizes`` (hash ids) the day is complete afterwards and its report is returned;
-    without (vocabulary ids) the raw values and their counts are written for the second pass.
+    With ``table_sizes`` (hash ids) the day is complete afterwards, in ``output_format``, and its
+    report is returned; without (vocabulary ids) the raw values and their counts are written for
+    the second pass.
     """
     day = source.day
     counts = LineCounts()
@@ -105,7 +111,19 @@ def convert_day(
         counter.save(vocabulary.counts_file(vocab_dir, day))
         write_json(lines_file(output, day), report)  # last: marks the first pass done
         return None
-    write_json(os.path.join(output, day_report_file(day)), report)  # last: marks the day done
+    return _complete(output, day, report, output_format)
+
+
+def _complete(output: str, day: str, report: dict, output_format: str) -> dict:
+    """Writes the day's Parquet file if asked to, then its report: the mark of a complete day."""
+    if output_format == "parquet":
+        try:
+            report["files"] = write_parquet_day(output, day)
+        except Exception as e:
+            raise DayFailed(printable(f"day {day}: writing Parquet: {type(e).__name__}: {e}")) from e
+    write_json(os.path.join(output, day_report_file(day)), report)  # marks the day done
+    if output_format == "parquet":
+        remove_arrays(output, day)  # now the Parquet file holds the day
     return report
 
 
@@ -119,7 +137,7 @@ def _append(writers: dict[str, NpyAppender], rows: Rows, sizes, counter) -> None
         counter.add(rows.cats)
 
 
-def finish_day(output: str, day: str, progress: Callable[[int], None]) -> dict:
+def finish_day(output: str, day: str, progress: Callable[[int], None], *, output_format: str = "npy") -> dict:
     """The vocabulary's second pass over a day: values -> ids; returns the day's report."""
     vocab_dir = os.path.join(output, VOCABULARY_DIR)
     values_path = vocabulary.values_file(vocab_dir, day)
@@ -138,6 +156,6 @@ def finish_day(output: str, day: str, progress: Callable[[int], None]) -> dict:
         raise DayFailed(printable(f"day {day}: {type(e).__name__}: {e}")) from e
     report = read_json(lines_file(output, day))
     report.setdefault("files", {})[array_file(day, "sparse")] = digest
-    write_json(os.path.join(output, day_report_file(day)), report)  # last: marks the day done
+    _complete(output, day, report, output_format)
     os.remove(values_path)  # the ids replace the raw values
     return report

@@ -27,6 +27,10 @@ and, for the whole folder::
     vocabulary/        only with --categorical_ids vocabulary: per-day value counts and the
                        per-feature vocabularies (see apps.dlrm.criteo.vocabulary)
 
+With ``--output_format parquet`` a day is one Parquet file instead of its three arrays,
+``<day>.parquet``, holding the same values (see apps.dlrm.criteo.to_parquet); the manifest then
+records ``"output_format": "parquet"``, and such a folder trains with ``--data parquet``.
+
 ``.npy`` is NumPy's own format (version 1.0: a 128-byte header, then the little-endian,
 C-ordered array), so every file is memory-mapped with ``np.load(path, mmap_mode="r")``. The
 names, shapes and dtypes are those of TorchRec's binary Criteo files, so TorchRec's
@@ -58,6 +62,8 @@ CAT_FEATURES = 26
 FORMAT = "dlrm-criteo-npy"
 FORMAT_VERSION = 1
 
+OUTPUT_FORMATS = ("npy", "parquet")
+
 MANIFEST = "manifest.json"
 REPORT = "report.json"
 VOCABULARY_DIR = "vocabulary"
@@ -81,9 +87,27 @@ def day_report_file(day: str) -> str:
     return f"{day}_report.json"
 
 
+def parquet_file(day: str) -> str:
+    return f"{day}.parquet"
+
+
+def data_files(day: str, output_format: str = "npy") -> list[str]:
+    """The files that hold one day's rows."""
+    return [parquet_file(day)] if output_format == "parquet" else [array_file(day, name) for name in ARRAYS]
+
+
 def day_files(day: str) -> list[str]:
-    """The files of one day, the report (the completion mark) last."""
-    return [array_file(day, name) for name in ARRAYS] + [day_report_file(day)]
+    """The files of one day of the npy layout, the report (the completion mark) last."""
+    return data_files(day) + [day_report_file(day)]
+
+
+def require_npy_days(manifest: dict, where: str) -> None:
+    """Refuses a folder of Parquet days where the npy arrays are memory-mapped (--data criteo)."""
+    if manifest.get("output_format", "npy") != "npy":
+        raise ConfigError(
+            f"{where} holds Parquet days (`python -m apps.dlrm.preprocess --output_format parquet`): "
+            f"train on them with --data parquet --data_path {where} --categorical_ids as_is"
+        )
 
 
 def is_plain_name(name: object) -> bool:
@@ -220,9 +244,9 @@ def parse_manifest(text: str | bytes, where: str, fix: str) -> dict:
     return manifest
 
 
-def checksums(folder: str, days: list[str]) -> dict[str, dict]:
+def checksums(folder: str, days: list[str], output_format: str = "npy") -> dict[str, dict]:
     """File name -> size and SHA-256 of every file of the complete days of ``folder``: the
-    manifest's ``files``. The arrays' come from the day reports (hashed by the workers that
+    manifest's ``files``. The data files' come from the day reports (hashed by the workers that
     wrote them); a report without them (written before checksums were recorded) gets them now."""
     files = {}
     for day in days:
@@ -230,7 +254,7 @@ def checksums(folder: str, days: list[str]) -> dict[str, dict]:
         if not os.path.exists(report_path):
             continue
         report = read_json(report_path)
-        arrays = [array_file(day, name) for name in ARRAYS]
+        arrays = data_files(day, output_format)
         if not all(name in report.get("files", {}) for name in arrays):
             report["files"] = {name: file_digest(os.path.join(folder, name)) for name in arrays}
             write_json(report_path, report)
@@ -264,6 +288,7 @@ def open_folder(folder: str) -> tuple[dict, list[DayArrays]]:
         )
     with open(path, "rb") as f:
         manifest = parse_manifest(f.read(), path, "preprocess the click logs again")
+    require_npy_days(manifest, folder)
     days = []
     for day in manifest["days"]:
         if not os.path.exists(os.path.join(folder, day_report_file(day))):

@@ -10,6 +10,7 @@ checksums of every complete day.
 """
 
 import concurrent.futures as futures
+import functools
 import logging
 import multiprocessing
 import os
@@ -65,12 +66,14 @@ def preprocess(cfg: PreprocessConfig) -> dict:
     )
     failures: list[str] = []
     if cfg.categorical_ids == "hash":
-        failures += _run(cfg, pending, "convert", lambda s: (convert.convert_day, s, output, cfg.table_sizes),
+        convert_day = functools.partial(convert.convert_day, output_format=cfg.output_format)
+        failures += _run(cfg, pending, "convert", lambda s: (convert_day, s, output, cfg.table_sizes),
                          sum(s.size for s in pending))
     else:
         failures += _vocabulary_passes(cfg, output, manifest["days"], pending)
     report = _write_report(output, manifest["days"])
-    write_json(os.path.join(output, MANIFEST), {**manifest, "files": checksums(output, manifest["days"])})
+    write_json(os.path.join(output, MANIFEST),
+               {**manifest, "files": checksums(output, manifest["days"], cfg.output_format)})
     if failures:
         raise PreprocessFailed(
             f"{len(failures)} of {len(sources)} input files failed (the others are complete; a "
@@ -99,6 +102,8 @@ def _settings(cfg: PreprocessConfig) -> dict:
     }
     if cfg.categorical_ids == "vocabulary":
         settings["frequency_threshold"] = cfg.frequency_threshold
+    if cfg.output_format != "npy":  # npy folders keep the manifest they had before Parquet existed
+        settings["output_format"] = cfg.output_format
     return settings
 
 
@@ -134,7 +139,7 @@ def _check_or_write_manifest(output: str, cfg: PreprocessConfig, days: list[str]
             f"(e.g. {os.path.join(output, 'criteo_npy')})"
         )
     os.makedirs(output, exist_ok=True)
-    manifest = {**settings, "days": days, "files": checksums(output, days)}
+    manifest = {**settings, "days": days, "files": checksums(output, days, cfg.output_format)}
     write_json(path, manifest)
     return manifest
 
@@ -160,8 +165,9 @@ def _vocabulary_passes(cfg: PreprocessConfig, output: str, days: list[str], pend
         )
         write_json(done_path, {"days": days, "distinct_values": distinct})
         logger.info("distinct values per feature: %s", ", ".join(map(str, distinct)))
+    finish_day = functools.partial(convert.finish_day, output_format=cfg.output_format)
     return _run(
-        cfg, pending, "ids", lambda s: (convert.finish_day, output, s.day),
+        cfg, pending, "ids", lambda s: (finish_day, output, s.day),
         sum(os.path.getsize(vocabulary.values_file(vocab_dir, s.day)) for s in pending),
     )
 

@@ -1,19 +1,43 @@
 """Training data sources. Each yields TorchRec ``Batch`` objects partitioned across ranks."""
 
+from typing import Callable, Iterator, Protocol
+
+import torch
+from torchrec.datasets.utils import Batch
+
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.criteo.fetch import local_folder
+from apps.dlrm.data.criteo_fetch import local_folder
 from apps.dlrm.data.criteo import CriteoClickLogs
+from apps.dlrm.data.parquet import ParquetClickLogs
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.distributed import DistEnv
 
 
-ClickLogs = SyntheticClickLogs | CriteoClickLogs
+class ClickLogs(Protocol):
+    """A training data source: one rank's batches, each a pure function of (seed, step, rank), so
+    that a resumed run reads exactly the batches an uninterrupted one reads."""
+
+    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+        """This rank's training batches from ``start_step`` on, without end."""
+        ...
+
+    def eval_batches(self, split: str, num_batches: int) -> Iterator[Batch]:
+        """This rank's batches of ``split`` ("val" or "test"), as many on every rank."""
+        ...
+
+    def teacher(self) -> Callable[[Batch], torch.Tensor] | None:
+        """The logits of the hidden model the labels were drawn from, where the data has one
+        (synthetic data): validation reports the AUROC they reach as its ceiling."""
+        ...
 
 
 def make_dataset(cfg: TrainConfig, env: DistEnv) -> ClickLogs:
+    pin_memory = env.device.type == "cuda"
     if cfg.data == "criteo":
         # A URL is copied to a node-local cache once per node, by its first local rank.
         folder = local_folder(cfg.data_path, cfg.data_cache_dir, copier=env.local_rank == 0)
-        return CriteoClickLogs(cfg, folder, rank=env.rank, world_size=env.world_size,
-                               pin_memory=env.device.type == "cuda")
+        return CriteoClickLogs(cfg, folder, rank=env.rank, world_size=env.world_size, pin_memory=pin_memory)
+    if cfg.data == "parquet":
+        # Streamed where the files are: each rank reads only its share of the row groups.
+        return ParquetClickLogs(cfg, rank=env.rank, world_size=env.world_size, pin_memory=pin_memory)
     return SyntheticClickLogs(cfg, rank=env.rank, world_size=env.world_size, device=env.device)

@@ -33,9 +33,7 @@ ready, so the training loop does not wait on page faults or disk reads.
 import itertools
 import logging
 import math
-import queue
-import threading
-from typing import Callable, Iterable, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -45,22 +43,19 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, open_folder
 from apps.dlrm.criteo.multi_hot import expand, multi_hot_tables
+from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
 from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger("apps.dlrm.data")
 
-# Batches the background thread keeps ready.
-PREFETCH_BATCHES = 4
+PREFETCH_THREAD = "criteo-prefetch"
 
 Range = tuple[int, int]  # [start, stop) in the rows of all days, in day order
 
 
 class CriteoClickLogs:
     """Rank ``rank``'s batches of a preprocessed Criteo folder."""
-
-    # Real labels have no hidden teacher to compare with (no AUROC ceiling).
-    teacher_logits = None
 
     def __init__(self, cfg: TrainConfig, folder: str, rank: int, world_size: int, pin_memory: bool) -> None:
         self.cfg = cfg
@@ -71,7 +66,7 @@ class CriteoClickLogs:
         manifest, self.days = open_folder(folder)
         _check_table_sizes(manifest["num_embeddings_per_feature"], cfg.table_sizes, folder)
         self._day_starts = np.cumsum([0] + [day.rows for day in self.days])
-        self.splits = _split(self.days, cfg.eval_days, cfg.eval_fraction, folder)
+        self.splits = held_out_split([day.rows for day in self.days], cfg.eval_days, cfg.eval_fraction, folder)
         self.global_batch = cfg.batch_size * world_size
         train_rows = self.splits["train"][1]
         self.steps_per_epoch = train_rows // self.global_batch
@@ -97,16 +92,20 @@ class CriteoClickLogs:
 
     # --- iteration -----------------------------------------------------------------------------
 
+    def teacher(self) -> None:
+        """Real labels have no hidden teacher to compare with (no AUROC ceiling)."""
+        return None
+
     def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
         """This rank's training batches from ``start_step`` on, without end."""
         order = _EpochOrder(self.splits["train"][1], self._block_rows, self.cfg.seed, self.cfg.shuffle)
-        return _prefetched(lambda step: self._batch(order.ranges(*self._train_slice(step))),
-                           itertools.count(start_step))
+        return prefetched(lambda step: self._batch(order.ranges(*self._train_slice(step))),
+                          itertools.count(start_step), PREFETCH_THREAD)
 
     def eval_batches(self, split: str, num_batches: int) -> Iterator[Batch]:
         """This rank's batches of ``split`` ("val" or "test"); ``num_batches`` 0: all of it."""
         ranges = self._eval_ranges(split, num_batches)
-        return _prefetched(lambda i: self._batch([ranges[i]]), range(len(ranges)))
+        return prefetched(lambda i: self._batch([ranges[i]]), range(len(ranges)), PREFETCH_THREAD)
 
     def _train_slice(self, step: int) -> tuple[int, int, int]:
         """(epoch, first, last) positions of this rank's rows of ``step`` in the epoch's order."""
@@ -227,16 +226,19 @@ class _EpochOrder:
         return ranges
 
 
-def _split(days: list[DayArrays], eval_days: int, eval_fraction: float, folder: str) -> dict[str, Range]:
-    total = sum(day.rows for day in days)
-    held_days = days[-eval_days:]
-    held = int(sum(day.rows for day in held_days) * eval_fraction)
+def held_out_split(file_rows: list[int], eval_days: int, eval_fraction: float, where: str,
+                   files: str = "days", more: str = "preprocess more days") -> dict[str, Range]:
+    """The MLPerf-style splits of rows in file order (see the module docstring): of the last
+    ``eval_days`` files' rows, the last ``eval_fraction`` are held out, the first half (rounded
+    up) validating and the rest testing. Shared with the Parquet source, whose files are days."""
+    total = sum(file_rows)
+    held = int(sum(file_rows[-eval_days:]) * eval_fraction)
     if held < 2 or held >= total:
         raise ConfigError(
-            f"{folder} has {len(days)} days ({total:,} rows): --eval_days {eval_days} "
+            f"{where} has {len(file_rows)} {files} ({total:,} rows): --eval_days {eval_days} "
             f"--eval_fraction {eval_fraction} hold out {held:,} rows, which leaves "
             f"{'no validation or test rows' if held < 2 else 'no training rows'}: "
-            "hold out fewer days (or a fraction of them) or preprocess more days"
+            f"hold out fewer {files} (or a fraction of them) or {more}"
         )
     val_start = total - held
     test_start = val_start + math.ceil(held / 2)
@@ -254,56 +256,3 @@ def _check_table_sizes(preprocessed: list[int], training: list[int], folder: str
             f"--num_embeddings_per_feature {','.join(map(str, preprocessed))} (or the "
             "--table_size_preset it was preprocessed with)"
         )
-
-
-_END = object()
-
-
-class _Failed:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-def _prefetched(make: Callable[[int], Batch], indices: Iterable[int]) -> Iterator[Batch]:
-    """``make(i)`` for every ``i``, computed by a background thread a few batches ahead.
-
-    Closing the iterator (``close()``, or exhausting it) stops and joins the thread: callers
-    must close it before the process exits. A thread left building a batch while the
-    interpreter shuts down is killed as it takes the GIL back inside a torch call, and that
-    aborts the whole process ("terminate called without an active exception", SIGABRT) after
-    its work is done, so the job ends FAILED.
-    """
-    ready: queue.Queue = queue.Queue(maxsize=PREFETCH_BATCHES)
-    stop = threading.Event()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for i in indices:
-                if not put(make(i)):
-                    return
-            put(_END)
-        except BaseException as e:  # handed to the consumer, which raises it
-            put(_Failed(e))
-
-    thread = threading.Thread(target=produce, name="criteo-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = ready.get()
-            if item is _END:
-                return
-            if isinstance(item, _Failed):
-                raise item.error
-            yield item
-    finally:
-        stop.set()
-        thread.join()  # at most one batch to finish: put() gives up within 0.1 s once stopped

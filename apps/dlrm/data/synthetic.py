@@ -30,7 +30,7 @@ teacher's logits, which go through float64 ``log``/``exp``, up to rounding).
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -193,6 +193,10 @@ class SyntheticClickLogs:
         if self._mean:
             weights = weights * self._pool_weights[None, :]
         return _BIAS + self._sparse_scale * weights.sum(dim=1) + dense.double() @ self._dense_weights
+
+    def teacher(self) -> Callable[[Batch], torch.Tensor]:
+        """The hidden teacher the labels are drawn from: :meth:`teacher_logits`."""
+        return self.teacher_logits
 
     def teacher_logits(self, batch: Batch) -> torch.Tensor:
         """The hidden teacher's logits for a batch this class generated, on the batch's device."""

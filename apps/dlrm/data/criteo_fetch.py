@@ -34,17 +34,22 @@ from dataclasses import dataclass
 import fsspec
 from tqdm import tqdm
 
-from apps.dlrm.criteo.layout import MANIFEST, day_files, file_digest, parse_manifest, temporary_name, write_json
+from apps.dlrm.criteo.layout import (
+    MANIFEST,
+    day_files,
+    file_digest,
+    parse_manifest,
+    require_npy_days,
+    temporary_name,
+    write_json,
+)
 from apps.dlrm.options import ConfigError
+from apps.dlrm.urls import is_url
 
 logger = logging.getLogger("apps.dlrm.data")
 
 _POLL_SECONDS = 1.0
 _COPY_CHUNK = 16 << 20
-
-
-def is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
 
 
 def private_folder(path: str, what: str, fix: str) -> str:
@@ -128,6 +133,7 @@ class _Remote:
         fix = ("rerun `python -m apps.dlrm.preprocess` with the same options on the folder it was "
                "copied from (that records the checksums of its complete days), and copy it again")
         manifest = parse_manifest(text, f"{self.url}/{MANIFEST}", fix)
+        require_npy_days(manifest, self.url)
         expected = {}
         for day in manifest["days"]:
             for name in day_files(day):

@@ -1,0 +1,284 @@
+"""The Parquet files of ``--data_path``, and every check that their footers allow before training.
+
+Every rank reads every file's footer (its last bytes: from an object store one ranged GET per
+file, all issued at once) and so knows the row count of every row group, which is all that the
+split into ranks needs (:mod:`apps.dlrm.parquet.order`); no data page is read at start-up. The
+footers also let the job refuse, before its first step, what would otherwise fail hours in or
+train on garbage. Each error is one line naming the file, the column and the fix:
+
+- a file that is not Parquet, or none at all under --data_path;
+- a column named by --label_column, --dense_columns or --sparse_columns that a file lacks, or of
+  a type we do not read: numbers (integer, float, boolean) for the label and dense features,
+  integers or lists of integers for sparse ones;
+- a null label: such a row cannot train (drop or fill it upstream);
+- with ``--categorical_ids as_is``, an id outside its embedding table;
+
+the last two from the statistics that Parquet writers record per column chunk (Spark, BigQuery's
+exports and pyarrow do by default). For a file without them the same checks run as its rows are
+read (:mod:`apps.dlrm.parquet.read`), and stop training with the same message.
+
+Null counts: a null dense value trains as 0, a null sparse value as an empty bag (no id). Their
+counts per column, summed from the same statistics, are logged at start-up as the Criteo
+preprocessing reports its repaired rows. A list column's statistics cannot tell a null list from
+an empty one (Parquet stores neither as a value), so list columns are not counted: both are empty
+bags anyway.
+"""
+
+import fnmatch
+from dataclasses import dataclass
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from apps.dlrm.config import TrainConfig, is_pattern
+from apps.dlrm.criteo.sources import natural_key
+from apps.dlrm.options import ConfigError
+from apps.dlrm.urls import is_url
+
+SUFFIXES = (".parquet", ".parq")
+#: Bytes read from a file's end for its footer in the first request; a larger footer takes a second.
+FOOTER_GUESS = 1 << 16
+_MAGIC = b"PAR1"
+_ENCRYPTED_MAGIC = b"PARE"
+_TAIL = 8  # the footer's length (4 bytes, little-endian) and the magic
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One Parquet file and its footer."""
+
+    url: str  # what messages name: the URL for remote files, else the path
+    path: str  # what the filesystem opens
+    size: int  # bytes
+    metadata: pq.FileMetaData
+
+    @property
+    def rows(self) -> int:
+        return self.metadata.num_rows
+
+    def group_rows(self) -> list[int]:
+        return [self.metadata.row_group(g).num_rows for g in range(self.metadata.num_row_groups)]
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """The columns training reads, matched against the files."""
+
+    label: str
+    dense: list[str]
+    sparse: list[str]
+    multi_hot: list[bool]  # per sparse column: a list column (several ids per sample)
+
+    @property
+    def names(self) -> list[str]:
+        return [self.label, *self.dense, *self.sparse]
+
+
+def open_files(data_path: str) -> tuple[fsspec.AbstractFileSystem, list[DataFile]]:
+    """The filesystem and the Parquet files of ``data_path``, in natural name order, footers read."""
+    fs, root = fsspec.core.url_to_fs(data_path)
+    try:
+        entries = _list(fs, root, data_path)
+        urls = [fs.unstrip_protocol(path) if is_url(data_path) else path for path, _ in entries]
+        footers = _footers(fs, entries, urls)
+    except OSError as e:  # missing bucket, no permission, network
+        raise ConfigError(
+            f"--data_path {data_path} cannot be read ({type(e).__name__}: {e}): check the path or "
+            "URL and the storage credentials (e.g. the AWS_* variables)"
+        ) from e
+    return fs, [DataFile(url, path, size, metadata) for url, (path, size), metadata in zip(urls, entries, footers)]
+
+
+def _list(fs: fsspec.AbstractFileSystem, root: str, data_path: str) -> list[tuple[str, int]]:
+    """(path, size) of the data files: a glob's matches, a folder's .parquet files (at any depth;
+    names starting with _ or ., such as Spark's _SUCCESS and _metadata, left out), or one file."""
+    if is_pattern(root):
+        found = fs.glob(root, detail=True)
+    elif fs.isdir(root):
+        found = {path: info for path, info in fs.find(root, detail=True).items()
+                 if _is_data_file(path[len(root.rstrip("/")):])}
+    elif fs.exists(root):
+        found = {root: fs.info(root)}
+    else:
+        raise ConfigError(f"--data_path {data_path} does not exist: give a folder, glob or URL of Parquet files")
+    files = sorted(((path, int(info["size"])) for path, info in found.items() if info["type"] == "file"),
+                   key=lambda entry: natural_key(entry[0]))
+    if not files:
+        raise ConfigError(
+            f"--data_path {data_path} holds no Parquet file ({' or '.join(SUFFIXES)}, names not "
+            "starting with _ or .): check the path, or give a glob of the files"
+        )
+    return files
+
+
+def _is_data_file(relative: str) -> bool:
+    parts = [part for part in relative.split("/") if part]
+    return relative.endswith(SUFFIXES) and not any(part.startswith(("_", ".")) for part in parts)
+
+
+def _footers(fs: fsspec.AbstractFileSystem, entries: list[tuple[str, int]], urls: list[str]) -> list[pq.FileMetaData]:
+    paths = [path for path, _ in entries]
+    starts = [max(0, size - FOOTER_GUESS) for _, size in entries]
+    tails = fs.cat_ranges(paths, starts, [size for _, size in entries], on_error="raise")
+    return [_footer(fs, path, size, tail, url) for (path, size), tail, url in zip(entries, tails, urls)]
+
+
+def _footer(fs: fsspec.AbstractFileSystem, path: str, size: int, tail: bytes, url: str) -> pq.FileMetaData:
+    if len(tail) < _TAIL + len(_MAGIC) or tail[-4:] != _MAGIC:
+        why = "its footer is encrypted" if tail[-4:] == _ENCRYPTED_MAGIC else "it does not end in PAR1"
+        raise ConfigError(f"{url} is not a readable Parquet file ({why}): remove it from --data_path")
+    length = int.from_bytes(tail[-_TAIL:-4], "little") + _TAIL
+    if length > size:
+        raise ConfigError(f"{url} is cut short (its footer claims {length:,} bytes of {size:,}): write it again")
+    if length > len(tail):
+        tail = fs.cat_file(path, size - length, size)
+    try:
+        return pq.read_metadata(pa.BufferReader(tail[-length:]))
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError(f"{url} has a corrupt footer ({e}): write it again") from e
+
+
+def resolve_columns(cfg: TrainConfig, files: list[DataFile]) -> ColumnSpec:
+    """The columns of the options, patterns matched against the first file; every file checked
+    to have them with types we read, alike in all files."""
+    first = files[0].metadata.schema.to_arrow_schema()
+    dense = _match(cfg.dense_columns, first.names, "dense_columns", files[0].url)
+    sparse = _match(cfg.sparse_columns, first.names, "sparse_columns", files[0].url)
+    for option, columns, count in (("dense_columns", dense, "num_dense_features"),
+                                   ("sparse_columns", sparse, "num_sparse_features")):
+        if len(columns) != getattr(cfg, count):
+            raise ConfigError(
+                f"--{option} {','.join(getattr(cfg, option))} matches {len(columns)} columns of "
+                f"{files[0].url}, but --{count} is {getattr(cfg, count)}: give --{count} {len(columns)}, "
+                "or name the columns one by one (their count then sets it)"
+            )
+    names = [cfg.label_column, *dense, *sparse]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(
+            f"column(s) {', '.join(twice)} would be read twice (as label, dense or sparse feature): "
+            "give each column one role in --label_column, --dense_columns and --sparse_columns"
+        )
+    kinds = {}
+    for file in files:
+        schema = file.metadata.schema.to_arrow_schema()
+        for name, option in [(cfg.label_column, "label_column"), *((n, "dense_columns") for n in dense),
+                             *((n, "sparse_columns") for n in sparse)]:
+            kind = _kind(schema, name, option, file.url)
+            first_kind, first_url = kinds.setdefault(name, (kind, file.url))
+            if kind != first_kind:
+                raise ConfigError(
+                    f"{file.url}: column {name!r} holds {_KIND_TEXT[kind]}, but {_KIND_TEXT[first_kind]} "
+                    f"in {first_url}: give it the same type in every file"
+                )
+    return ColumnSpec(cfg.label_column, dense, sparse, [kinds[name][0] == "list" for name in sparse])
+
+
+def _match(patterns: list[str], names: list[str], option: str, url: str) -> list[str]:
+    """The columns ``patterns`` name: a pattern's matches in natural order, other names as they are
+    (an absent one is reported with its type check)."""
+    columns = []
+    for pattern in patterns:
+        if not is_pattern(pattern):
+            columns.append(pattern)
+            continue
+        matches = sorted((name for name in names if fnmatch.fnmatchcase(name, pattern)), key=natural_key)
+        if not matches:
+            raise ConfigError(
+                f"--{option} {pattern} matches no column of {url}, whose columns are "
+                f"{_listing(names)}: fix the pattern"
+            )
+        columns += matches
+    return columns
+
+
+def _kind(schema: pa.Schema, name: str, option: str, url: str) -> str:
+    """"number", "int" or "list" (of integers): what column ``name`` is; else a ConfigError."""
+    index = schema.get_field_index(name)
+    if index < 0:
+        raise ConfigError(
+            f"{url} has no column {name!r} (--{option}); its columns are {_listing(schema.names)}: "
+            f"fix --{option}, or leave this file out of --data_path"
+        )
+    kind = _kind_of(schema.field(index).type)
+    allowed = ("int", "list") if option == "sparse_columns" else ("int", "number")
+    if kind not in allowed:
+        wanted = "integers or lists of integers (ids)" if option == "sparse_columns" else "numbers"
+        raise ConfigError(
+            f"{url}: column {name!r} (--{option}) is {schema.field(index).type}, but it must hold "
+            f"{wanted}: cast it where the files are written (e.g. CAST in Spark or BigQuery), or "
+            f"leave it out of --{option}"
+        )
+    return "number" if kind == "int" and option != "sparse_columns" else kind
+
+
+_KIND_TEXT = {"number": "numbers", "int": "integers", "list": "lists of integers"}
+
+
+def _kind_of(arrow_type: pa.DataType) -> str | None:
+    if pa.types.is_integer(arrow_type):
+        return "int"
+    if pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type):
+        return "number"
+    if (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
+            or pa.types.is_fixed_size_list(arrow_type)) and pa.types.is_integer(arrow_type.value_type):
+        return "list"
+    return None
+
+
+def _listing(names: list[str], shown: int = 12) -> str:
+    return ", ".join(names[:shown]) + (f" ... ({len(names)} in all)" if len(names) > shown else "")
+
+
+def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[int] | None) -> dict[str, int | None]:
+    """Refuses null labels and (with ``table_sizes``, --categorical_ids as_is) ids outside their
+    tables, as far as the files' statistics tell; returns the null count of every flat column
+    (None where a file recorded none)."""
+    nulls: dict[str, int | None] = {name: 0 for name in spec.names}
+    for name, multi_hot in zip(spec.sparse, spec.multi_hot):
+        if multi_hot:
+            del nulls[name]
+    ranges = dict(zip(spec.sparse, table_sizes)) if table_sizes is not None else {}
+    for file in files:
+        metadata = file.metadata
+        leaves = {metadata.schema.column(i).path.split(".")[0]: i for i in range(metadata.num_columns)}
+        for g in range(metadata.num_row_groups):
+            group = metadata.row_group(g)
+            for name in spec.names:
+                stats = group.column(leaves[name]).statistics
+                count = stats.null_count if stats is not None and stats.has_null_count else None
+                if name == spec.label and count:
+                    raise null_label_error(file.url, name, g, count)
+                if name in nulls:
+                    nulls[name] = None if nulls[name] is None or count is None else nulls[name] + count
+                if name in ranges and stats is not None and stats.has_min_max:
+                    for value in (stats.min, stats.max):
+                        check_id(value, ranges[name], file.url, name, g)
+    return nulls
+
+
+def null_label_error(url: str, column: str, group: int, count: int) -> ConfigError:
+    return ConfigError(
+        f"{url}: label column {column!r} has {count:,} null values (row group {group}): a "
+        "row without its label cannot train; drop or fill those rows where the files are written"
+    )
+
+
+def check_id(value: int, table_size: int, url: str, column: str, group: int) -> None:
+    if not 0 <= value < table_size:
+        raise ConfigError(
+            f"{url}: column {column!r} holds id {value} (row group {group}), outside its embedding "
+            f"table of {table_size:,} rows: with --categorical_ids as_is every id must be in "
+            f"[0, {table_size:,}); use --categorical_ids hash, or larger --num_embeddings_per_feature"
+        )
+
+
+def null_report(nulls: dict[str, int | None]) -> str:
+    """The start-up log line of the null counts."""
+    counted = {name: n for name, n in nulls.items() if n}
+    unknown = [name for name, n in nulls.items() if n is None]
+    text = ", ".join(f"{name} {n:,}" for name, n in counted.items()) or "none"
+    if unknown:
+        text += f"; not recorded in some files' statistics for {_listing(unknown)}"
+    return text

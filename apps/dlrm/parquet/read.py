@@ -1,0 +1,241 @@
+"""Fetching row groups of Parquet files and decoding them into the arrays batches are cut from.
+
+Fetching. The byte ranges of the needed column chunks of every row group asked for at once are
+known from the footers, so they are requested together (``fs.cat_ranges``: an object store's
+filesystem issues them concurrently, a local one reads them in turn), and pyarrow then decodes the
+row groups from those bytes in memory. Only the columns training reads travel, and nothing but the
+row groups of this rank's share: a data set is never copied whole to any host.
+
+Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no loop over rows):
+
+- the label and dense columns become float32; a null dense value is 0, a null label an error
+  (:func:`apps.dlrm.parquet.files.null_label_error`);
+- a sparse column becomes ids and per-row offsets, as a KeyedJaggedTensor holds them: an integer
+  column one id per row (none for a null), a list column its elements (nulls in a list dropped,
+  a null list empty); ``hash`` ids are SplitMix64 of the value (:func:`apps.dlrm.data.synthetic.mix64`,
+  its int64 bits) modulo the table size, ``as_is`` ids must lie in the table
+  (:func:`apps.dlrm.parquet.files.check_id`).
+
+Nothing read from a file is executed or unpickled: Parquet pages are decoded by pyarrow into
+numbers, and only numbers reach training.
+"""
+
+import io
+from dataclasses import dataclass
+from typing import Callable
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from apps.dlrm.parquet.files import ColumnSpec, DataFile, check_id, null_label_error
+from apps.dlrm.parquet.order import Piece
+
+#: Column chunks closer than this are fetched in one request (the gap's bytes are cheaper than a request).
+MERGE_GAP = 1 << 16
+
+
+@dataclass
+class Rows:
+    """Decoded rows: dense features, labels, and each sparse feature's ids with per-row offsets."""
+
+    dense: np.ndarray  # float32 [n, dense features]
+    labels: np.ndarray  # float32 [n]
+    ids: list[np.ndarray]  # per sparse feature, its ids, row after row
+    # Per sparse feature, int64 [n + 1]: row i's ids are ids[offsets[i]:offsets[i + 1]]; None: one
+    # id per row (an integer column without nulls, the common case, kept free of offset arithmetic).
+    offsets: list[np.ndarray | None]
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    def lengths(self, feature: int, index: np.ndarray) -> np.ndarray | None:
+        """How many ids rows ``index`` have of ``feature``; None: one each."""
+        offsets = self.offsets[feature]
+        return None if offsets is None else offsets[index + 1] - offsets[index]
+
+    def take_ids(self, feature: int, index: np.ndarray, lengths: np.ndarray | None, out: np.ndarray) -> None:
+        """Writes the ids of rows ``index`` (whose :meth:`lengths` are ``lengths``) into ``out``."""
+        ids, offsets = self.ids[feature], self.offsets[feature]
+        if offsets is None:
+            np.take(ids, index, out=out)
+            return
+        # Each row's run of ids, in turn: id k of the output is id (k - run start + row start).
+        runs = np.cumsum(lengths) - lengths
+        np.take(ids, np.repeat(offsets[index] - runs, lengths) + np.arange(len(out)), out=out)
+
+
+class _FetchedParts(io.RawIOBase):
+    """A read-only file of which some byte ranges were fetched: reads inside them are served from
+    memory, any other read (rare: a reader peeking past a chunk) goes to the filesystem."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, parts: dict[int, bytes]) -> None:
+        super().__init__()
+        self._fs, self._path, self._size = fs, path, size
+        self._parts = sorted(parts.items())
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._pos = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence] + offset
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        stop = self._size if size < 0 else min(self._size, self._pos + size)
+        for start, data in self._parts:
+            if start <= self._pos and stop <= start + len(data):
+                chunk = data[self._pos - start : stop - start]
+                break
+        else:
+            chunk = self._fs.cat_file(self._path, self._pos, stop) if stop > self._pos else b""
+        self._pos += len(chunk)
+        return chunk
+
+    def readinto(self, buffer) -> int:
+        chunk = self.read(len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+
+class RowGroupReader:
+    """Reads pieces of row groups into :class:`Rows`: only the columns of ``spec``, ids made as
+    ``categorical_ids`` says for tables of ``table_sizes``, as ``id_dtype``."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, files: list[DataFile], spec: ColumnSpec,
+                 table_sizes: list[int], categorical_ids: str, id_dtype: np.dtype) -> None:
+        self.fs = fs
+        self.files = files
+        self.spec = spec
+        self.table_sizes = table_sizes
+        self.hash_ids = categorical_ids == "hash"
+        self.id_dtype = id_dtype
+        self._cached: tuple[tuple[int, int], Rows] | None = None
+        self._leaves = [_leaf_columns(file.metadata, spec.names) for file in files]
+
+    def read(self, pieces: list[Piece]) -> Rows:
+        """The rows of ``pieces``, in their order; their row groups are fetched at once."""
+        groups = sorted({(f, g) for f, g, _, _ in pieces})
+        tables = self._read_groups(groups)
+        return self._decode(pieces, pa.concat_tables([tables[f, g].slice(lo, hi - lo) for f, g, lo, hi in pieces]))
+
+    def group(self, f: int, g: int) -> Rows:
+        """Row group ``g`` of file ``f``, whole; the last one asked for is kept, so that reading a
+        split in order, batch after batch, fetches each row group once."""
+        if self._cached is None or self._cached[0] != (f, g):
+            self._cached = (f, g), self.read([(f, g, 0, self.files[f].metadata.row_group(g).num_rows)])
+        return self._cached[1]
+
+    def _read_groups(self, groups: list[tuple[int, int]]) -> dict[tuple[int, int], pa.Table]:
+        ranges = [(f, start, end) for f, g in groups for start, end in self._chunk_ranges(f, g)]
+        data = self.fs.cat_ranges([self.files[f].path for f, _, _ in ranges], [s for _, s, _ in ranges],
+                                  [e for _, _, e in ranges], on_error="raise")
+        parts: dict[int, dict[int, bytes]] = {}
+        for (f, start, _), chunk in zip(ranges, data):
+            parts.setdefault(f, {})[start] = chunk
+        readers = {
+            f: pq.ParquetFile(pa.PythonFile(_FetchedParts(self.fs, self.files[f].path, self.files[f].size, file_parts),
+                                            mode="r"), metadata=self.files[f].metadata)
+            for f, file_parts in parts.items()
+        }
+        return {(f, g): readers[f].read_row_group(g, columns=self.spec.names) for f, g in groups}
+
+    def _chunk_ranges(self, f: int, g: int) -> list[tuple[int, int]]:
+        """The byte ranges of row group ``g``'s needed column chunks in file ``f``, merged."""
+        group = self.files[f].metadata.row_group(g)
+        spans = []
+        for leaf in self._leaves[f]:
+            column = group.column(leaf)
+            start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
+            spans.append((start, start + column.total_compressed_size))
+        merged = []
+        for start, end in sorted(spans):
+            if merged and start - merged[-1][1] <= MERGE_GAP:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        return merged
+
+    def _decode(self, pieces: list[Piece], table: pa.Table) -> Rows:
+        """The rows of ``table``, which holds those of ``pieces``; an error names the piece's file."""
+        spec = self.spec
+        starts = np.cumsum([0] + [hi - lo for _, _, lo, hi in pieces])
+
+        def where(row: int) -> tuple[str, int]:  # the file and row group of one of the table's rows
+            f, g, _, _ = pieces[int(np.searchsorted(starts, row, side="right")) - 1]
+            return self.files[f].url, g
+
+        labels = table.column(spec.label)
+        if labels.null_count:
+            url, g = where(int(np.flatnonzero(labels.is_null().to_numpy(zero_copy_only=False))[0]))
+            raise null_label_error(url, spec.label, g, labels.null_count)
+        # Column after column into a feature-major array (contiguous writes), then transposed at
+        # once: 4x faster than writing each column into a row-major array's strided column.
+        dense = np.empty((len(spec.dense), table.num_rows), dtype=np.float32)
+        for j, name in enumerate(spec.dense):
+            _floats_into(table.column(name), dense[j])
+        ids, offsets = [], []
+        for name, multi_hot, size in zip(spec.sparse, spec.multi_hot, self.table_sizes):
+            values, o = _ragged(table.column(name).combine_chunks(), multi_hot)
+            ids.append(self._ids(values, size, name, o, where))
+            offsets.append(o)
+        label_values = np.empty(table.num_rows, dtype=np.float32)
+        _floats_into(labels, label_values)
+        return Rows(np.ascontiguousarray(dense.T), label_values, ids, offsets)
+
+    def _ids(self, values: np.ndarray, size: int, column: str, offsets: np.ndarray | None,
+             where: Callable[[int], tuple[str, int]]) -> np.ndarray:
+        """The embedding rows of a column's ``values`` (see the module docstring)."""
+        if self.hash_ids:
+            # Imported here, not at the top: apps.dlrm.data, whose synthetic source defines the
+            # mix, imports this module (through its Parquet source).
+            from apps.dlrm.data.synthetic import mix64
+
+            bits = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64)
+            mixed = mix64(torch.from_numpy(bits)).numpy().view(np.uint64)
+            return (mixed % np.uint64(size)).astype(self.id_dtype)
+        if len(values) and (values.min() < 0 or values.max() >= size):
+            k = int(np.flatnonzero((values < 0) | (values >= size))[0])
+            url, g = where(k if offsets is None else int(np.searchsorted(offsets, k, side="right")) - 1)
+            check_id(int(values[k]), size, url, column, g)
+        return values.astype(self.id_dtype, copy=False)
+
+
+def _floats_into(column: pa.ChunkedArray, out: np.ndarray) -> None:
+    """Writes a numeric column into ``out`` as float32, nulls as 0 (a large integer rounds, as
+    float32 must round it: hence the unsafe cast)."""
+    at = 0
+    for chunk in column.chunks:
+        values = pc.fill_null(chunk.cast(pa.float32(), safe=False), 0.0)
+        out[at : at + len(values)] = values.to_numpy()
+        at += len(values)
+
+
+def _ragged(column: pa.Array, multi_hot: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """(ids, offsets [n + 1] or None for one id per row) of an integer or list-of-integers
+    column; a null holds no id."""
+    n = len(column)
+    if not multi_hot and not column.null_count:
+        return column.to_numpy(), None
+    values = pc.list_flatten(column) if multi_hot else column
+    rows = pc.list_parent_indices(column).to_numpy() if multi_hot else np.arange(n)
+    if values.null_count:
+        valid = values.is_valid().to_numpy(zero_copy_only=False)
+        values, rows = values.filter(pa.array(valid)), rows[valid]
+    return values.to_numpy(), np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
+
+
+def _leaf_columns(metadata: pq.FileMetaData, names: list[str]) -> list[int]:
+    """The indices of the leaf (physical) columns of the top-level columns ``names``."""
+    wanted = set(names)
+    return [i for i in range(metadata.num_columns) if metadata.schema.column(i).path.split(".")[0] in wanted]

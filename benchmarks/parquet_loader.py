@@ -1,0 +1,201 @@
+"""Samples/s of the Parquet training loader (--data parquet) against pyarrow's own dataset scanner,
+reading the same columns of the same files in the same run, from local disk and from S3 (moto).
+
+    python benchmarks/parquet_loader.py                         # 2M rows, batch 8192, local and S3
+    python benchmarks/parquet_loader.py --targets local --rows 8000000 --json parquet.json
+
+Writes Criteo-shaped Parquet files (label, 13 float32 dense columns, 26 int32 id columns below
+MLPerf's table sizes, random values) in row groups of ``--row_group_rows``, to a temporary folder
+(read once, so it is in the page cache) and to a bucket of an S3 server on loopback (moto, in a
+process of its own). Then, ``--repeats`` times and alternately (ours first in even repeats, the
+scanner first in odd ones), it times
+
+- ours: one rank's training batches (``train_batches``, ``--categorical_ids as_is``, shuffled as
+  the app shuffles), as TorchRec ``Batch`` tensors the training loop would take;
+- the scanner: ``pyarrow.dataset``'s scanner over the same files and columns in batches of the same
+  size, through pyarrow's own filesystems (its C++ S3 client for S3): decoding only, no shuffle,
+  no tensors, so it is a ceiling rather than a peer;
+
+and prints the medians: samples/s by the wall clock, samples per CPU-second of this process (per
+loader core: every thread's time counts, pyarrow's and s3fs's too), and ours over the scanner's.
+moto runs in its own process, so its CPU time is not counted on either side.
+"""
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Callable, Iterator
+from urllib.parse import urlparse
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from apps.dlrm.config import TrainConfig  # noqa: E402
+from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES  # noqa: E402
+from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
+from apps.dlrm.data.parquet import ParquetClickLogs  # noqa: E402
+
+TARGETS = ("local", "s3")
+BUCKET = "bench"
+COLUMNS = ["label", *(f"int_{j}" for j in range(INT_FEATURES)), *(f"cat_{j}" for j in range(CAT_FEATURES))]
+
+
+def write_files(folder: str, rows: int, files: int, group_rows: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    sizes = TABLE_SIZE_PRESETS["mlperf"]
+    paths = []
+    for d in range(files):
+        n = rows // files
+        columns = {"label": rng.integers(0, 2, n).astype(np.int32)}
+        columns.update({f"int_{j}": rng.random(n, dtype=np.float32) * 8 for j in range(INT_FEATURES)})
+        columns.update({f"cat_{j}": rng.integers(0, sizes[j], n).astype(np.int32) for j in range(CAT_FEATURES)})
+        paths.append(os.path.join(folder, f"day_{d}.parquet"))
+        pq.write_table(pa.table(columns), paths[-1], row_group_size=group_rows)
+        with open(paths[-1], "rb") as f:  # into the page cache
+            while f.read(64 << 20):
+                pass
+    return paths
+
+
+def timed(start: Callable[[], tuple[Iterator, int | None]]) -> tuple[float, float]:
+    """(samples/s wall, samples per CPU-second) of a reader in its steady state. ``start()`` opens
+    it: a generator of one label column per batch, and how many to time (None: all). Its first
+    batch (start-up: listing, footers, threads, the first read) is taken before the clocks start,
+    its closing after they stop."""
+    labels, count = start()
+    next(labels)
+    samples = 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    for batch in itertools.islice(labels, count):
+        samples += len(batch)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    labels.close()
+    return samples / wall, samples / cpu
+
+
+def ours(data_path: str, batch_size: int) -> Callable[[], tuple[Iterator, int | None]]:
+    """One epoch's worth of one rank's training batches."""
+    cfg = TrainConfig(data="parquet", data_path=data_path, table_size_preset="mlperf", batch_size=batch_size,
+                      categorical_ids="as_is", eval_fraction=0.01)
+
+    def start() -> tuple[Iterator, int | None]:
+        data = ParquetClickLogs(cfg, rank=0, world_size=1, pin_memory=False)
+        batches = data.train_batches(0)
+
+        def labels() -> Iterator:
+            try:
+                for batch in batches:
+                    yield batch.labels
+            finally:
+                batches.close()  # stops the loader's threads
+
+        return labels(), data.steps_per_epoch
+
+    return start
+
+
+def scanner(files: list[str], filesystem: pafs.FileSystem, batch_size: int) -> Callable[[], tuple[Iterator, int | None]]:
+    """Every batch of the files, as pyarrow's scanner decodes them."""
+    def start() -> tuple[Iterator, int | None]:
+        dataset = ds.dataset(files, format="parquet", filesystem=filesystem)
+        return (batch.column(0) for batch in dataset.scanner(columns=COLUMNS, batch_size=batch_size).to_batches()), None
+
+    return start
+
+
+@contextlib.contextmanager
+def s3_bucket() -> Iterator[pafs.S3FileSystem]:
+    """moto on loopback in a process of its own, the AWS variables pointing at it (for s3fs), and
+    pyarrow's S3 filesystem for the same server."""
+    from tests.moto_server import REGION, aws_env, moto_server
+
+    with moto_server() as endpoint:
+        os.environ.update(aws_env(endpoint))
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        yield pafs.S3FileSystem(endpoint_override=urlparse(endpoint).netloc, scheme="http", region=REGION,
+                                access_key="testing", secret_key="testing")
+
+
+def measure(sides: dict[str, Callable[[], tuple[Iterator, int | None]]], repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """Every side ``repeats`` times, alternating which goes first."""
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            results[name].append(timed(sides[name]))
+    return results
+
+
+def figures(results: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    medians = {}
+    for name, values in results.items():
+        medians[f"{name}_samples_per_sec"] = statistics.median(v[0] for v in values)
+        medians[f"{name}_samples_per_cpu_sec"] = statistics.median(v[1] for v in values)
+    for rate in ("samples_per_sec", "samples_per_cpu_sec"):
+        medians[f"ratio_{rate}"] = medians[f"ours_{rate}"] / medians[f"scanner_{rate}"]
+    return medians
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=2_000_000, help="rows of all files together")
+    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--row_group_rows", type=int, default=131_072)
+    parser.add_argument("--batch_size", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=3, help="measurements of each side, alternating; medians")
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help="comma separated: local (page cache), s3 (moto on loopback)")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
+    args = parser.parse_args()
+    args.targets = [t for t in TARGETS if t in args.targets.split(",")]
+    if not args.targets:
+        parser.error(f"--targets must name local, s3 or both, not {args.targets!r}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    report = {name: getattr(args, name) for name in ("rows", "files", "row_group_rows", "batch_size", "repeats")}
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
+        files = write_files(folder, args.rows, args.files, args.row_group_rows)
+        sides = {}
+        if "local" in args.targets:
+            sides["local"] = {"ours": ours(folder, args.batch_size),
+                              "scanner": scanner(files, pafs.LocalFileSystem(), args.batch_size)}
+        if "s3" in args.targets:
+            s3 = stack.enter_context(s3_bucket())
+            keys = [f"{BUCKET}/clicks/{os.path.basename(path)}" for path in files]
+            for path, key in zip(files, keys):
+                pafs.copy_files(path, key, destination_filesystem=s3)
+            sides["s3"] = {"ours": ours(f"s3://{BUCKET}/clicks/", args.batch_size),
+                           "scanner": scanner(keys, s3, args.batch_size)}
+        print(f"{args.rows:,} rows in {args.files} files, row groups of {args.row_group_rows:,}, batch "
+              f"{args.batch_size}, medians of {args.repeats}:")
+        for target, target_sides in sides.items():
+            report[target] = figures(measure(target_sides, args.repeats))
+            f = report[target]
+            for name in target_sides:
+                print(f"  {target:5s} {name:7s}: {f[f'{name}_samples_per_sec'] / 1e6:6.2f} M samples/s (wall)  "
+                      f"{f[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second")
+            print(f"  {target:5s} ours / scanner: {f['ratio_samples_per_sec']:.2f} (wall), "
+                  f"{f['ratio_samples_per_cpu_sec']:.2f} (per CPU-second)")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(report, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()

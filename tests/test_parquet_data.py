@@ -1,0 +1,307 @@
+"""Parquet click logs (--data parquet): rank shares, shuffling, exact resume, evaluation, ids,
+multi-hot lists, nulls, every bad input, and a training run from S3 (moto) that resumes exactly.
+
+The files here are written by the tests with every row's dense feature int_0 holding its row
+number (in file order), so each test can tell exactly which rows a batch holds.
+"""
+
+import json
+import os
+import re
+import sys
+import threading
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from apps.dlrm.config import TrainConfig
+from apps.dlrm.data.parquet import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
+from apps.dlrm.options import ConfigError
+from apps.dlrm.parquet.order import Pieces, eval_runs
+from tests.conftest import assert_ok, run, tiny
+from tests.moto_server import REGION, aws, moto_endpoint  # noqa: F401 - pytest fixtures
+
+TABLES = 1000
+DENSE = ["int_0", "int_1", "int_2"]
+SPARSE = ["cat_0", "cat_1", "cat_2", "cat_3"]
+ROWS = [700, 650, 800, 733, 1001]  # five files; the last holds the validation and test rows
+
+
+def table(first: int, rows: int, **columns: pa.Array) -> pa.Table:
+    """Rows ``first ...``: label r % 2, int_0 = r, int_1 = -r, int_2 = 0.5, cat_f = (r + f) % TABLES."""
+    r = np.arange(first, first + rows)
+    data = {"label": pa.array(r % 2, pa.int8()), "int_0": pa.array(r, pa.int64()),
+            "int_1": pa.array(-r, pa.float64()), "int_2": pa.array(np.full(rows, 0.5, np.float32))}
+    data.update({f"cat_{f}": pa.array((r + f) % TABLES, pa.int64()) for f in range(len(SPARSE))})
+    data.update(columns)
+    return pa.table(data)
+
+
+def write_files(fs, folder: str, rows_per_file=ROWS, group_rows: int = 128, **write_options) -> str:
+    """One file per entry of ``rows_per_file``, in row groups of ``group_rows``."""
+    fs.makedirs(folder, exist_ok=True)
+    first = 0
+    for d, rows in enumerate(rows_per_file):
+        with fs.open(f"{folder}/day_{d}.parquet", "wb") as f:
+            pq.write_table(table(first, rows), f, row_group_size=group_rows, **write_options)
+        first += rows
+    return folder
+
+
+def dataset(path, rank=0, world=1, **kwargs) -> ParquetClickLogs:
+    options = {"data": "parquet", "data_path": str(path), "num_embeddings": TABLES, "batch_size": 100,
+               "dense_columns": DENSE, "sparse_columns": SPARSE, "categorical_ids": "as_is",
+               "shuffle_buffer_rows": 300, **kwargs}
+    return ParquetClickLogs(TrainConfig(**options), rank, world, pin_memory=False)
+
+
+def rows_of(batch) -> list[int]:
+    return batch.dense_features[:, 0].long().tolist()
+
+
+def take(iterator, n):
+    batches = [next(iterator) for _ in range(n)]
+    iterator.close()
+    return batches
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_files(fsspec.filesystem("file"), str(tmp_path_factory.mktemp("parquet")))
+
+
+def test_splits_are_the_last_file_halves_and_batches_hold_each_rows_own_values(folder):
+    data = dataset(folder)
+    assert data.splits == {"train": (0, 2883), "val": (2883, 3384), "test": (3384, 3884)}
+    assert data.steps_per_epoch == 28
+    batch = next(data.eval_batches("test", 1))
+    rows = rows_of(batch)
+    assert rows == list(range(3384, 3484))
+    assert batch.labels.tolist() == [r % 2 for r in rows]
+    assert batch.dense_features[:, 1].tolist() == [-r for r in rows]
+    kjt = batch.sparse_features
+    assert kjt.keys() == [f"cat_{f}" for f in range(4)] and kjt.stride() == 100
+    assert kjt.values().dtype == torch.int32 and torch.equal(kjt.lengths(), torch.ones(400, dtype=torch.int32))
+    assert kjt["cat_3"].values().tolist() == [(r + 3) % TABLES for r in rows]
+    assert data.teacher() is None
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_ranks_read_disjoint_shares_and_an_epoch_uses_rows_once(folder, shuffle):
+    world = 3
+    ranks = [dataset(folder, r, world, shuffle=shuffle) for r in range(world)]
+    steps = ranks[0].steps_per_epoch
+    assert steps == (2883 // 3) // 100 and {r.steps_per_epoch for r in ranks} == {steps}
+    per_rank = [sum((rows_of(b) for b in take(data.train_batches(0), steps)), []) for data in ranks]
+    seen = sum(per_rank, [])
+    assert len(seen) == len(set(seen)) == steps * 300 and set(seen) <= set(range(2883))
+    for batch in take(ranks[1].train_batches(0), 2):
+        assert batch.sparse_features["cat_1"].values().tolist() == [(r + 1) % TABLES for r in rows_of(batch)]
+    if not shuffle:  # file order: each rank a run of 961 rows, of which 900 train this epoch
+        assert per_rank[1] == list(range(961, 961 + 900))
+
+
+def test_resuming_at_any_step_yields_the_batches_of_an_uninterrupted_run(folder):
+    data = dataset(folder, 1, 2, seed=5)
+    per_epoch = data.steps_per_epoch
+    uninterrupted = [rows_of(b) for b in take(data.train_batches(0), 2 * per_epoch + 3)]
+    # Step 4 starts inside a 300-row window, in the middle of a row group; per_epoch - 1 spans
+    # the end of an epoch; per_epoch and 2 * per_epoch + 1 start in a new epoch's order.
+    for start in (4, per_epoch - 1, per_epoch, 2 * per_epoch + 1):
+        resumed = [rows_of(b) for b in take(dataset(folder, 1, 2, seed=5).train_batches(start), 2)]
+        assert resumed == uninterrupted[start : start + 2], start
+
+
+def test_shuffling_mixes_rows_across_row_groups_and_differs_per_epoch_and_seed(folder):
+    data = dataset(folder, seed=1)
+    per_epoch = data.steps_per_epoch
+    epochs = [sum((rows_of(b) for b in take(data.train_batches(e * per_epoch), per_epoch)), []) for e in (0, 1)]
+    assert epochs[0] != epochs[1] and sorted(epochs[0]) != epochs[0]
+    first_batch = rows_of(next(dataset(folder, seed=1).eval_batches("val", 1)))
+    assert first_batch == sorted(first_batch)  # evaluation reads in file order
+    assert len({r // 128 for r in epochs[0][:100]}) > 1  # a batch mixes row groups
+    other_seed = sum((rows_of(b) for b in take(dataset(folder, seed=2).train_batches(0), per_epoch)), [])
+    assert other_seed != epochs[0]
+
+
+def test_evaluation_gives_every_rank_the_same_number_of_batches(folder):
+    world = 3
+    for split in ("val", "test"):
+        start, stop = dataset(folder).splits[split]
+        per_rank = [[rows_of(b) for b in dataset(folder, r, world).eval_batches(split, 0)] for r in range(world)]
+        assert len({len(batches) for batches in per_rank}) == 1
+        rows = sorted(row for batches in per_rank for batch in batches for row in batch)
+        assert rows == list(range(start, stop))[: len(rows)] and stop - start - len(rows) < world
+        assert [rows_of(b) for b in dataset(folder, 2, world).eval_batches(split, 1)] == per_rank[2][:1]
+    assert eval_runs(10, 100, 1, 3, 2, 0) == [(103, 105), (105, 106)]
+
+
+def test_pieces_cut_row_groups_at_any_row():
+    pieces = Pieces.of_groups([[5, 3], [4]])
+    assert pieces.rows == 12
+    assert pieces.between(4, 10).as_list() == [(0, 0, 4, 5), (0, 1, 0, 3), (1, 0, 0, 2)]
+    assert pieces.between(5, 8).as_list() == [(0, 1, 0, 3)]
+
+
+def test_loader_threads_stop_with_their_iterator(folder):
+    def threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith((PREFETCH_THREAD, READ_AHEAD_THREAD))}
+
+    before = threads()  # those of other tests' iterators may still be winding down
+    iterator = dataset(folder).train_batches(0)
+    next(iterator)
+    started = threads() - before
+    assert {t.name.split("_")[0] for t in started} == {PREFETCH_THREAD, READ_AHEAD_THREAD}
+    iterator.close()  # returns once they have ended: none may outlive the training run
+    assert not any(t.is_alive() for t in started)
+
+
+def mix64(values: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, written out here in numpy, independently of the code under test."""
+    with np.errstate(over="ignore"):
+        x = values.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def test_hashed_ids_are_a_fixed_mix_modulo_the_table(folder):
+    batch = next(dataset(folder, categorical_ids="hash", num_embeddings=97).eval_batches("val", 1))
+    rows = np.array(rows_of(batch))
+    expected = mix64((rows + 2) % TABLES) % np.uint64(97)
+    assert batch.sparse_features["cat_2"].values().tolist() == expected.tolist()
+
+
+def write_one(tmp_path, name: str, data: pa.Table, **options) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    pq.write_table(data, folder / "day_0.parquet", **options)
+    return str(folder)
+
+
+def test_list_columns_are_multi_hot_and_nulls_are_counted_and_filled(tmp_path):
+    rows = 400
+    r = np.arange(rows)
+    lists = [[int(v), int(v) + 1][: int(v) % 3] for v in r]  # 0, 1 or 2 ids
+    lists[5], lists[7] = None, [9, None, 11]  # a null list, a null element
+    dense = pa.array([None if v % 10 == 3 else float(v) for v in r], pa.float32())
+    ids = pa.array([None if v % 50 == 1 else int(v) for v in r], pa.int32())
+    data = table(0, rows, int_0=pa.array(r), int_1=dense, cat_1=pa.array(lists, pa.list_(pa.int64())), cat_2=ids)
+    source = dataset(write_one(tmp_path, "lists", data), batch_size=50, eval_fraction=0.5, shuffle_buffer_rows=64)
+    assert source.spec.multi_hot == [False, True, False, False]
+    assert source.null_counts == {"label": 0, "int_0": 0, "int_1": 40, "int_2": 0, "cat_0": 0, "cat_2": 8, "cat_3": 0}
+    batch = next(source.train_batches(0))
+    kjt, got = batch.sparse_features, rows_of(batch)
+    expected = [[] if v == 5 else [9, 11] if v == 7 else lists[v] for v in got]
+    assert kjt["cat_1"].lengths().tolist() == [len(ids) for ids in expected]
+    assert kjt["cat_1"].values().tolist() == sum(expected, [])
+    assert kjt["cat_2"].lengths().tolist() == [0 if v % 50 == 1 else 1 for v in got]
+    assert batch.dense_features[:, 1].tolist() == [0.0 if v % 10 == 3 else float(v) for v in got]
+    assert kjt.values().shape[0] == sum(kjt.length_per_key())
+
+
+@pytest.mark.parametrize(
+    "change, kwargs, fragment",
+    [
+        (dict(cat_3=None), {}, "day_0.parquet has no column 'cat_3' (--sparse_columns)"),
+        (dict(cat_2=pa.array(["a"] * 300)), {}, "day_0.parquet: column 'cat_2' (--sparse_columns) is string"),
+        (dict(int_1=pa.array([[1.0]] * 300)), {}, "column 'int_1' (--dense_columns) is list<element: double>"),
+        (dict(cat_0=pa.array(np.full(300, 1000))), {}, "column 'cat_0' holds id 1000 (row group 0)"),
+        (dict(label=pa.array([None] + [1] * 299, pa.int8())), {}, "label column 'label' has 1 null values"),
+        ({}, dict(dense_columns=["int_*"], num_dense_features=2), "--dense_columns int_* matches 3 columns"),
+        ({}, dict(sparse_columns=["nope_*"]), "--sparse_columns nope_* matches no column"),
+        ({}, dict(sparse_columns=["cat_0", "int_0"]), "int_0 would be read twice"),
+    ],
+)
+def test_bad_inputs_are_refused_at_start_naming_file_and_column(tmp_path, change, kwargs, fragment):
+    data = table(0, 300)
+    for name, column in change.items():
+        data = data.drop_columns([name]) if column is None else data.set_column(data.schema.get_field_index(name), name, column)
+    folder = write_one(tmp_path, "bad", data)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        dataset(folder, eval_fraction=0.5, **kwargs)
+
+
+def test_bad_values_in_files_without_statistics_stop_reading_naming_the_file(tmp_path):
+    data = table(0, 300, cat_0=pa.array(np.r_[np.zeros(299, np.int64), -4]))
+    source = dataset(write_one(tmp_path, "nostats", data, write_statistics=False), eval_fraction=0.5)
+    with pytest.raises(ConfigError, match=r"day_0.parquet: column 'cat_0' holds id -4 \(row group 0\)"):
+        list(source.eval_batches("test", 0))
+
+
+def test_missing_and_foreign_inputs_are_refused(tmp_path, folder):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "_SUCCESS").write_text("")
+    with pytest.raises(ConfigError, match="holds no Parquet file"):
+        dataset(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="holds no Parquet file"):
+        dataset(f"{folder}/*.csv")
+    with pytest.raises(ConfigError, match="does not exist"):
+        dataset(tmp_path / "nowhere")
+    (tmp_path / "notes.parquet").write_text("not parquet at all")
+    with pytest.raises(ConfigError, match=r"notes.parquet is not a readable Parquet file \(it does not end in PAR1\)"):
+        dataset(tmp_path / "notes.parquet")
+    other = tmp_path / "mixed"
+    other.mkdir()
+    pq.write_table(table(0, 300), other / "day_0.parquet")
+    pq.write_table(table(300, 300, cat_1=pa.array([[1]] * 300)), other / "day_1.parquet")
+    with pytest.raises(ConfigError, match="day_1.parquet: column 'cat_1' holds lists of integers, but integers in"):
+        dataset(other)
+    with pytest.raises(ConfigError, match="fewer than one batch per rank"):
+        dataset(folder, batch_size=3000)
+
+
+def test_a_glob_selects_files_and_the_feature_counts_follow_the_columns(folder):
+    data = dataset(f"{folder}/day_[0-2].parquet", eval_fraction=0.5)
+    assert [os.path.basename(f.url) for f in data.files] == ["day_0.parquet", "day_1.parquet", "day_2.parquet"]
+    assert data.splits["test"][1] == 2150
+    cfg = TrainConfig(data="parquet", data_path=folder, dense_columns=["int_0"], sparse_columns=["cat_0", "cat_1"])
+    assert (cfg.num_dense_features, cfg.num_sparse_features) == (1, 2)
+    with pytest.raises(ConfigError, match="--sparse_columns names 2 columns but --num_sparse_features is 5"):
+        TrainConfig(data="parquet", data_path=folder, sparse_columns=["cat_0", "cat_1"], num_sparse_features=5)
+
+
+def make_bucket(name: str) -> None:
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+
+
+def test_s3_batches_equal_local_ones_and_resume_exactly(aws, folder):
+    make_bucket("clicks")
+    s3 = fsspec.filesystem("s3")
+    for name in os.listdir(folder):
+        s3.put(os.path.join(folder, name), f"clicks/logs/{name}")
+    s3.touch("clicks/logs/_SUCCESS")  # Spark's marker is not data
+    local = [rows_of(b) for b in take(dataset(folder, 0, 2).train_batches(0), 12)]
+    remote = dataset("s3://clicks/logs/", 0, 2)
+    assert [rows_of(b) for b in take(remote.train_batches(0), 12)] == local
+    assert [rows_of(b) for b in take(dataset("s3://clicks/logs/", 0, 2).train_batches(9), 3)] == local[9:]
+    with pytest.raises(ConfigError, match="s3://clicks/logs/day_0.parquet has no column 'cat_9'"):
+        dataset("s3://clicks/logs/", sparse_columns=["cat_9"])
+
+
+def test_training_from_s3_resumes_exactly_where_it_stopped(aws, tmp_path):
+    make_bucket("clicks")
+    write_files(fsspec.filesystem("s3"), "clicks/train", rows_per_file=[3000, 3000, 2000], group_rows=500)
+    common = ["-m", "apps.dlrm.train", "--data", "parquet", "--data_path", "s3://clicks/train",
+              "--dense_columns", ",".join(DENSE), "--sparse_columns", ",".join(SPARSE), "--categorical_ids", "as_is",
+              "--shuffle_buffer_rows", "1000", *tiny(batch_size=128, steps=24, log_every=12, val_batches=2,
+                                                     test_batches=2)]
+
+    def train(name: str, *args: str) -> dict:
+        result = run([sys.executable, *common, "--output_dir", str(tmp_path / name), *args], timeout=300)
+        assert_ok(result)
+        return json.loads((tmp_path / name / "summary.json").read_text())
+
+    reference = train("uninterrupted")
+    checkpoints = str(tmp_path / "ckpt")
+    stopped = train("first", "--steps", "12", "--checkpoint_dir", checkpoints)
+    resumed = train("second", "--checkpoint_dir", checkpoints)
+    assert stopped["steps"] == 12 and resumed["resumed_from_step"] == 12 and resumed["steps"] == 24
+    assert resumed["final_train_loss"] == reference["final_train_loss"]  # bit for bit
+    assert resumed["val_auroc"] == reference["val_auroc"]
