@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import io
 import itertools
+import os
 import pickle
 import struct
 import sys
@@ -28,13 +29,14 @@ import zipfile
 from concurrent.futures import Future as ConcurrentFuture, ThreadPoolExecutor
 from typing import Any, Iterator, NamedTuple
 
+from fsspec.implementations.local import LocalFileSystem
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecReader, FsspecWriter
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -162,8 +164,29 @@ class _SavePlanner(DefaultSavePlanner):
         return dataclasses.replace(plan, items=items)
 
 
+class _ServerSideRenames(FileSystem):
+    """DCP's fsspec file system, renaming objects by a server-side copy and a delete.
+
+    DCP writes ``.metadata`` under a temporary name and renames it. On an object store a rename
+    is a copy and a delete anyway, but gcsfs first asks for GCS's moveTo, which emulators (and
+    some gateways) answer 501, and retries that for ~30 s before copying: every save waited.
+    """
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        self.fs.copy(str(path), str(new_path))
+        self.fs.rm(str(path))
+
+
 class _CheckpointWriter(FsspecWriter):
-    """DCP's fsspec writer, recording the checkpoint's URL in ``.metadata`` without credentials."""
+    """DCP's fsspec writer, recording the checkpoint's URL in ``.metadata`` without credentials,
+    and renaming on object stores by copy and delete (:class:`_ServerSideRenames`)."""
+
+    def __init__(self, path: str, sync_files: bool) -> None:
+        super().__init__(path, sync_files=sync_files)
+        if not isinstance(self.fs.fs, LocalFileSystem):  # a local rename is atomic: kept
+            files = _ServerSideRenames()
+            files.fs = self.fs.fs
+            self.fs = files
 
     def storage_meta(self) -> dcp_metadata.StorageMeta | None:
         meta = super().storage_meta()
