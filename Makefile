@@ -1,5 +1,7 @@
 # make run   sets up (once) and runs the main job: 2 trainers on this machine
-# make test  sets up (once, with test tools) and runs the test suite, less its slow tests
+# make test  sets up (once, with test tools), lints and type-checks, and runs the test suite, less its slow tests
+# make lint  ruff (lint and format check) and mypy, as configured in pyproject.toml
+# make test-fast  runs the unit tier only (pure logic, seconds)
 # make test-slow  runs the slow tests: a real container build (Podman, root, minutes)
 # make gpu-check  checks and measures this machine's NVIDIA GPUs (benchmarks/gpu_check.py)
 VENV ?= .venv
@@ -7,7 +9,7 @@ PYTHON ?= python3
 # torchrun, torchx and python of the project's environment come first on PATH.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install install-test run test test-slow bench gpu-check clean
+.PHONY: install install-test run lint test test-fast test-slow bench gpu-check clean
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
@@ -23,8 +25,16 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 run: install
 	torchx run -s local_cwd components.dlrm:train -j 1x2
 
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
 test: install-test
 	$(VENV)/bin/python -m pytest tests
+
+test-fast: install-test
+	$(VENV)/bin/python -m pytest -m unit tests
 
 test-slow: install-test
 	$(VENV)/bin/python -m pytest -m slow tests

@@ -1,10 +1,46 @@
-"""Helpers for tests that start real processes (torchrun, torchx)."""
+"""Test tiers, shared fixtures, and helpers for tests that start real processes (torchrun, torchx).
+
+Every test belongs to one tier (README: Tests), the closest of: its own ``@pytest.mark.<tier>``,
+else its module's ``TIER``. A test with neither is a collection error, so no test falls through
+the tiers unseen:
+
+- ``unit``: pure logic in this process, seconds for the whole tier (``make test-fast``);
+- ``integration``: real processes and servers on loopback (torchrun, ``torchx run``, moto,
+  the GCS emulator, network namespaces);
+- ``slurm``: real Slurm clusters in debootstrapped roots (root; the first run builds them);
+- ``gpu``: needs CUDA GPUs, skipped with the reason where there are none;
+- ``slow``: minutes (a container build), left out of ``make test`` (``make test-slow``).
+"""
 
 import os
 import subprocess
 import sys
 
 import pytest
+
+TIERS = ("unit", "integration", "slurm", "gpu", "slow")
+#: The order the tiers' modules run in (see pytest_collection_modifyitems): the longest first.
+_RUN_ORDER = {"slurm": 0, "integration": 1, "slow": 1, "gpu": 2, "unit": 3}
+
+# Fixtures of the servers on loopback, for any test module to ask for by name.
+pytest_plugins = ["tests.moto_server", "tests.gcs_server", "tests.hosts"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Gives each test its tier's marker, so that ``-m unit`` (and the like) selects by tier, and
+    runs the modules of the long tiers first: the test workers take whole modules in this order,
+    so the quick unit modules fill in at the end instead of one worker finishing a long one alone."""
+    items.sort(key=lambda item: _RUN_ORDER.get(getattr(item.module, "TIER", "unit"), 0))  # stable
+    for item in items:
+        if any(mark.name in TIERS for mark in item.iter_markers()):
+            continue
+        tier = getattr(item.module, "TIER", None)
+        if tier not in TIERS:
+            raise pytest.UsageError(
+                f"{item.nodeid} has no tier: set TIER to one of {', '.join(TIERS)} in its module, "
+                "or mark the test (@pytest.mark.unit, ...)"
+            )
+        item.add_marker(tier)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)

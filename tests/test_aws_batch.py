@@ -19,7 +19,9 @@ from schedulers.aws_batch import CANCEL_REASON, LOG_GROUP, AWSBatchScheduler
 from tests.conftest import BIN, run
 from tests.golden_files import assert_matches_golden
 from tests.moto_server import _post as post
-from tests.moto_server import aws, moto_endpoint  # noqa: F401 - pytest fixtures
+
+# Tier (tests/conftest.py): real processes and servers.
+TIER = "integration"
 
 QUEUE = "dlrm-queue"
 
@@ -29,7 +31,7 @@ def torchx(*args: str):
 
 
 @pytest.fixture(params=["name", "arn"], ids=lambda given: f"queue-{given}")
-def queue(request, aws):  # noqa: F811 - the fixture imported above
+def queue(request, aws):
     """An EC2 compute environment (multi-node jobs need EC2) and a job queue on the loopback AWS,
     given as `-cfg queue=` takes it: by name or by ARN (app handles carry the name either way)."""
     iam, ec2, batch = boto3.client("iam"), boto3.client("ec2"), boto3.client("batch")
@@ -152,7 +154,7 @@ def test_log_reads_the_nodes_cloudwatch_stream(submitted):
 
 
 @pytest.fixture
-def queued_jobs_stay_queued(moto_endpoint):  # noqa: F811 - the fixture imported above
+def queued_jobs_stay_queued(moto_endpoint):
     """Jobs wait in the queue (SUBMITTED) for a minute instead of finishing at once.
 
     moto's Docker-less Batch finishes every job as it is submitted, and TorchX cancels only

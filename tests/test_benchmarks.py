@@ -9,6 +9,9 @@ import torch
 
 from tests.conftest import REPO, assert_ok, run
 
+# Tier (tests/conftest.py): real processes and servers.
+TIER = "integration"
+
 LOADER = f"{REPO}/benchmarks/criteo_loader.py"
 CHECKPOINT_IO = f"{REPO}/benchmarks/checkpoint_io.py"
 RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per_sec", "eval_samples_per_cpu_sec")
@@ -38,6 +41,7 @@ def test_loader_refuses_cuda_without_a_gpu():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="copies batches into a CUDA GPU")
 def test_loader_delivers_into_the_gpu(tmp_path):
     figures = run_loader(tmp_path, "cuda")

@@ -26,9 +26,10 @@ from apps.dlrm.config import SHARDING_TYPES, TrainConfig
 from apps.dlrm.distributed import DistEnv
 from apps.dlrm.reshard import column_map
 from tests.conftest import BIN, REPO, TINY, assert_ok, run, tiny, torchrun, trainer_pids
-from tests.gcs_server import gcs, gcs_endpoint  # noqa: F401  (fixtures)
-from tests.moto_server import aws, moto_endpoint  # noqa: F401  (fixtures)
 from tests.shards import assemble, saved_tensors
+
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
 
 
 def train_app(tmp, name, *args, nproc=2, **kwargs):
@@ -49,16 +50,17 @@ def listing(path) -> dict[str, tuple[int, float]]:
     return files
 
 
-# Dense Adam: its state is made lazily, at the first step, so a resumed run must make it before
-# loading the saved one into it.
-DENSE_ADAM = ["--dense_optimizer", "adam"]
+# What makes an exact resume hardest: dense Adam (its state is made lazily, at the first step, so a
+# resumed run must make it before loading the saved one into it) and multi-hot features, mean-pooled.
+RECIPE = ["--dense_optimizer", "adam", "--multi_hot_sizes", ",".join(str(1 + i % 4) for i in range(26)),
+          "--pooling", "mean"]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """40 steps on 2 ranks with dense Adam, a checkpoint every 10 steps, the last 2 kept."""
+    """40 steps of RECIPE on 2 ranks, a checkpoint every 10 steps, the last 2 kept."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    result, summary = train_app(tmp, "out", *DENSE_ADAM, "--checkpoint_dir", str(tmp / "ckpt"),
+    result, summary = train_app(tmp, "out", *RECIPE, "--checkpoint_dir", str(tmp / "ckpt"),
                                 "--checkpoint_every", "10", "--keep_last", "2")
     assert_ok(result)
     return tmp / "ckpt", summary
@@ -83,10 +85,10 @@ def test_commits_every_interval_and_keeps_the_last(uninterrupted):
 def test_resume_continues_exactly_where_it_stopped(uninterrupted, tmp_path):
     _, reference = uninterrupted
     ckpt = str(tmp_path / "ckpt")
-    first, stopped = train_app(tmp_path, "first", *DENSE_ADAM, "--checkpoint_dir", ckpt, "--steps", "20")
+    first, stopped = train_app(tmp_path, "first", *RECIPE, "--checkpoint_dir", ckpt, "--steps", "20")
     assert_ok(first)
     # the same command again, with the full step count: no flag says "resume"
-    second, resumed = train_app(tmp_path, "second", *DENSE_ADAM, "--checkpoint_dir", ckpt,
+    second, resumed = train_app(tmp_path, "second", *RECIPE, "--checkpoint_dir", ckpt,
                                 "--checkpoint_every", "10")
     assert_ok(second)
     assert stopped["resumed_from_step"] is None and resumed["resumed_from_step"] == 20
@@ -119,7 +121,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank_row_wise(uninterrupted, tmp_pat
     ckpt, _ = uninterrupted
     shutil.copytree(ckpt, tmp_path / "ckpt")
     assert_resumes_resharded(tmp_path / "ckpt" / "step_00000040", tmp_path, nproc=1, sharding="row_wise", step=40,
-                             args=DENSE_ADAM)
+                             args=RECIPE)
 
 
 def test_one_rank_checkpoint_resumes_on_two_ranks_table_row_wise(tmp_path):
@@ -152,7 +154,7 @@ def test_incompatible_checkpoint_is_refused_before_training_and_kept(uninterrupt
     ckpt, _ = uninterrupted
     shutil.copytree(ckpt, tmp_path / "ckpt")
     before = listing(tmp_path / "ckpt")
-    result = run([sys.executable, "-m", "apps.dlrm.train", *TINY, *DENSE_ADAM, "--num_embeddings", "3000",
+    result = run([sys.executable, "-m", "apps.dlrm.train", *TINY, *RECIPE, "--num_embeddings", "3000",
                   "--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "out")])
     assert result.returncode == 2
     assert "was written for another model (table_sizes: 26x2000 there, 26x3000 here)" in result.stderr
@@ -195,7 +197,6 @@ def test_checkpoints_on_gcs_resume(gcs, tmp_path):
     first, trained = train_app(tmp_path, "first", "--checkpoint_dir", url, "--steps", "20")
     assert_ok(first)
     assert fs.exists("dlrm-ckpt-gcs/runs/a/step_00000020/COMMITTED")
-    # One save only: the emulator lacks GCS's moveTo, which gcsfs retries for ~30 s per save.
     second, resumed = train_app(tmp_path, "second", "--checkpoint_dir", url, "--steps", "20")
     assert_ok(second)
     assert resumed["resumed_from_step"] == 20 and resumed["steps"] == 20
@@ -249,6 +250,7 @@ def test_a_killed_trainer_is_restarted_from_the_last_checkpoint(tmp_path):
 
 # --- pure logic ------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_prune_deletes_only_after_a_newer_commit():
     store = CheckpointStore("memory://prune-test/ckpt", keep_last=2)
     store.run_id = "this-run"
@@ -269,6 +271,7 @@ def test_prune_deletes_only_after_a_newer_commit():
 COLUMN_BLOCKS = {"column_wise": ((0, 128), (128, 128))}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("saved", SHARDING_TYPES[1:])
 @pytest.mark.parametrize("current", SHARDING_TYPES[1:])
 def test_which_sharding_changes_keep_the_optimizer_state(saved, current):
@@ -283,6 +286,7 @@ def test_which_sharding_changes_keep_the_optimizer_state(saved, current):
     assert exact == (current != "column_wise" or saved == "column_wise")
 
 
+@pytest.mark.unit
 def test_memory_urls_are_refused_for_several_ranks():
     env = DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, device=torch.device("cpu"), backend="gloo")
     with pytest.raises(CheckpointError, match="memory:// lives inside one process"):

@@ -14,6 +14,9 @@ import pytest
 from apps.dlrm.checkpoint import COMMIT_MARKER, CheckpointStore
 from tests.conftest import REPO, assert_ok, process_env, torchrun, trainer_pids
 
+# Tier (tests/conftest.py): real processes and servers.
+TIER = "integration"
+
 #: ~1 GB of tables, so that writing a checkpoint takes seconds: long enough to be caught mid-write.
 BIG_TABLES = ["--num_sparse_features", "8", "--num_embeddings", "500000", "--embedding_dim", "64",
               "--dense_arch_layer_sizes", "64,64", "--batch_size", "128", "--steps", "30",

@@ -17,6 +17,9 @@ from apps.dlrm import checkpoint_storage
 from apps.dlrm.checkpoint_storage import _CheckpointWriter, load_shards, save_shards
 from apps.dlrm.distributed import free_port
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 # local=True reads the files in place, local=False fetches byte ranges as on object stores.
 READERS = pytest.mark.parametrize("local", [True, False], ids=["in place", "batched"])
 

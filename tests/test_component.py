@@ -16,6 +16,9 @@ from apps.dlrm.job_shape import parse_job_size
 from components.launch import DEFAULT_ENV
 from components.signature import InvalidComponentArgument
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

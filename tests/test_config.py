@@ -8,7 +8,11 @@ import pytest
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.options import ConfigError, to_argv
 
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
 
+
+@pytest.mark.unit
 def test_defaults_are_valid_and_consistent():
     cfg = TrainConfig()
     assert cfg.table_sizes == [cfg.num_embeddings] * cfg.num_sparse_features
@@ -17,6 +21,7 @@ def test_defaults_are_valid_and_consistent():
     assert TrainConfig(dense_learning_rate=0).dense_lr == cfg.learning_rate
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides, names",
     [
@@ -48,11 +53,13 @@ def test_bad_values_name_the_value_and_the_fix(overrides, names):
         assert name in str(error.value)
 
 
+@pytest.mark.unit
 def test_per_feature_sizes_follow_the_feature_count():
     cfg = TrainConfig(num_sparse_features=3, num_embeddings_per_feature=[10, 20, 30])
     assert cfg.table_sizes == [10, 20, 30]
 
 
+@pytest.mark.unit
 def test_argv_round_trips_every_kind_of_value():
     cfg = TrainConfig(
         num_sparse_features=2,

@@ -24,7 +24,9 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+# Tier (tests/conftest.py): minutes; `make test-slow`.
+TIER = "slow"
+
 
 # runc, not Podman's default crun (not installed with Debian's podman); ulimits a container here
 # may set (Podman's defaults exceed this machine's hard limits).

@@ -17,6 +17,9 @@ from apps.dlrm.criteo.layout import FORMAT, FORMAT_VERSION, array_file, checksum
 from apps.dlrm.data.criteo import CriteoClickLogs
 from apps.dlrm.options import ConfigError, to_argv
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 TABLES = 1000
 
 

@@ -21,6 +21,9 @@ from apps.dlrm.criteo.pipeline import preprocess
 from apps.dlrm.data.criteo import CriteoClickLogs
 from tests.criteo_files import generate_day, write_day
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 DAYS = 3
 SIZES = [50_000] * 26
 SIZES[0], SIZES[5], SIZES[9] = 37, 3, 1000

@@ -15,6 +15,9 @@ from components.signature import InvalidComponentArgument
 from tests.conftest import BIN, assert_ok, run, tiny, torchrun
 from tests.criteo_files import generate_day, write_day
 
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
+
 
 def test_preprocess_then_train_two_ranks_on_the_criteo_files(tmp_path):
     raw = tmp_path / "raw"
@@ -56,6 +59,7 @@ def app_command(app) -> list[str]:
     return [role.entrypoint, *role.args]
 
 
+@pytest.mark.unit
 def test_preprocess_component_passes_its_arguments_to_the_app():
     app = dlrm.preprocess(input=["s3://bucket/criteo/"], output="/data/npy", table_size_preset="mlperf",
                           categorical_ids="vocabulary", cpu=32, memMB=64_000, mounts=["type=bind", "src=/data", "dst=/data"])
@@ -69,6 +73,7 @@ def test_preprocess_component_passes_its_arguments_to_the_app():
     assert role.mounts[0].dst_path == "/data"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [

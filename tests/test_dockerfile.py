@@ -20,6 +20,9 @@ import pytest
 from components.launch import DEFAULT_IMAGE
 from tests.conftest import REPO
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 # The oldest NVIDIA driver of each CUDA release (NVIDIA's CUDA Toolkit release notes, "CUDA
 # Toolkit and Corresponding Driver Versions", Linux).
 DRIVER_FOR_CUDA = {"13.0": "580"}

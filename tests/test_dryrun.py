@@ -24,6 +24,9 @@ from tests.golden_files import assert_matches_golden
 from tests.kubeflow_validation import validate_pytorchjob, validate_trainjob
 from tests.volcano_validation import validate_volcano_job
 
+# Tier (tests/conftest.py): real processes and servers.
+TIER = "integration"
+
 TRAIN_2X8 = ["components.dlrm:train", "-j", "2x8", "-h", "aws_p4d.24xlarge", "--batch_size", "8192"]
 KUBERNETES_CFG = "queue=dlrm,service_account=dlrm-trainer,validate_spec=False"
 KUBEFLOW_CFG = "queue=dlrm,service_account=dlrm-trainer"

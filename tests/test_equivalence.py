@@ -6,6 +6,9 @@ import pytest
 
 from benchmarks.equivalence import STEPS, TOLERANCE, compare
 
+# Tier (tests/conftest.py): real processes and servers.
+TIER = "integration"
+
 WORLD = 2
 
 

@@ -10,6 +10,9 @@ import torch
 from benchmarks.gpu_check import CHECKS, Check, gib_text, largest_rows, parse_names, plan_in_hbm, render
 from tests.conftest import assert_ok, run
 
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
+
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU check needs an NVIDIA GPU")
 
 
@@ -23,6 +26,7 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
     ]
 
 
+@pytest.mark.unit
 def test_only_runs_the_named_checks_in_their_order_and_refuses_unknown_ones():
     assert parse_names("") == list(CHECKS)
     assert parse_names("memory,main_job") == ["main_job", "memory"]
@@ -31,6 +35,7 @@ def test_only_runs_the_named_checks_in_their_order_and_refuses_unknown_ones():
     assert "--only: no such check: speed; use some of main_job,equivalence," in result.stderr
 
 
+@pytest.mark.unit
 def test_the_table_names_every_check_and_its_verdict():
     table = render([Check("main job", True, "val AUROC 0.79"), Check("comms fp8", False, "error: boom")])
     assert table.splitlines() == ["main job   ok      val AUROC 0.79", "comms fp8  FAILED  error: boom"]
@@ -44,6 +49,7 @@ def test_the_memory_check_sizes_tables_to_the_planners_own_limit():
     assert gib_text(79.2549) == "79.25"
 
 
+@pytest.mark.gpu
 @needs_gpu
 def test_the_gpu_check_passes_on_this_gpu_machine(tmp_path):
     out = tmp_path / "gpu_check.json"

@@ -9,6 +9,9 @@ from apps.dlrm import network, torchrun
 from apps.dlrm.network import HostAddress
 from apps.dlrm.options import ConfigError
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 # What TorchX's dist.torchrun writes for -j 2x8, the first node's name filled in.
 ARGS = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "node1:29500", "--rdzv_id", "app", "--nnodes", "2",
         "--nproc_per_node", "8", "--tee", "3", "--role", "", "-m", "apps.dlrm.train", "--local_addr", "x"]

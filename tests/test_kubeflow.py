@@ -29,6 +29,9 @@ from tests.conftest import BIN, run
 from tests.kubeflow_server import RESPONSES, TOKEN, FakeCluster, fake_cluster
 from tests.kubeflow_validation import validate_pytorchjob, validate_recorded, validate_trainjob
 
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
+
 TRAIN_2X8 = ["-j", "2x8", "-h", "aws_p4d.24xlarge", "--batch_size", "8192"]
 QUEUED = {"queue": "dlrm", "service_account": "dlrm-trainer", "image_pull_secrets": ["regcred"]}
 S = specs.AppState
@@ -71,6 +74,7 @@ def runtime_pod(job: dict) -> dict:
 # ── the objects ─────────────────────────────────────────────────────────────────────────────
 
 
+@pytest.mark.unit
 def test_pytorchjob_of_a_2_node_p4d_job_is_a_master_and_a_worker_meeting_at_master_addr():
     job = manifest({**QUEUED, "workload_priority_class": "research"}, *TRAIN_2X8)
     assert validate_pytorchjob(job) == []
@@ -97,6 +101,7 @@ def test_pytorchjob_of_a_2_node_p4d_job_is_a_master_and_a_worker_meeting_at_mast
         assert (pod["serviceAccountName"], pod["imagePullSecrets"]) == ("dlrm-trainer", [{"name": "regcred"}])
 
 
+@pytest.mark.unit
 def test_trainjob_of_a_2_node_p4d_job_runs_on_the_torch_runtime_meeting_at_pet_master_addr():
     job = manifest({**QUEUED, "api": "trainer"}, *TRAIN_2X8)
     assert validate_trainjob(job) == []
@@ -116,6 +121,7 @@ def test_trainjob_of_a_2_node_p4d_job_runs_on_the_torch_runtime_meeting_at_pet_m
     assert pod["spec"]["containers"] == [{"name": "node", "volumeMounts": [{"mountPath": "/dev/shm", "name": "dshm"}]}]
 
 
+@pytest.mark.unit
 def test_retries_become_the_restart_policy_and_backoff_limit_the_operator_applies():
     job = manifest({}, "-j", "3x2", "--max_retries", "2")
     assert validate_pytorchjob(job) == []
@@ -128,6 +134,7 @@ def test_retries_become_the_restart_policy_and_backoff_limit_the_operator_applie
     assert "suspend" not in job["spec"]["runPolicy"]  # no queue: nothing to wait for
 
 
+@pytest.mark.unit
 def test_elastic_job_is_workers_only_with_the_operators_elastic_policy():
     job = manifest({}, "-j", "1:4x2", "--max_retries", "3")
     assert validate_pytorchjob(job) == []
@@ -145,12 +152,14 @@ def test_elastic_job_is_workers_only_with_the_operators_elastic_policy():
         "fieldRef": {"fieldPath": "metadata.labels['training.kubeflow.org/replica-index']"}}
 
 
+@pytest.mark.unit
 def test_single_node_job_is_a_master_alone():
     job = manifest({}, "-j", "1x2")
     assert validate_pytorchjob(job) == []
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("api", ["pytorchjob", "trainer"])
 def test_mounts_become_volumes_of_each_kind(api):
     mounts = ("type=bind,src=/fsx,dst=/fsx,type=volume,src=criteo,dst=/data,readonly,"
@@ -177,6 +186,7 @@ def test_mounts_become_volumes_of_each_kind(api):
     assert container["securityContext"] == {"privileged": True}  # Kubernetes has no --device
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("api, infix", [("pytorchjob", "-worker-"), ("trainer", "-node-0-")])
 def test_job_names_are_rfc1035_labels_that_leave_room_for_the_pods_hostnames(api, infix):
     job = manifest({"api": api}, "-j", "16x1", "--name", "2026.Criteo_1TB-" + "x" * 80)
@@ -196,6 +206,7 @@ def test_output_writes_the_manifest_kubectl_applies_and_the_dry_run_submits_noth
     assert validate_pytorchjob(yaml.safe_load(path.read_text())) == []
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "cfg, component_args, fragment",
     [
@@ -262,6 +273,7 @@ def test_validation_refuses_what_the_api_server_and_the_operators_would(api, bre
     assert any(fragment in error for error in errors), errors
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(RESPONSES, "*.json"))), ids=os.path.basename)
 def test_replayed_responses_are_objects_the_operators_models_accept(path):
     with open(path) as f:
@@ -466,6 +478,7 @@ def test_a_handle_that_is_not_a_kubeflow_one_says_what_one_looks_like(cluster, h
         get_runner().status(handle)
 
 
+@pytest.mark.unit
 def test_without_a_kubeconfig_the_error_says_where_kubectls_is_looked_for(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -473,6 +486,7 @@ def test_without_a_kubeconfig_the_error_says_where_kubectls_is_looked_for(tmp_pa
         get_runner().status("kubeflow://torchx/default:pytorchjob:dlrm-bx3k9w2q")
 
 
+@pytest.mark.unit
 def test_trainers_command_line_is_shell_text_that_keeps_the_app_id_quoted():
     # The namespace is part of the app id, which TorchX writes into `bash -c`: it can hold no shell syntax.
     job = manifest({"namespace": "ml-team"}, "-j", "2x1")

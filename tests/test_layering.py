@@ -6,6 +6,9 @@ import pathlib
 
 import pytest
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 #: Packages above the app: what builds and submits jobs.
 ABOVE_THE_APP = ("components", "schedulers", "torchx_plugins")

@@ -6,6 +6,9 @@ import os
 from apps.dlrm.config import TrainConfig
 from tests.conftest import BIN, assert_ok, run
 
+# Tier (tests/conftest.py): real processes and servers.
+TIER = "integration"
+
 
 def test_main_job_trains_a_sharded_dlrm_that_learns(tmp_path):
     out = tmp_path / "outputs"

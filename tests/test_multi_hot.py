@@ -21,6 +21,9 @@ from benchmarks.equivalence import STEPS, TOLERANCE, compare
 from tests.conftest import assert_ok, run, torchrun
 from tests.test_criteo_data import TABLES, dataset, rows_of, write_folder
 
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
+
 ROWS = [1000, 50, 100_000, 7]
 SIZES = [1, 3, 5, 2]
 CFG = TrainConfig(num_sparse_features=4, num_embeddings_per_feature=ROWS, multi_hot_sizes=SIZES, batch_size=128)
@@ -33,6 +36,7 @@ def per_sample(batch, key: str, size: int) -> np.ndarray:
     return batch.sparse_features[key].values().numpy().reshape(-1, size)
 
 
+@pytest.mark.unit
 def test_synthetic_multi_hot_batches_have_the_sizes_ranges_and_determinism():
     data = SyntheticClickLogs(CFG, 0, 1)
     batch = data.block("train", 3)
@@ -47,6 +51,7 @@ def test_synthetic_multi_hot_batches_have_the_sizes_ranges_and_determinism():
     assert not torch.equal(kjt.values(), data.block("train", 4).sparse_features.values())
 
 
+@pytest.mark.unit
 def test_one_id_per_feature_gives_the_one_hot_batches():
     one_hot = TrainConfig(num_sparse_features=4, num_embeddings_per_feature=ROWS, batch_size=128)
     ones = TrainConfig(**{**one_hot.__dict__, "multi_hot_sizes": [1, 1, 1, 1], "pooling": "mean"})
@@ -55,6 +60,7 @@ def test_one_id_per_feature_gives_the_one_hot_batches():
     assert torch.equal(a.labels, b.labels) and torch.equal(a.dense_features, b.dense_features)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
 def test_teacher_pools_like_the_model_and_sets_a_ceiling(pooling):
     cfg = TrainConfig(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling=pooling)
@@ -96,6 +102,7 @@ def test_criteo_multi_hot_ids_are_those_of_torchrec_dlrmv2_example():
     assert values[:12].tolist() == REFERENCE_CAT_0
 
 
+@pytest.mark.unit
 def test_criteo_loader_makes_multi_hot_batches(tmp_path):
     folder = write_folder(tmp_path / "npy", [300, 300])
     sizes = [1 + f % 4 for f in range(26)]
@@ -120,6 +127,7 @@ def test_multi_hot_sharded_training_matches_unsharded_reference(sharding_type, p
 
 # --- the DLRMv2 preset -----------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_preset_fills_defaults_and_explicit_options_win():
     cfg = TrainConfig(preset="dlrmv2")
     assert (cfg.interaction_type, cfg.dcn_num_layers, cfg.dcn_low_rank_dim) == ("dcn", 3, 512)
@@ -134,6 +142,7 @@ def test_preset_fills_defaults_and_explicit_options_win():
     assert small.interaction_type == "dcn"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(preset="dlrmv2", num_sparse_features=8), "--preset dlrmv2 is a model of Criteo's 13 dense and 26 sparse"),
     (dict(multi_hot_sizes=[2, 3]), "--multi_hot_sizes has 2 entries (2,3) but there are 26 sparse features"),

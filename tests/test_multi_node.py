@@ -13,9 +13,12 @@ from torchx import specs
 from apps.dlrm.config import parse_train_config
 from components import dlrm
 from tests.conftest import TINY, assert_ok, torchrun
-from tests.hosts import DISK, two_hosts, wait_all  # noqa: F401  (fixture)
+from tests.hosts import DISK, wait_all
 from tests.moto_server import REGION, aws_env, moto_server
 from tests.test_criteo_data import write_folder
+
+# Tier (tests/conftest.py): real processes and servers.
+TIER = "integration"
 
 # Data depends on the global rank only: 2 hosts x 1 trainer and 1 host x 2 trainers see the
 # same batches, so they must end with the same loss.

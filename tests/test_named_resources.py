@@ -12,6 +12,9 @@ from components.launch import DEFAULT_ENV, EFA_ENV, EFA_RDMA_ENV
 from components.signature import InvalidComponentArgument
 from tests.conftest import BIN, run
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 # The vendors' published figures: vCPUs, GPUs, memory (GiB), EFA interfaces, instance type.
 INSTANCE_TYPES = {
     "aws_p4d.24xlarge": (96, 8, 1152, 4, "p4d.24xlarge"),

@@ -23,7 +23,10 @@ from apps.dlrm.data.parquet import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetCl
 from apps.dlrm.options import ConfigError
 from apps.dlrm.parquet.order import Pieces, eval_runs
 from tests.conftest import assert_ok, run, tiny
-from tests.moto_server import REGION, aws, moto_endpoint  # noqa: F401 - pytest fixtures
+from tests.moto_server import REGION
+
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
 
 TABLES = 1000
 DENSE = ["int_0", "int_1", "int_2"]
@@ -74,6 +77,7 @@ def folder(tmp_path_factory):
     return write_files(fsspec.filesystem("file"), str(tmp_path_factory.mktemp("parquet")))
 
 
+@pytest.mark.unit
 def test_splits_are_the_last_file_halves_and_batches_hold_each_rows_own_values(folder):
     data = dataset(folder)
     assert data.splits == {"train": (0, 2883), "val": (2883, 3384), "test": (3384, 3884)}
@@ -116,6 +120,7 @@ def test_resuming_at_any_step_yields_the_batches_of_an_uninterrupted_run(folder)
         assert resumed == uninterrupted[start : start + 2], start
 
 
+@pytest.mark.unit
 def test_shuffling_mixes_rows_across_row_groups_and_differs_per_epoch_and_seed(folder):
     data = dataset(folder, seed=1)
     per_epoch = data.steps_per_epoch
@@ -128,6 +133,7 @@ def test_shuffling_mixes_rows_across_row_groups_and_differs_per_epoch_and_seed(f
     assert other_seed != epochs[0]
 
 
+@pytest.mark.unit
 def test_evaluation_gives_every_rank_the_same_number_of_batches(folder):
     world = 3
     for split in ("val", "test"):
@@ -140,6 +146,7 @@ def test_evaluation_gives_every_rank_the_same_number_of_batches(folder):
     assert eval_runs(10, 100, 1, 3, 2, 0) == [(103, 105), (105, 106)]
 
 
+@pytest.mark.unit
 def test_pieces_cut_row_groups_at_any_row():
     pieces = Pieces.of_groups([[5, 3], [4]])
     assert pieces.rows == 12
@@ -147,6 +154,7 @@ def test_pieces_cut_row_groups_at_any_row():
     assert pieces.between(5, 8).as_list() == [(0, 1, 0, 3)]
 
 
+@pytest.mark.unit
 def test_loader_threads_stop_with_their_iterator(folder):
     def threads() -> set[threading.Thread]:
         return {t for t in threading.enumerate() if t.name.startswith((PREFETCH_THREAD, READ_AHEAD_THREAD))}
@@ -169,6 +177,7 @@ def mix64(values: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
+@pytest.mark.unit
 def test_hashed_ids_are_a_fixed_mix_modulo_the_table(folder):
     batch = next(dataset(folder, categorical_ids="hash", num_embeddings=97).eval_batches("val", 1))
     rows = np.array(rows_of(batch))
@@ -183,6 +192,7 @@ def write_one(tmp_path, name: str, data: pa.Table, **options) -> str:
     return str(folder)
 
 
+@pytest.mark.unit
 def test_list_columns_are_multi_hot_and_nulls_are_counted_and_filled(tmp_path):
     rows = 400
     r = np.arange(rows)
@@ -204,6 +214,7 @@ def test_list_columns_are_multi_hot_and_nulls_are_counted_and_filled(tmp_path):
     assert kjt.values().shape[0] == sum(kjt.length_per_key())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "change, kwargs, fragment",
     [
@@ -226,6 +237,7 @@ def test_bad_inputs_are_refused_at_start_naming_file_and_column(tmp_path, change
         dataset(folder, eval_fraction=0.5, **kwargs)
 
 
+@pytest.mark.unit
 def test_bad_values_in_files_without_statistics_stop_reading_naming_the_file(tmp_path):
     data = table(0, 300, cat_0=pa.array(np.r_[np.zeros(299, np.int64), -4]))
     source = dataset(write_one(tmp_path, "nostats", data, write_statistics=False), eval_fraction=0.5)
@@ -233,6 +245,7 @@ def test_bad_values_in_files_without_statistics_stop_reading_naming_the_file(tmp
         list(source.eval_batches("test", 0))
 
 
+@pytest.mark.unit
 def test_missing_and_foreign_inputs_are_refused(tmp_path, folder):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "_SUCCESS").write_text("")
@@ -255,6 +268,7 @@ def test_missing_and_foreign_inputs_are_refused(tmp_path, folder):
         dataset(folder, batch_size=3000)
 
 
+@pytest.mark.unit
 def test_a_glob_selects_files_and_the_feature_counts_follow_the_columns(folder):
     data = dataset(f"{folder}/day_[0-2].parquet", eval_fraction=0.5)
     assert [os.path.basename(f.url) for f in data.files] == ["day_0.parquet", "day_1.parquet", "day_2.parquet"]

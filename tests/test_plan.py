@@ -24,6 +24,9 @@ from components import dlrm
 from components.signature import InvalidComponentArgument
 from tests.conftest import BIN, assert_ok, run
 
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
+
 MLPERF = dict(
     num_embeddings_per_feature=[
         40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
@@ -85,6 +88,7 @@ def test_tables_too_big_for_hbm_are_cached_from_host_memory():
     assert "GiB host memory (rank" in result.verdict()
 
 
+@pytest.mark.unit
 def test_one_gpu_with_little_hbm_caches_the_tables_that_do_not_fit_from_host_memory(capsys):
     with pytest.raises(SystemExit) as exit:
         plan_app([*ONE_GPU_ARGS, *ONE_GPU_CFG_ARGS])
@@ -116,6 +120,7 @@ def test_row_wise_is_planned_for_gpus_on_this_cpu_machine():
     assert {(o.sharding_type, tuple(_ranks(o))) for o in result.tables} == {("row_wise", tuple(range(16)))}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("j, h", [("1x2", ""), ("4", ""), ("2", "aws_p4d.24xlarge"),
                                   ("2x4", "aws_p4d.24xlarge"), ("1:4x8", "aws_p5.48xlarge")])
 def test_the_target_has_the_ranks_train_launches(j, h):
@@ -126,6 +131,7 @@ def test_the_target_has_the_ranks_train_launches(j, h):
     assert cluster.nproc_per_node == int(cmd[cmd.index("--nproc_per_node") + 1])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "target, fragment",
     [
@@ -147,6 +153,7 @@ def test_a_bad_target_is_refused_naming_the_value(target, fragment):
     assert fragment in str(error.value)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "cfg, fragment",
     [
@@ -170,6 +177,7 @@ def test_plan_app_exits_1_with_a_plain_verdict_when_it_does_not_fit(capsys):
     )
 
 
+@pytest.mark.unit
 def test_plan_app_refuses_a_bad_value_in_one_line(capsys):
     with pytest.raises(SystemExit) as exit:
         plan_app(["--h", "aws_p4d.24xlarge", "--j", "1x16"])
@@ -180,6 +188,7 @@ def test_plan_app_refuses_a_bad_value_in_one_line(capsys):
     )
 
 
+@pytest.mark.unit
 def test_plan_component_passes_its_arguments_to_the_app():
     app = dlrm.plan(j="2x8", h="aws_p4d.24xlarge", batch_size=8192)
     (role,) = app.roles
@@ -189,6 +198,7 @@ def test_plan_component_passes_its_arguments_to_the_app():
         dlrm.plan(h="aws_p9.24xlarge")
 
 
+@pytest.mark.unit
 def test_plan_component_plans_with_the_jobs_hbm_gb():
     """--hbm_gb is TrainConfig's: declared once, it reaches the preview app, which plans with it."""
     app = materialize_appdef(dlrm.plan, ["-j", "1x1", "--gpu", "1", "--hbm_gb", "8"])
@@ -198,6 +208,7 @@ def test_plan_component_plans_with_the_jobs_hbm_gb():
         dlrm.plan(hbm_gb="8")
 
 
+@pytest.mark.unit
 def test_train_passes_hbm_gb_to_the_app_and_refuses_what_the_app_would():
     app = materialize_appdef(dlrm.train, ["-j", "1x8", "-h", "aws_p4d.24xlarge", "--hbm_gb", "40"])
     cmd = shlex.split(app.roles[0].args[1])

@@ -16,7 +16,7 @@ from apps.dlrm.criteo.pipeline import PreprocessFailed, preprocess
 from apps.dlrm.criteo.sources import find_sources
 from apps.dlrm.options import ConfigError
 from tests.conftest import REPO, assert_ok, process_env, run, tiny
-from tests.moto_server import REGION, aws, moto_endpoint  # noqa: F401 - pytest fixtures
+from tests.moto_server import REGION
 from tests.criteo_files import (
     BAD_CATEGORICALS,
     BAD_INTEGERS,
@@ -25,6 +25,9 @@ from tests.criteo_files import (
     generate_day,
     write_day,
 )
+
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
 
 SIZES = [1000] * 26
 SIZES[5] = 3  # a tiny table, like Criteo's C6
@@ -154,6 +157,7 @@ def test_a_corrupt_file_fails_alone_and_names_itself(three_days, tmp_path):
     assert preprocess(config(inputs, tmp_path / "out"))["incomplete_days"] == []
 
 
+@pytest.mark.unit
 def test_outputs_of_other_settings_or_origin_are_never_overwritten(three_days, tmp_path):
     _, folder, output, _ = three_days
     with pytest.raises(ConfigError, match="other settings.*num_embeddings_per_feature"):
@@ -168,6 +172,7 @@ def test_outputs_of_other_settings_or_origin_are_never_overwritten(three_days, t
         preprocess(config([str(folder)], folder))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
@@ -186,6 +191,7 @@ def test_bad_options_name_the_value(kwargs, fragment):
         PreprocessConfig(**{"input": ["x"], "output": "/tmp/out", **kwargs})
 
 
+@pytest.mark.unit
 def test_inputs_are_found_in_natural_day_order(tmp_path):
     for name in ("day_10.gz", "day_2.gz", "day_1.gz", ".hidden"):
         (tmp_path / name).write_bytes(b"")
@@ -201,6 +207,7 @@ def test_inputs_are_found_in_natural_day_order(tmp_path):
         find_sources([str(tmp_path), str(tmp_path / "sub")])
 
 
+@pytest.mark.unit
 def test_streamed_npy_files_are_numpy_files(tmp_path):
     for rows in (0, 5):
         writer = NpyAppender(str(tmp_path / f"a{rows}.npy"), np.dtype("<i4"), 3)
@@ -241,11 +248,13 @@ def test_command_line_exit_codes(three_days, tmp_path):
     assert usage.returncode == 2 and "invalid choice" in usage.stderr
 
 
+@pytest.mark.unit
 def test_command_line_and_dataclass_agree():
     cfg = parse_preprocess_config(["--input", "a,b", "--output", "o", "--table_size_preset", "mlperf"])
     assert cfg.input == ["a", "b"] and cfg.table_sizes[0] == 40_000_000
 
 
+@pytest.mark.unit
 def test_value_counts_are_exact_across_counting_chunks(monkeypatch, tmp_path):
     from apps.dlrm.criteo import vocabulary
 

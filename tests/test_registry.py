@@ -4,12 +4,17 @@ import inspect
 import json
 import os
 
+import pytest
+
 from torchx import plugins
 from torchx.schedulers import get_default_scheduler_name, get_scheduler_factories
 from torchx.specs.finder import ModuleComponentsFinder
 
 from components import dlrm
 from tests.conftest import BIN, REPO, run
+
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
 
 
 def torchx(*args: str, cwd: str = REPO, **env: str):
@@ -39,6 +44,7 @@ def test_registered_component_runs_by_its_short_name(tmp_path):
     assert "-m apps.dlrm.train --steps 7" in role["args"][1]
 
 
+@pytest.mark.unit
 def test_plugins_load_without_errors():
     registry = plugins.registry()
     assert registry.load_errors() == []

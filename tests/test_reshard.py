@@ -19,6 +19,9 @@ from apps.dlrm.reshard import ColumnMap, StateKey, column_map, parse_key
 from tests.conftest import REPO, assert_ok, torchrun
 from tests.shards import assemble, saved_tensors
 
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
+
 TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 ROWS = {"t_cat_0": 101, "t_cat_1": 64, "t_cat_2": 80, "t_cat_3": 50}  # 101: uneven row shards
 STEPS = 3
@@ -167,6 +170,7 @@ def test_resumes_with_tables_and_optimizer_state(resumed, optimizer, saved_ranks
     assert table_states == {table: data_parallel if current == "data_parallel" else fused for table in ROWS}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "saved, current, expected",
     [
@@ -183,6 +187,7 @@ def test_column_map_says_where_each_column_block_comes_from_and_whether_exactly(
 TABLES = "model.sparse_arch.embedding_bag_collection.embedding_bags"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "key, expected",
     [

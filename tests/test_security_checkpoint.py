@@ -24,6 +24,9 @@ from apps.dlrm.report import Reporter
 from apps.dlrm.urls import redact_urls
 from tests.conftest import assert_ok, run, tiny
 
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
+
 
 class RunsCode:
     """Unpickles as ``touch MARKER``: what an attacker would plant."""
@@ -69,6 +72,7 @@ def save_tiny(cfg: TrainConfig, env: DistEnv, step: int) -> tuple[Checkpointer, 
 
 # --- nothing in a checkpoint runs code -----------------------------------------------------------
 
+@pytest.mark.unit
 def test_a_planted_metadata_is_refused_and_runs_nothing(tmp_path):
     marker = tmp_path / "ran"
     folder = step_folder(tmp_path / "ckpt", "step_00000010", committed=True)
@@ -82,6 +86,7 @@ def test_a_planted_metadata_is_refused_and_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.unit
 def test_a_planted_byte_entry_is_refused_on_load_and_plain_data_still_loads(tmp_path):
     marker = tmp_path / "ran"
     hostile, plain = tmp_path / "ckpt" / "step_00000010", tmp_path / "ckpt" / "step_00000020"
@@ -98,6 +103,7 @@ def test_a_planted_byte_entry_is_refused_on_load_and_plain_data_still_loads(tmp_
 
 # --- other jobs' folders ----------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_pruning_deletes_only_this_runs_folders_of_our_names(tmp_path, world_of_one):
     root = tmp_path / "ckpt"
     theirs = [
@@ -116,6 +122,7 @@ def test_pruning_deletes_only_this_runs_folders_of_our_names(tmp_path, world_of_
     assert all((folder / "__0_0.distcp").read_bytes() == b"their shard" for folder in theirs)
 
 
+@pytest.mark.unit
 def test_a_step_folder_of_another_job_is_never_overwritten(tmp_path, world_of_one):
     folder = step_folder(tmp_path / "ckpt", "step_00000010", owner="theirs")
     store = CheckpointStore(str(tmp_path / "ckpt"), keep_last=2)
@@ -126,6 +133,7 @@ def test_a_step_folder_of_another_job_is_never_overwritten(tmp_path, world_of_on
     assert (folder / "__0_0.distcp").read_bytes() == b"their shard"
 
 
+@pytest.mark.unit
 def test_a_run_that_would_save_over_another_jobs_folder_is_refused_before_training(tmp_path, world_of_one):
     """Not after training up to that step: the folder is found at start-up."""
     root = tmp_path / "ckpt"
@@ -138,6 +146,7 @@ def test_a_run_that_would_save_over_another_jobs_folder_is_refused_before_traini
     assert sorted(os.listdir(folder)) == ["OWNER", "__0_0.distcp"]
 
 
+@pytest.mark.unit
 def test_a_resumed_run_keeps_its_run_id_and_prunes_what_it_wrote_before(tmp_path, world_of_one):
     cfg = TrainConfig(checkpoint_dir=str(tmp_path / "ckpt"), keep_last=1)
     first, _ = save_tiny(cfg, world_of_one, step=10)
@@ -151,6 +160,7 @@ def test_a_resumed_run_keeps_its_run_id_and_prunes_what_it_wrote_before(tmp_path
 
 # --- temporary files --------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_summary_is_never_written_through_a_planted_link(tmp_path):
     out, victim = tmp_path / "out", tmp_path / "victim"
     out.mkdir()
@@ -167,6 +177,7 @@ def test_summary_is_never_written_through_a_planted_link(tmp_path):
 
 # --- credentials in URLs ----------------------------------------------------------------------
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "text, redacted",
     [
@@ -183,6 +194,7 @@ def test_credentials_in_urls_are_redacted(text, redacted):
     assert redact_urls(text) == redacted
 
 
+@pytest.mark.unit
 def test_a_checkpoint_records_its_url_without_credentials(tmp_path, world_of_one):
     url = f"memory://AKIAKEY:SeCrEt@{tmp_path.name}/ckpt"
     cfg = TrainConfig(checkpoint_dir=url)

@@ -9,6 +9,9 @@ import pytest
 
 from tests.conftest import REPO
 
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
+
 SCRIPT = os.path.join(REPO, "scripts", "slurm_cluster.sh")
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the script runs as root only")
 
@@ -24,12 +27,14 @@ def stop(home) -> subprocess.CompletedProcess:
     return script("stop", home)
 
 
+@pytest.mark.unit
 def test_its_own_folder_works(tmp_path):
     result = stop(tmp_path / "home")
     assert result.returncode == 0, result.stderr
     assert os.path.isfile(tmp_path / "home" / "lock")
 
 
+@pytest.mark.unit
 def test_a_planted_lock_link_is_refused_and_its_target_left_alone(tmp_path):
     home, victim = tmp_path / "home", tmp_path / "victim"
     home.mkdir()
@@ -40,6 +45,7 @@ def test_a_planted_lock_link_is_refused_and_its_target_left_alone(tmp_path):
     assert victim.read_text() == "precious"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("plant, fragment", [
     (lambda home, elsewhere: home.symlink_to(elsewhere, target_is_directory=True), "is a symbolic link"),
     (lambda home, elsewhere: (home.mkdir(), os.chown(home, 12345, 12345)), "belongs to user id 12345, not root"),
@@ -54,6 +60,7 @@ def test_a_folder_someone_else_could_have_made_is_refused(tmp_path, plant, fragm
     assert not os.path.exists(elsewhere / "lock") and not os.path.exists(tmp_path / "home" / "lock")
 
 
+@pytest.mark.unit
 def test_a_cluster_root_of_another_user_is_never_chrooted_into(tmp_path):
     """`start` on a root that someone else owns stops before using it (before any daemon)."""
     home = tmp_path / "home"

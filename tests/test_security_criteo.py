@@ -21,6 +21,9 @@ from apps.dlrm.options import ConfigError
 from tests.criteo_files import generate_day, write_day
 from tests.test_criteo_data import write_folder
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 URL = "memory://criteo"
 
 

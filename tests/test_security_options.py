@@ -20,6 +20,9 @@ from apps.dlrm.sharding import make_planner, make_topology, model_to_shard
 from components import dlrm
 from components.signature import InvalidComponentArgument
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 
 def app_args(*component_args: str) -> list[str]:
     """The app's command line that ``torchx run components.dlrm:train ARGS`` would start."""

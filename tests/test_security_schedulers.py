@@ -14,6 +14,9 @@ from torchx.specs.finder import ComponentValidationException
 
 from tests.conftest import BIN, run
 
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
+
 #: A secret in the shape of an AWS secret access key (AWS's documentation example).
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 
@@ -62,6 +65,7 @@ def test_slurm_options_that_would_change_the_sbatch_script_are_refused(cfg, frag
     assert "pwned" not in result.stdout
 
 
+@pytest.mark.unit
 def test_a_role_name_that_would_change_the_sbatch_script_is_refused():
     role = specs.Role(name="train --uid=0", image="", entrypoint="echo",
                       resource=specs.Resource(cpu=1, gpu=0, memMB=64))

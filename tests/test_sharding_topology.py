@@ -16,6 +16,9 @@ from apps.dlrm.plan import preview
 from apps.dlrm.sharding import make_planner, model_to_shard, plan_tables, training_topology
 from apps.dlrm.target import GiB, PlanTarget
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 #: The memory of an 80 GB GPU (torch's total_memory of an H100 80 GB is a little more: 79.1 GiB).
 GPU_BYTES = 80 * 10**9
 ONE_GPU = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,

@@ -21,6 +21,9 @@ from torchx.schedulers import get_scheduler_factories
 from schedulers.slurm import SlurmScheduler
 from tests.conftest import BIN, REPO, TINY, assert_ok, run, tiny
 
+# Tier (tests/conftest.py): real Slurm clusters (root).
+TIER = "slurm"
+
 CLUSTER = os.path.join(REPO, "scripts", "slurm_cluster.sh")
 TERMINAL_STATES = {"SUCCEEDED", "FAILED", "CANCELLED"}
 # Debian release of the cluster's root -> the Slurm release it runs

@@ -7,6 +7,9 @@ from torchmetrics.classification import BinaryAUROC
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 CFG = TrainConfig(num_sparse_features=4, num_embeddings_per_feature=[1000, 50, 100_000, 7], batch_size=256)
 
 

@@ -15,6 +15,9 @@ from torchx.specs.builders import materialize_appdef
 from components import dlrm
 from tests.conftest import BIN, REPO, process_env
 
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
 CONFIG = os.path.join(REPO, ".torchxconfig")
 SCHEDULERS = ["slurm", "kubernetes", "kubeflow", "aws_batch"]
 

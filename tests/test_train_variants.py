@@ -8,6 +8,9 @@ import pytest
 
 from tests.conftest import assert_ok, run, tiny, torchrun
 
+# Tier (tests/conftest.py): real processes and servers.
+TIER = "integration"
+
 VARIANTS = {
     "table_wise+fp16/bf16+validate_every": (
         ["--sharding_type", "table_wise", "--qcomm_forward_precision", "fp16",
