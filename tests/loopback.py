@@ -29,10 +29,10 @@ def loopback_server(program: str, args: Callable[[int], list[str]], ready_path: 
         try:
             urllib.request.urlopen(endpoint + ready_path, timeout=2).read()
             break
-        except OSError:
+        except OSError as e:
             if server.poll() is not None or time.time() > deadline:
                 server.kill()
-                raise RuntimeError(f"{program} did not start")
+                raise RuntimeError(f"{program} did not start") from e
             time.sleep(0.2)
     try:
         yield endpoint

@@ -80,7 +80,7 @@ def test_ranks_share_each_global_batch_without_overlap_and_an_epoch_uses_rows_on
     steps = ranks[0].steps_per_epoch
     assert steps == 2883 // 300
     seen = []
-    for r, data in enumerate(ranks):
+    for data in ranks:
         for batch in take(data.train_batches(0), steps):
             rows = rows_of(batch)
             assert len(rows) == 100

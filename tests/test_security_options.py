@@ -118,6 +118,6 @@ def test_dcp_sharded_tensor_deprecation_is_filtered_and_nothing_else():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         filter_library_warnings()
-        warnings.warn(DEPRECATE_MSG, FutureWarning)
-        warnings.warn("another deprecation", FutureWarning)
+        warnings.warn(DEPRECATE_MSG, FutureWarning, stacklevel=1)
+        warnings.warn("another deprecation", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["another deprecation"]

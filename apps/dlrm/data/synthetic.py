@@ -96,6 +96,9 @@ def normal(bits: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
 
 
+CPU = torch.device("cpu")
+
+
 @dataclass
 class GpuMadeBatch(Batch):
     """A batch whose tensors GPU kernels are still writing, on the stream that launched them.
@@ -119,7 +122,7 @@ class SyntheticClickLogs:
     """Deterministic, rank-partitioned synthetic batches and their teacher logits, made on ``device``."""
 
     def __init__(
-        self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device = torch.device("cpu")
+        self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device = CPU
     ) -> None:
         self.cfg = cfg
         self.rank = rank
