@@ -30,7 +30,7 @@ lint: install-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: install-test
+test: lint
 	$(VENV)/bin/python -m pytest tests
 
 test-fast: install-test

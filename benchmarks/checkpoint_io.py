@@ -59,9 +59,15 @@ def bench_config(rows: int, sharding_type: str):
     synchronously (the save's own throughput is measured, not the training's stall)."""
     from apps.dlrm.config import TrainConfig
 
-    return TrainConfig(num_sparse_features=8, num_embeddings=rows, embedding_dim=32,
-                       dense_arch_layer_sizes=[64, 32], sharding_type=sharding_type, output_dir="",
-                       checkpoint_async=False)
+    return TrainConfig(
+        num_sparse_features=8,
+        num_embeddings=rows,
+        embedding_dim=32,
+        dense_arch_layer_sizes=[64, 32],
+        sharding_type=sharding_type,
+        output_dir="",
+        checkpoint_async=False,
+    )
 
 
 def timed(fn) -> float:
@@ -184,12 +190,15 @@ def summary(gb: float, seconds: dict[str, list[float]]) -> dict:
     figures = {f"{name}_gbps": gb / median[name] for name in RATES}
     figures.update(save_ratio=median["raw_write"] / median["save"], load_ratio=median["raw_read"] / median["load"])
     samples = {f"{name}_gbps": [gb / s for s in seconds[name]] for name in RATES}
-    samples.update(save_ratio=[w / s for w, s in zip(seconds["raw_write"], seconds["save"])],
-                   load_ratio=[r / s for r, s in zip(seconds["raw_read"], seconds["load"])])
+    samples.update(
+        save_ratio=[w / s for w, s in zip(seconds["raw_write"], seconds["save"])],
+        load_ratio=[r / s for r, s in zip(seconds["raw_read"], seconds["load"])],
+    )
     return {"gb": gb, "repeats": len(seconds["save"]), **figures, "samples": samples}
 
 
 # --- --reshard_to --------------------------------------------------------------------------------
+
 
 @dataclass
 class Resharded:
@@ -274,11 +283,16 @@ def reshard(checkpoint, saved, target: Resharded, gb: float, repeats: int, local
         rates = [gb / checkpoint_load(loader, checkpoint, local, env) for _ in range(repeats)]
     except ConfigError as e:
         return {**figures, "reshard_error": str(e)}
-    return {**figures, "reshard_load_gbps": statistics.median(rates), "samples": {"reshard_load_gbps": rates},
-            "reshard_equal": tables_equal(saved, target.run, env)}
+    return {
+        **figures,
+        "reshard_load_gbps": statistics.median(rates),
+        "samples": {"reshard_load_gbps": rates},
+        "reshard_equal": tables_equal(saved, target.run, env),
+    }
 
 
 # --- the ranks ---------------------------------------------------------------------------------
+
 
 def measure(url: str, run, cfg, target: Resharded | None, repeats: int, env) -> dict:
     """Collective. The figures of one location (the --json report's entry for it)."""
@@ -302,8 +316,7 @@ def measure(url: str, run, cfg, target: Resharded | None, repeats: int, env) -> 
         checkpoint = newest(app.store, env)
         for name in in_turn(repeat, "load", "raw_read"):
             load = name == "load"
-            seconds[name].append(checkpoint_load(app, checkpoint, local, env) if load
-                                 else raw_read(raw, local))
+            seconds[name].append(checkpoint_load(app, checkpoint, local, env) if load else raw_read(raw, local))
     figures = summary(gb, seconds)
     if target is not None:
         resharded = reshard(checkpoint, run, target, gb, repeats, local, env)
@@ -319,14 +332,18 @@ def describe(target: str, f: dict) -> str:
 
 
 def medians_line(target: str, f: dict) -> str:
-    line = (f"{target}: {f['gb']:.2f} GB of shards, medians of {f['repeats']} | "
-            f"save {f['save_gbps']:.3f} GB/s vs raw write {f['raw_write_gbps']:.3f} GB/s = {f['save_ratio']:.2f} | "
-            f"load {f['load_gbps']:.3f} GB/s vs raw read {f['raw_read_gbps']:.3f} GB/s = {f['load_ratio']:.2f}")
+    line = (
+        f"{target}: {f['gb']:.2f} GB of shards, medians of {f['repeats']} | "
+        f"save {f['save_gbps']:.3f} GB/s vs raw write {f['raw_write_gbps']:.3f} GB/s = {f['save_ratio']:.2f} | "
+        f"load {f['load_gbps']:.3f} GB/s vs raw read {f['raw_read_gbps']:.3f} GB/s = {f['load_ratio']:.2f}"
+    )
     if "reshard_error" in f:
         return f"{line} | reshard to {f['reshard_to']} FAILED: {f['reshard_error']}"
     if "reshard_to" in f:
-        return (f"{line} | reshard load to {f['reshard_to']} {f['reshard_load_gbps']:.3f} GB/s, "
-                f"tables equal: {f['reshard_equal']}")
+        return (
+            f"{line} | reshard load to {f['reshard_to']} {f['reshard_load_gbps']:.3f} GB/s, "
+            f"tables equal: {f['reshard_equal']}"
+        )
     return line
 
 
@@ -358,6 +375,7 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, res
 
 # --- the launcher ------------------------------------------------------------------------------
 
+
 def positive(value: str) -> int:
     """--repeats: a whole number >= 1."""
     if not value.isdigit() or int(value) < 1:
@@ -369,15 +387,28 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of each of the 8 tables")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--repeats", type=positive, default=3,
-                        help="measurements of each side, alternating; medians are reported (default 3)")
-    parser.add_argument("--targets", type=targets_arg, default=TARGETS,
-                        help="where to checkpoint, comma-separated: local (a temporary folder under "
-                             "$BENCH_DIR, default /var/tmp), s3 (moto on loopback). Default: local,s3")
-    parser.add_argument("--reshard_to", nargs="?", const=DEFAULT_RESHARD, choices=SHARDING_TYPES,
-                        metavar="SHARDING_TYPE",
-                        help=f"also load each checkpoint (saved {SAVED_SHARDING}) into a model sharded "
-                             f"this way and check its tables equal the saved ones (alone: {DEFAULT_RESHARD})")
+    parser.add_argument(
+        "--repeats",
+        type=positive,
+        default=3,
+        help="measurements of each side, alternating; medians are reported (default 3)",
+    )
+    parser.add_argument(
+        "--targets",
+        type=targets_arg,
+        default=TARGETS,
+        help="where to checkpoint, comma-separated: local (a temporary folder under "
+        "$BENCH_DIR, default /var/tmp), s3 (moto on loopback). Default: local,s3",
+    )
+    parser.add_argument(
+        "--reshard_to",
+        nargs="?",
+        const=DEFAULT_RESHARD,
+        choices=SHARDING_TYPES,
+        metavar="SHARDING_TYPE",
+        help=f"also load each checkpoint (saved {SAVED_SHARDING}) into a model sharded "
+        f"this way and check its tables equal the saved ones (alone: {DEFAULT_RESHARD})",
+    )
     parser.add_argument("--json", metavar="FILE", help="rank 0 also writes the figures of each target to FILE")
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     parser.add_argument("--results", help=argparse.SUPPRESS)
@@ -389,10 +420,26 @@ def launch(opts: argparse.Namespace, folder: str, env: dict[str, str], urls: lis
     results = os.path.join(folder, "results.json")
     reshard = ["--reshard_to", opts.reshard_to] if opts.reshard_to else []
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(opts.nproc),
-         os.path.abspath(__file__), "--rows", str(opts.rows), "--repeats", str(opts.repeats), *reshard,
-         "--results", results, "--worker", *urls],
-        env={**os.environ, "OMP_NUM_THREADS": "1", **env}, check=True,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(opts.nproc),
+            os.path.abspath(__file__),
+            "--rows",
+            str(opts.rows),
+            "--repeats",
+            str(opts.repeats),
+            *reshard,
+            "--results",
+            results,
+            "--worker",
+            *urls,
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        check=True,
     )
     with open(results) as f:
         return json.load(f)
@@ -403,8 +450,10 @@ def main() -> None:
     if opts.worker is not None:
         worker(opts.worker, opts.rows, opts.reshard_to, opts.repeats, opts.results)
         return
-    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as local, \
-            contextlib.ExitStack() as stack:
+    with (
+        tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as local,
+        contextlib.ExitStack() as stack,
+    ):
         env = stack.enter_context(s3_bucket("bench")) if "s3" in opts.targets else {}
         urls = [{"local": os.path.join(local, "ckpt"), "s3": "s3://bench/ckpt"}[t] for t in opts.targets]
         print(f"tables: 8 x {opts.rows:,} x 32 float32 + row-wise Adagrad state, {opts.nproc} ranks", flush=True)
@@ -414,8 +463,10 @@ def main() -> None:
             json.dump(report, f, indent=2)
     failed = [target for target, figures in report.items() if figures.get("reshard_equal") is False]
     if failed:
-        sys.exit(f"checkpoint_io: the checkpoint at {', '.join(failed)} did not load resharded "
-                 f"{opts.reshard_to} with equal tables (see above)")
+        sys.exit(
+            f"checkpoint_io: the checkpoint at {', '.join(failed)} did not load resharded "
+            f"{opts.reshard_to} with equal tables (see above)"
+        )
 
 
 if __name__ == "__main__":

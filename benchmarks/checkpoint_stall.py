@@ -49,10 +49,30 @@ JOBS = {"local": Job(rows=1_000_000, steps=600, every=100), "s3": Job(rows=100_0
 
 def job_args(job: Job) -> list[str]:
     """The training job's options for ``job``."""
-    return ["--num_sparse_features", "8", "--num_embeddings", str(job.rows), "--embedding_dim", "32",
-            "--dense_arch_layer_sizes", "64,32", "--sharding_type", "table_wise", "--steps", str(job.steps),
-            "--checkpoint_every", str(job.every), "--keep_last", "1", "--log_every", str(job.every),
-            "--val_batches", "1", "--test_batches", "1"]
+    return [
+        "--num_sparse_features",
+        "8",
+        "--num_embeddings",
+        str(job.rows),
+        "--embedding_dim",
+        "32",
+        "--dense_arch_layer_sizes",
+        "64,32",
+        "--sharding_type",
+        "table_wise",
+        "--steps",
+        str(job.steps),
+        "--checkpoint_every",
+        str(job.every),
+        "--keep_last",
+        "1",
+        "--log_every",
+        str(job.every),
+        "--val_batches",
+        "1",
+        "--test_batches",
+        "1",
+    ]
 
 
 class Target:
@@ -69,9 +89,23 @@ class Target:
 def run_job(args: list[str], mode: str, nproc: int, target: Target, workdir: str) -> dict:
     """One training run with ``mode`` saves into a fresh folder of ``target``; its summary."""
     out = tempfile.mkdtemp(dir=workdir)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "apps.dlrm.train", *args, "--checkpoint_async", MODES[mode],
-           "--checkpoint_dir", target.fresh_folder(), "--output_dir", out]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "apps.dlrm.train",
+        *args,
+        "--checkpoint_async",
+        MODES[mode],
+        "--checkpoint_dir",
+        target.fresh_folder(),
+        "--output_dir",
+        out,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **target.env}
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     if result.returncode != 0:
@@ -94,44 +128,71 @@ def measure(job: Job, opts: argparse.Namespace, target: Target, workdir: str) ->
             stalls[mode] += summary["checkpoint_stall_seconds"][1:]
             waits[mode] += summary["checkpoint_wait_seconds"][1:]
             rates[mode].append(summary["samples_per_sec"])
-            print(f"{target.name} run {i + 1} {mode:5s}: stalls "
-                  f"{', '.join(f'{s:.3f}' for s in summary['checkpoint_stall_seconds'])} s; "
-                  f"{summary['samples_per_sec']:,.0f} samples/s", flush=True)
+            print(
+                f"{target.name} run {i + 1} {mode:5s}: stalls "
+                f"{', '.join(f'{s:.3f}' for s in summary['checkpoint_stall_seconds'])} s; "
+                f"{summary['samples_per_sec']:,.0f} samples/s",
+                flush=True,
+            )
     median = {mode: statistics.median(values) for mode, values in stalls.items()}
     ratio = median["async"] / median["sync"]
-    print(f"{target.name}: 8 tables x {job.rows:,} x 32, {opts.nproc} ranks, a save every {job.every} of "
-          f"{job.steps} steps, {opts.repeats} runs of each")
+    print(
+        f"{target.name}: 8 tables x {job.rows:,} x 32, {opts.nproc} ranks, a save every {job.every} of "
+        f"{job.steps} steps, {opts.repeats} runs of each"
+    )
     for mode in MODES:
-        print(f"  {mode:5s} save: training stopped {median[mode]:.3f} s per checkpoint (median of "
-              f"{len(stalls[mode])}, of which {statistics.median(waits[mode]):.3f} s waiting for the save "
-              f"before; first saves {statistics.median(first[mode]):.3f} s), "
-              f"{statistics.median(rates[mode]):,.0f} samples/s")
-    print(f"  stall ratio async/sync {ratio:.3f} (target <= {TARGET}): {'met' if ratio <= TARGET else 'NOT met'}",
-          flush=True)
-    return {**vars(job), "stalls": stalls, "waits": waits, "first_stalls": first, "samples_per_sec": rates, "median_stall_seconds": median,
-            "ratio": ratio, "target_met": ratio <= TARGET}
+        print(
+            f"  {mode:5s} save: training stopped {median[mode]:.3f} s per checkpoint (median of "
+            f"{len(stalls[mode])}, of which {statistics.median(waits[mode]):.3f} s waiting for the save "
+            f"before; first saves {statistics.median(first[mode]):.3f} s), "
+            f"{statistics.median(rates[mode]):,.0f} samples/s"
+        )
+    print(
+        f"  stall ratio async/sync {ratio:.3f} (target <= {TARGET}): {'met' if ratio <= TARGET else 'NOT met'}",
+        flush=True,
+    )
+    return {
+        **vars(job),
+        "stalls": stalls,
+        "waits": waits,
+        "first_stalls": first,
+        "samples_per_sec": rates,
+        "median_stall_seconds": median,
+        "ratio": ratio,
+        "target_met": ratio <= TARGET,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, help="rows of each of the 8 tables (default: per target, JOBS)")
     parser.add_argument("--steps", type=int, help="training steps of each run (default: per target)")
-    parser.add_argument("--every", type=int,
-                        help="steps between checkpoints (default: per target): long enough for a background "
-                             "write to end, as in real runs (a save that finds the last one writing waits)")
+    parser.add_argument(
+        "--every",
+        type=int,
+        help="steps between checkpoints (default: per target): long enough for a background "
+        "write to end, as in real runs (a save that finds the last one writing waits)",
+    )
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--targets", type=targets_arg, default=TARGETS,
-                        help="where to checkpoint, comma-separated: local (a temporary folder under "
-                             "$BENCH_DIR, default /var/tmp), s3 (moto on loopback). Default: local,s3")
+    parser.add_argument(
+        "--targets",
+        type=targets_arg,
+        default=TARGETS,
+        help="where to checkpoint, comma-separated: local (a temporary folder under "
+        "$BENCH_DIR, default /var/tmp), s3 (moto on loopback). Default: local,s3",
+    )
     parser.add_argument("--json", default="", help="also write the figures to this file")
     opts = parser.parse_args(argv)
     record = {"nproc": opts.nproc, "repeats": opts.repeats}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as workdir:
         for name in opts.targets:
             with contextlib.ExitStack() as stack:
-                target = (Target(name, "s3://bench/stall", stack.enter_context(s3_bucket("bench"))) if name == "s3"
-                          else Target(name, os.path.join(workdir, "ckpt"), {}))
+                target = (
+                    Target(name, "s3://bench/stall", stack.enter_context(s3_bucket("bench")))
+                    if name == "s3"
+                    else Target(name, os.path.join(workdir, "ckpt"), {})
+                )
                 job = Job(**{field: getattr(opts, field) or default for field, default in vars(JOBS[name]).items()})
                 record[name] = measure(job, opts, target, workdir)
     if opts.json:

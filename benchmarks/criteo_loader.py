@@ -53,10 +53,16 @@ def write_folder(folder: str, rows: int) -> None:
             assert array.dtype == ARRAYS[name][0]
             np.save(os.path.join(folder, array_file(day, name)), array)
         write_json(os.path.join(folder, day_report_file(day)), {})
-    write_json(os.path.join(folder, "manifest.json"), {
-        "format": FORMAT, "version": FORMAT_VERSION, "categorical_ids": "hash",
-        "num_embeddings_per_feature": sizes.tolist(), "days": names,
-    })
+    write_json(
+        os.path.join(folder, "manifest.json"),
+        {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "categorical_ids": "hash",
+            "num_embeddings_per_feature": sizes.tolist(),
+            "days": names,
+        },
+    )
 
 
 def warm(folder: str) -> None:
@@ -120,8 +126,11 @@ def make_sink(device: str):
     if device == "cpu":
         return HostBatches()
     if not torch.cuda.is_available():
-        print(f"criteo_loader: --device cuda needs a CUDA GPU, and torch {torch.__version__} sees none "
-              "here: run it on a GPU machine, or use --device cpu", file=sys.stderr)
+        print(
+            f"criteo_loader: --device cuda needs a CUDA GPU, and torch {torch.__version__} sees none "
+            "here: run it on a GPU machine, or use --device cpu",
+            file=sys.stderr,
+        )
         sys.exit(2)
     return DeviceBatches(torch.device("cuda", torch.cuda.current_device()))
 
@@ -137,17 +146,25 @@ def medians(results: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=4_000_000,
-                        help=f"rows of the generated folder, {ROW_BYTES} bytes each (the default 4M: "
-                             f"{4_000_000 * ROW_BYTES / 1e9:.2f} GB in the temporary folder); keep it "
-                             "well within free memory, or the figure is the disk's, not the loader's")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=4_000_000,
+        help=f"rows of the generated folder, {ROW_BYTES} bytes each (the default 4M: "
+        f"{4_000_000 * ROW_BYTES / 1e9:.2f} GB in the temporary folder); keep it "
+        "well within free memory, or the figure is the disk's, not the loader's",
+    )
     parser.add_argument("--batch_size", type=int, default=8192)
     parser.add_argument("--shuffle_block_rows", type=int, default=1024)
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false")
     parser.add_argument("--world_size", type=int, default=1, help="ranks the rows are split over")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="where batches are delivered: cpu (no copy) or cuda (pinned, copied to the GPU)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where batches are delivered: cpu (no copy) or cuda (pinned, copied to the GPU)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
     return parser.parse_args()
 
@@ -158,8 +175,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         write_folder(folder, args.rows)
         warm(folder)
-        cfg = TrainConfig(data="criteo", data_path=folder, table_size_preset="mlperf", batch_size=args.batch_size,
-                          shuffle=args.shuffle, shuffle_block_rows=args.shuffle_block_rows)
+        cfg = TrainConfig(
+            data="criteo",
+            data_path=folder,
+            table_size_preset="mlperf",
+            batch_size=args.batch_size,
+            shuffle=args.shuffle,
+            shuffle_block_rows=args.shuffle_block_rows,
+        )
         data = CriteoClickLogs(cfg, folder, rank=0, world_size=args.world_size, pin_memory=args.device == "cuda")
         steps = min(data.steps_per_epoch - 1, 200)
         results = {"train": [], "eval": []}
@@ -168,15 +191,20 @@ def main() -> None:
             evals = len(data._eval_ranges("val", 0)) - 1
             results["eval"].append(measure(data.eval_batches("val", 0), evals, sink))
     figures = medians(results)
-    print(f"rows {args.rows:,}, batch {args.batch_size}, world {args.world_size}, shuffle {args.shuffle} "
-          f"(blocks of {args.shuffle_block_rows}){', into cuda' if args.device == 'cuda' else ''}, "
-          f"medians of {args.repeats}:")
+    print(
+        f"rows {args.rows:,}, batch {args.batch_size}, world {args.world_size}, shuffle {args.shuffle} "
+        f"(blocks of {args.shuffle_block_rows}){', into cuda' if args.device == 'cuda' else ''}, "
+        f"medians of {args.repeats}:"
+    )
     for name in results:
-        print(f"  {name:5s}: {figures[f'{name}_samples_per_sec'] / 1e6:6.2f} M samples/s (wall)   "
-              f"{figures[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second")
+        print(
+            f"  {name:5s}: {figures[f'{name}_samples_per_sec'] / 1e6:6.2f} M samples/s (wall)   "
+            f"{figures[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second"
+        )
     if args.json:
-        report = {name: getattr(args, name) for name in ("device", "rows", "batch_size", "world_size", "shuffle",
-                                                         "repeats")}
+        report = {
+            name: getattr(args, name) for name in ("device", "rows", "batch_size", "world_size", "shuffle", "repeats")
+        }
         with open(args.json, "w") as f:
             json.dump({**report, **figures}, f, indent=2)
 

@@ -69,8 +69,13 @@ def torchrec(path: str, out: str, rows: int) -> float:
 
 
 def peak_memory_mb(path: str, out: str) -> float:
-    result = subprocess.run([sys.executable, "-c", _PEAK_MEMORY, path, out], capture_output=True, text=True,
-                            check=True, cwd=os.path.dirname(HERE))
+    result = subprocess.run(
+        [sys.executable, "-c", _PEAK_MEMORY, path, out],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(HERE),
+    )
     return float(result.stdout.strip().splitlines()[-1])
 
 
@@ -97,8 +102,10 @@ def main() -> None:
             for _ in range(4):
                 with open(day, "rb") as src:
                     shutil.copyfileobj(src, out)
-        print(f"peak memory of our conversion: {peak_memory_mb(day, tmp):.0f} MB for {size_mb:.0f} MB of text, "
-              f"{peak_memory_mb(long_day, tmp):.0f} MB for {4 * size_mb:.0f} MB")
+        print(
+            f"peak memory of our conversion: {peak_memory_mb(day, tmp):.0f} MB for {size_mb:.0f} MB of text, "
+            f"{peak_memory_mb(long_day, tmp):.0f} MB for {4 * size_mb:.0f} MB"
+        )
         os.remove(long_day)
 
         inputs = os.path.join(tmp, "inputs")
@@ -107,14 +114,17 @@ def main() -> None:
             shutil.copy(day, os.path.join(inputs, f"day_{d}"))
         start = time.perf_counter()
         cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        report = preprocess(PreprocessConfig(input=[inputs], output=os.path.join(tmp, "out"),
-                                             table_size_preset="mlperf"))
+        report = preprocess(
+            PreprocessConfig(input=[inputs], output=os.path.join(tmp, "out"), table_size_preset="mlperf")
+        )
         wall = time.perf_counter() - start
         cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
         cores = len(os.sched_getaffinity(0))
-        print(f"whole preprocessing, 4 days on {cores} cores: {report['rows_written'] / wall:,.0f} rows/s wall, "
-              f"{report['rows_written'] / cpu:,.0f} rows per worker CPU-second (with process start-up)")
+        print(
+            f"whole preprocessing, 4 days on {cores} cores: {report['rows_written'] / wall:,.0f} rows/s wall, "
+            f"{report['rows_written'] / cpu:,.0f} rows per worker CPU-second (with process start-up)"
+        )
 
 
 if __name__ == "__main__":

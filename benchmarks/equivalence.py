@@ -108,22 +108,41 @@ def compare(sharding_type: str, world_size: int, workdir: str, steps: int = STEP
     ``options`` are other TrainConfig fields, the same on both sides (e.g. ``multi_hot_sizes``
     and ``pooling``: the sharded tables' pooling against EmbeddingBagCollection's own).
     """
-    cfg = TrainConfig(num_embeddings=500, batch_size=64, sharding_type=sharding_type, allow_tf32=False,
-                      output_dir="", **options)
+    cfg = TrainConfig(
+        num_embeddings=500, batch_size=64, sharding_type=sharding_type, allow_tf32=False, output_dir="", **options
+    )
     torch.manual_seed(1234)
     init = build_model(cfg, torch.device("cpu"), table_device=torch.device("cpu")).state_dict()
     init_path, out_path = os.path.join(workdir, "init.pt"), os.path.join(workdir, "losses.json")
     torch.save(init, init_path)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world_size),
-           os.path.abspath(__file__), "--worker", init_path, out_path, str(steps), *to_argv(cfg)]
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(world_size),
+        os.path.abspath(__file__),
+        "--worker",
+        init_path,
+        out_path,
+        str(steps),
+        *to_argv(cfg),
+    ]
+    result = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+    )
     if result.returncode != 0:
         raise RuntimeError(f"sharded training failed (exit {result.returncode}):\n{result.stderr[-6000:]}")
     with open(out_path) as f:
         sharded = json.load(f)
-    return Comparison(sharding_type, world_size, sharded["plan"], sharded["losses"],
-                      reference_losses(cfg, init, world_size, steps))
+    return Comparison(
+        sharding_type, world_size, sharded["plan"], sharded["losses"], reference_losses(cfg, init, world_size, steps)
+    )
 
 
 def worker(init_path: str, out_path: str, steps: str, *app_args: str) -> None:
@@ -165,11 +184,16 @@ def main(argv: list[str] | None = None) -> list[Comparison]:
         with tempfile.TemporaryDirectory() as workdir:
             result = compare(sharding_type, opts.nproc, workdir, **options)
         results.append(result)
-        print(f"{sharding_type:15s} {opts.nproc} ranks: max loss difference {result.max_difference:.2e} over "
-              f"{len(result.sharded)} steps: {'equal' if result.equal else 'DIFFERENT'}", flush=True)
+        print(
+            f"{sharding_type:15s} {opts.nproc} ranks: max loss difference {result.max_difference:.2e} over "
+            f"{len(result.sharded)} steps: {'equal' if result.equal else 'DIFFERENT'}",
+            flush=True,
+        )
     if opts.json:
         with open(opts.json, "w") as f:
-            json.dump([{**asdict(r), "max_difference": r.max_difference, "equal": r.equal} for r in results], f, indent=2)
+            json.dump(
+                [{**asdict(r), "max_difference": r.max_difference, "equal": r.equal} for r in results], f, indent=2
+            )
     if not all(r.equal for r in results):
         sys.exit(1)
     return results

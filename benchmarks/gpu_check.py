@@ -64,8 +64,14 @@ class Machine:
 
     def python(self, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
         """Runs ``python ARGS`` in the repository; a failure raises with the end of its stderr."""
-        result = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO,
-                                timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        result = subprocess.run(
+            [sys.executable, *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=timeout,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         if result.returncode != 0:
             raise RuntimeError(f"`python {' '.join(args)}` exited {result.returncode}: {result.stderr[-3000:]}")
         return result
@@ -80,8 +86,18 @@ class Machine:
     def train(self, name: str, *app_args: str, nproc: int | None = None) -> dict:
         """A training job of ``nproc`` ranks (all GPUs); its summary.json."""
         out = os.path.join(self.workdir, name)
-        self.python("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc or self.gpus),
-                    "-m", "apps.dlrm.train", *app_args, "--output_dir", out)
+        self.python(
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc or self.gpus),
+            "-m",
+            "apps.dlrm.train",
+            *app_args,
+            "--output_dir",
+            out,
+        )
         with open(os.path.join(out, "summary.json")) as f:
             return json.load(f)
 
@@ -94,41 +110,86 @@ def check_main_job(machine: Machine) -> list[Check]:
     out = os.path.join(machine.workdir, "main_job")
     n = str(machine.gpus)
     result = subprocess.run(
-        [os.path.join(os.path.dirname(sys.executable), "torchx"), "run", "-s", "local_cwd", "components.dlrm:train",
-         "-j", f"1x{n}", "--gpu", n, "--output_dir", out],
-        capture_output=True, text=True, cwd=REPO, timeout=900,
+        [
+            os.path.join(os.path.dirname(sys.executable), "torchx"),
+            "run",
+            "-s",
+            "local_cwd",
+            "components.dlrm:train",
+            "-j",
+            f"1x{n}",
+            "--gpu",
+            n,
+            "--output_dir",
+            out,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
     )
     if result.returncode != 0:
         raise RuntimeError(f"torchx run exited {result.returncode}: {(result.stdout + result.stderr)[-3000:]}")
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
-    return [Check("main job", learned(s),
-                  f"val AUROC {s['val_auroc']:.4f} (ceiling {s['auroc_ceiling']:.4f}), "
-                  f"{s['samples_per_sec']:,.0f} samples/s on {n} GPUs",
-                  {k: s[k] for k in ("val_auroc", "auroc_ceiling", "test_auroc", "samples_per_sec", "world_size")})]
+    return [
+        Check(
+            "main job",
+            learned(s),
+            f"val AUROC {s['val_auroc']:.4f} (ceiling {s['auroc_ceiling']:.4f}), "
+            f"{s['samples_per_sec']:,.0f} samples/s on {n} GPUs",
+            {k: s[k] for k in ("val_auroc", "auroc_ceiling", "test_auroc", "samples_per_sec", "world_size")},
+        )
+    ]
 
 
 def check_equivalence(machine: Machine) -> list[Check]:
     path = os.path.join(machine.workdir, "equivalence.json")
-    subprocess.run([sys.executable, os.path.join(BENCHMARKS, "equivalence.py"), "--nproc", str(machine.gpus),
-                    "--json", path], cwd=REPO, capture_output=True, text=True, timeout=1800)
+    subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "equivalence.py"), "--nproc", str(machine.gpus), "--json", path],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if not os.path.exists(path):
         raise RuntimeError("benchmarks/equivalence.py wrote no results: run it alone to see why")
     with open(path) as f:
         results = json.load(f)
-    return [Check(f"equivalence {r['sharding_type']}", r["equal"],
-                  f"max loss difference {r['max_difference']:.1e} over {len(r['sharded'])} steps, "
-                  f"{r['world_size']} GPUs", r) for r in results]
+    return [
+        Check(
+            f"equivalence {r['sharding_type']}",
+            r["equal"],
+            f"max loss difference {r['max_difference']:.1e} over {len(r['sharded'])} steps, {r['world_size']} GPUs",
+            r,
+        )
+        for r in results
+    ]
 
 
 def check_checkpoint(machine: Machine) -> list[Check]:
-    results = machine.json_of("checkpoint_io.py", "--targets", "local", "--nproc", str(machine.gpus),
-                              "--rows", "4000000", "--reshard_to", "row_wise")
+    results = machine.json_of(
+        "checkpoint_io.py",
+        "--targets",
+        "local",
+        "--nproc",
+        str(machine.gpus),
+        "--rows",
+        "4000000",
+        "--reshard_to",
+        "row_wise",
+    )
     r = results["local"]
-    return [Check("checkpoint", bool(r["reshard_equal"]),
-                  f"{r['gb']:.2f} GB: save {r['save_gbps']:.2f} GB/s ({r['save_ratio']:.2f}x raw), "
-                  f"load {r['load_gbps']:.2f} GB/s ({r['load_ratio']:.2f}x raw), resharded to "
-                  f"{r['reshard_to']} {r['reshard_load_gbps']:.2f} GB/s, equal: {r['reshard_equal']}", r)]
+    return [
+        Check(
+            "checkpoint",
+            bool(r["reshard_equal"]),
+            f"{r['gb']:.2f} GB: save {r['save_gbps']:.2f} GB/s ({r['save_ratio']:.2f}x raw), "
+            f"load {r['load_gbps']:.2f} GB/s ({r['load_ratio']:.2f}x raw), resharded to "
+            f"{r['reshard_to']} {r['reshard_load_gbps']:.2f} GB/s, equal: {r['reshard_equal']}",
+            r,
+        )
+    ]
 
 
 #: Short jobs of what CPUs refuse (and the quantized comms they allow), each of which must learn.
@@ -145,26 +206,52 @@ def check_precisions(machine: Machine) -> list[Check]:
     checks = []
     for name, args in PRECISION_JOBS.items():
         s = machine.train(name.replace(" ", "_"), *args, "--sharding_type", "table_wise")
-        checks.append(Check(name, learned(s), f"val AUROC {s['val_auroc']:.4f} (ceiling {s['auroc_ceiling']:.4f}), "
-                            f"{s['samples_per_sec']:,.0f} samples/s", {"args": args, "val_auroc": s["val_auroc"],
-                            "auroc_ceiling": s["auroc_ceiling"], "samples_per_sec": s["samples_per_sec"]}))
+        checks.append(
+            Check(
+                name,
+                learned(s),
+                f"val AUROC {s['val_auroc']:.4f} (ceiling {s['auroc_ceiling']:.4f}), "
+                f"{s['samples_per_sec']:,.0f} samples/s",
+                {
+                    "args": args,
+                    "val_auroc": s["val_auroc"],
+                    "auroc_ceiling": s["auroc_ceiling"],
+                    "samples_per_sec": s["samples_per_sec"],
+                },
+            )
+        )
     return checks
 
 
 def check_throughput(machine: Machine) -> list[Check]:
-    r = machine.json_of("train_throughput.py", "--preset", "h100", "--nproc", str(machine.gpus),
-                        "--levers", "all", "--repeats", "1")
+    r = machine.json_of(
+        "train_throughput.py", "--preset", "h100", "--nproc", str(machine.gpus), "--levers", "all", "--repeats", "1"
+    )
     best = max(r["rows"][1:], key=lambda row: row["samples_per_sec"])
     machine.best_training_rate = best["samples_per_sec"] / machine.gpus
-    rows = [Check(f"throughput {row['config']}", True, f"{row['samples_per_sec']:,.0f} samples/s, "
-                  f"{row['ratio']:.2f}x plain TorchRec", row) for row in r["rows"]]
-    return rows + [Check("throughput target", r["target_met"], f"best {r['best']} at {best['ratio']:.2f}x, "
-                         f"{best['samples_per_sec']:,.0f} samples/s; target {r['target']}", r)]
+    rows = [
+        Check(
+            f"throughput {row['config']}",
+            True,
+            f"{row['samples_per_sec']:,.0f} samples/s, {row['ratio']:.2f}x plain TorchRec",
+            row,
+        )
+        for row in r["rows"]
+    ]
+    return rows + [
+        Check(
+            "throughput target",
+            r["target_met"],
+            f"best {r['best']} at {best['ratio']:.2f}x, {best['samples_per_sec']:,.0f} samples/s; target {r['target']}",
+            r,
+        )
+    ]
 
 
 def check_loader(machine: Machine) -> list[Check]:
-    r = machine.json_of("criteo_loader.py", "--device", "cuda", "--rows", "8000000", "--batch_size", "16384",
-                        "--repeats", "2")
+    r = machine.json_of(
+        "criteo_loader.py", "--device", "cuda", "--rows", "8000000", "--batch_size", "16384", "--repeats", "2"
+    )
     rate, needed = r["train_samples_per_sec"], machine.best_training_rate
     verdict = f"needs > {needed:,.0f} (training)" if needed else "no training rate measured (run throughput)"
     return [Check("Criteo loader into GPU", rate > needed > 0, f"{rate:,.0f} samples/s; {verdict}", r)]
@@ -174,8 +261,23 @@ def plan_in_hbm(rows: int, hbm_gb: float) -> bool:
     """Whether TorchRec's planner places 26 x ``rows`` x 128 tables in the HBM of one GPU of
     ``hbm_gb``, all of them (a plan that caches some from host memory fits, but not in HBM)."""
     result = subprocess.run(
-        [sys.executable, "-m", "apps.dlrm.plan", "--j", "1x1", "--gpu", "1", "--hbm_gb", gib_text(hbm_gb),
-         *model_args(rows)], capture_output=True, text=True, cwd=REPO, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "apps.dlrm.plan",
+            "--j",
+            "1x1",
+            "--gpu",
+            "1",
+            "--hbm_gb",
+            gib_text(hbm_gb),
+            *model_args(rows),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     if result.returncode not in (0, 1):
         raise RuntimeError(f"the plan preview failed: {result.stderr[-2000:]}")
     return result.returncode == 0 and "fused_uvm" not in result.stdout
@@ -187,9 +289,20 @@ def gib_text(gib: float) -> str:
 
 
 def model_args(rows: int) -> list[str]:
-    return ["--num_embeddings", str(rows), "--embedding_dim", str(DIM), "--num_sparse_features", str(TABLES),
-            "--dense_arch_layer_sizes", f"512,256,{DIM}", "--over_arch_layer_sizes", "1024,1024,512,256,1",
-            "--batch_size", "16384"]
+    return [
+        "--num_embeddings",
+        str(rows),
+        "--embedding_dim",
+        str(DIM),
+        "--num_sparse_features",
+        str(TABLES),
+        "--dense_arch_layer_sizes",
+        f"512,256,{DIM}",
+        "--over_arch_layer_sizes",
+        "1024,1024,512,256,1",
+        "--batch_size",
+        "16384",
+    ]
 
 
 def largest_rows(hbm_gb: float, step: int = 250_000) -> int:
@@ -215,11 +328,22 @@ def check_memory(machine: Machine) -> list[Check]:
         kernels = sorted({line.split("(")[1].split(")")[0] for line in s["sharding_plan"]})
         peak = s["peak_hbm_bytes"] / 2**30
         ok = peak <= (hbm_gb or gpu_gb) and (not hbm_gb or "fused_uvm_caching" in kernels)
-        checks.append(Check(f"memory: {name}", ok, f"26 x {rows:,} x {DIM} ({TABLES * rows * DIM * 4 / 1e9:.1f} GB), "
-                            f"kernels {','.join(kernels)}, peak HBM {peak:.1f} of {hbm_gb or gpu_gb:.1f} GiB, "
-                            f"{s['samples_per_sec']:,.0f} samples/s",
-                            {"rows": rows, "hbm_gb": hbm_gb or gpu_gb, "kernels": kernels, "peak_hbm_gib": peak,
-                             "samples_per_sec": s["samples_per_sec"]}))
+        checks.append(
+            Check(
+                f"memory: {name}",
+                ok,
+                f"26 x {rows:,} x {DIM} ({TABLES * rows * DIM * 4 / 1e9:.1f} GB), "
+                f"kernels {','.join(kernels)}, peak HBM {peak:.1f} of {hbm_gb or gpu_gb:.1f} GiB, "
+                f"{s['samples_per_sec']:,.0f} samples/s",
+                {
+                    "rows": rows,
+                    "hbm_gb": hbm_gb or gpu_gb,
+                    "kernels": kernels,
+                    "peak_hbm_gib": peak,
+                    "samples_per_sec": s["samples_per_sec"],
+                },
+            )
+        )
     return checks
 
 
@@ -243,7 +367,9 @@ def run_checks(names: list[str], machine: Machine) -> list[Check]:
             rows = CHECKS[name](machine)
         except Exception as e:  # noqa: BLE001 - reported as the check's failure
             traceback.print_exc()
-            rows = [Check(name, False, f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")]
+            rows = [
+                Check(name, False, f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+            ]
         for row in rows:
             print(f"{'ok  ' if row.ok else 'FAIL'}  {row.name}: {row.summary}", flush=True)
         print(f"      ({name}: {time.perf_counter() - start:.0f} s)", flush=True)
@@ -278,17 +404,25 @@ def versions() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", type=parse_names, default=list(CHECKS),
-                        help=f"some of {','.join(CHECKS)}, comma separated (default: all)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only",
+        type=parse_names,
+        default=list(CHECKS),
+        help=f"some of {','.join(CHECKS)}, comma separated (default: all)",
+    )
     parser.add_argument("--output", default="", help="the JSON file (default $OUT_DIR/gpu_check.json)")
     opts = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_check: needs an NVIDIA GPU, and torch sees none (torch.cuda.is_available() is False): run "
-              "it on a GPU machine after `make install`", file=sys.stderr)
+        print(
+            "gpu_check: needs an NVIDIA GPU, and torch sees none (torch.cuda.is_available() is False): run "
+            "it on a GPU machine after `make install`",
+            file=sys.stderr,
+        )
         sys.exit(2)
     output = opts.output or os.path.join(os.environ.get("OUT_DIR", "."), "gpu_check.json")
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as workdir:

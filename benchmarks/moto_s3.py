@@ -19,19 +19,29 @@ def s3_bucket(bucket: str) -> Iterator[dict[str, str]]:
         import boto3
         from moto.server import ThreadedMotoServer
     except ImportError as e:
-        sys.exit(f"--targets s3 needs moto's server and boto3 ({e}): "
-                 "pip install 'moto[server]' boto3, or measure --targets local only")
+        sys.exit(
+            f"--targets s3 needs moto's server and boto3 ({e}): "
+            "pip install 'moto[server]' boto3, or measure --targets local only"
+        )
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per S3 request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     try:
         host, port = server.get_host_and_port()
-        env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench",
-               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-west-2",
-               "AWS_EC2_METADATA_DISABLED": "true"}
-        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-west-2",
-                     aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(
-            Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+        env = {
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-west-2",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        boto3.client(
+            "s3",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            region_name="us-west-2",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        ).create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
         yield env
     finally:
         server.stop()
@@ -43,5 +53,6 @@ def targets_arg(value: str) -> tuple[str, ...]:
     unknown = sorted(chosen - set(TARGETS))
     if unknown or not value:
         raise argparse.ArgumentTypeError(
-            f"{value!r}: {', '.join(unknown) or 'nothing'} is not a target; give local, s3 or local,s3")
+            f"{value!r}: {', '.join(unknown) or 'nothing'} is not a target; give local, s3 or local,s3"
+        )
     return tuple(t for t in TARGETS if t in chosen)

@@ -86,8 +86,14 @@ def timed(start: Callable[[], tuple[Iterator, int | None]]) -> tuple[float, floa
 
 def ours(data_path: str, batch_size: int) -> Callable[[], tuple[Iterator, int | None]]:
     """One epoch's worth of one rank's training batches."""
-    cfg = TrainConfig(data="parquet", data_path=data_path, table_size_preset="mlperf", batch_size=batch_size,
-                      categorical_ids="as_is", eval_fraction=0.01)
+    cfg = TrainConfig(
+        data="parquet",
+        data_path=data_path,
+        table_size_preset="mlperf",
+        batch_size=batch_size,
+        categorical_ids="as_is",
+        eval_fraction=0.01,
+    )
 
     def start() -> tuple[Iterator, int | None]:
         data = ParquetClickLogs(cfg, rank=0, world_size=1, pin_memory=False)
@@ -105,8 +111,11 @@ def ours(data_path: str, batch_size: int) -> Callable[[], tuple[Iterator, int | 
     return start
 
 
-def scanner(files: list[str], filesystem: pafs.FileSystem, batch_size: int) -> Callable[[], tuple[Iterator, int | None]]:
+def scanner(
+    files: list[str], filesystem: pafs.FileSystem, batch_size: int
+) -> Callable[[], tuple[Iterator, int | None]]:
     """Every batch of the files, as pyarrow's scanner decodes them."""
+
     def start() -> tuple[Iterator, int | None]:
         dataset = ds.dataset(files, format="parquet", filesystem=filesystem)
         return (batch.column(0) for batch in dataset.scanner(columns=COLUMNS, batch_size=batch_size).to_batches()), None
@@ -125,11 +134,18 @@ def s3_bucket() -> Iterator[pafs.S3FileSystem]:
         import boto3
 
         boto3.client("s3").create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-        yield pafs.S3FileSystem(endpoint_override=urlparse(endpoint).netloc, scheme="http", region=REGION,
-                                access_key="testing", secret_key="testing")
+        yield pafs.S3FileSystem(
+            endpoint_override=urlparse(endpoint).netloc,
+            scheme="http",
+            region=REGION,
+            access_key="testing",
+            secret_key="testing",
+        )
 
 
-def measure(sides: dict[str, Callable[[], tuple[Iterator, int | None]]], repeats: int) -> dict[str, list[tuple[float, float]]]:
+def measure(
+    sides: dict[str, Callable[[], tuple[Iterator, int | None]]], repeats: int
+) -> dict[str, list[tuple[float, float]]]:
     """Every side ``repeats`` times, alternating which goes first."""
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
     names = list(sides)
@@ -156,8 +172,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--row_group_rows", type=int, default=131_072)
     parser.add_argument("--batch_size", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=3, help="measurements of each side, alternating; medians")
-    parser.add_argument("--targets", default=",".join(TARGETS),
-                        help="comma separated: local (page cache), s3 (moto on loopback)")
+    parser.add_argument(
+        "--targets", default=",".join(TARGETS), help="comma separated: local (page cache), s3 (moto on loopback)"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
     args = parser.parse_args()
     args.targets = [t for t in TARGETS if t in args.targets.split(",")]
@@ -173,25 +190,35 @@ def main() -> None:
         files = write_files(folder, args.rows, args.files, args.row_group_rows)
         sides = {}
         if "local" in args.targets:
-            sides["local"] = {"ours": ours(folder, args.batch_size),
-                              "scanner": scanner(files, pafs.LocalFileSystem(), args.batch_size)}
+            sides["local"] = {
+                "ours": ours(folder, args.batch_size),
+                "scanner": scanner(files, pafs.LocalFileSystem(), args.batch_size),
+            }
         if "s3" in args.targets:
             s3 = stack.enter_context(s3_bucket())
             keys = [f"{BUCKET}/clicks/{os.path.basename(path)}" for path in files]
             for path, key in zip(files, keys):
                 pafs.copy_files(path, key, destination_filesystem=s3)
-            sides["s3"] = {"ours": ours(f"s3://{BUCKET}/clicks/", args.batch_size),
-                           "scanner": scanner(keys, s3, args.batch_size)}
-        print(f"{args.rows:,} rows in {args.files} files, row groups of {args.row_group_rows:,}, batch "
-              f"{args.batch_size}, medians of {args.repeats}:")
+            sides["s3"] = {
+                "ours": ours(f"s3://{BUCKET}/clicks/", args.batch_size),
+                "scanner": scanner(keys, s3, args.batch_size),
+            }
+        print(
+            f"{args.rows:,} rows in {args.files} files, row groups of {args.row_group_rows:,}, batch "
+            f"{args.batch_size}, medians of {args.repeats}:"
+        )
         for target, target_sides in sides.items():
             report[target] = figures(measure(target_sides, args.repeats))
             f = report[target]
             for name in target_sides:
-                print(f"  {target:5s} {name:7s}: {f[f'{name}_samples_per_sec'] / 1e6:6.2f} M samples/s (wall)  "
-                      f"{f[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second")
-            print(f"  {target:5s} ours / scanner: {f['ratio_samples_per_sec']:.2f} (wall), "
-                  f"{f['ratio_samples_per_cpu_sec']:.2f} (per CPU-second)")
+                print(
+                    f"  {target:5s} {name:7s}: {f[f'{name}_samples_per_sec'] / 1e6:6.2f} M samples/s (wall)  "
+                    f"{f[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second"
+                )
+            print(
+                f"  {target:5s} ours / scanner: {f['ratio_samples_per_sec']:.2f} (wall), "
+                f"{f['ratio_samples_per_cpu_sec']:.2f} (per CPU-second)"
+            )
     if args.json:
         with open(args.json, "w") as out:
             json.dump(report, out, indent=2)

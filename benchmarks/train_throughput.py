@@ -45,9 +45,22 @@ PRESETS = {
     # RowWiseAdagrad (the app's default embedding optimizer).
     "h100": Preset(
         [
-            "--num_embeddings", "1000000", "--embedding_dim", "128", "--batch_size", "16384",
-            "--dense_arch_layer_sizes", "512,256,128", "--over_arch_layer_sizes", "1024,1024,512,256,1",
-            "--steps", "300", "--log_every", "100", "--sharding_type", "table_wise",
+            "--num_embeddings",
+            "1000000",
+            "--embedding_dim",
+            "128",
+            "--batch_size",
+            "16384",
+            "--dense_arch_layer_sizes",
+            "512,256,128",
+            "--over_arch_layer_sizes",
+            "1024,1024,512,256,1",
+            "--steps",
+            "300",
+            "--log_every",
+            "100",
+            "--sharding_type",
+            "table_wise",
         ],
         min_ratio=1.5,
         min_samples_per_sec=4e6,
@@ -83,8 +96,9 @@ def torchrun(nproc: int, target: list[str]) -> subprocess.CompletedProcess:
 
 def app_samples_per_sec(nproc: int, args: list[str]) -> float:
     with tempfile.TemporaryDirectory() as out:
-        torchrun(nproc, ["-m", "apps.dlrm.train", *args, "--val_batches", "1", "--test_batches", "1",
-                         "--output_dir", out])
+        torchrun(
+            nproc, ["-m", "apps.dlrm.train", *args, "--val_batches", "1", "--test_batches", "1", "--output_dir", out]
+        )
         with open(os.path.join(out, "summary.json")) as f:
             return json.load(f)["samples_per_sec"]
 
@@ -121,7 +135,11 @@ def measure(opts: argparse.Namespace, levers: list[str]) -> dict[str, list[float
     runs: dict[str, list[float]] = {name: [] for name in configs}
     for i in range(opts.repeats):
         for name, app_args in configs.items():
-            rate = plain_samples_per_sec(opts.nproc, args) if app_args is None else app_samples_per_sec(opts.nproc, app_args)
+            rate = (
+                plain_samples_per_sec(opts.nproc, args)
+                if app_args is None
+                else app_samples_per_sec(opts.nproc, app_args)
+            )
             runs[name].append(rate)
             print(f"run {i + 1}: {name:28s} {rate:14,.0f} samples/s", flush=True)
     return runs
@@ -142,8 +160,15 @@ def report(opts: argparse.Namespace, runs: dict[str, list[float]]) -> dict:
     for row in rows:
         print(f"{row['config']:30s} {row['samples_per_sec']:14,.0f} {row['ratio']:7.3f}")
     print(f"best: {best['config']} at {best['ratio']:.3f}x; target {preset.target()}: {'met' if meets else 'NOT met'}")
-    return {"preset": opts.preset, "nproc": opts.nproc, "repeats": opts.repeats, "rows": rows,
-            "best": best["config"], "target": preset.target(), "target_met": meets}
+    return {
+        "preset": opts.preset,
+        "nproc": opts.nproc,
+        "repeats": opts.repeats,
+        "rows": rows,
+        "best": best["config"],
+        "target": preset.target(),
+        "target_met": meets,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:

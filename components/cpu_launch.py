@@ -7,6 +7,7 @@ them, so the two cannot drift apart.
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from torchx import specs
 from torchx.components import utils
@@ -16,7 +17,8 @@ from components.launch import Launch
 _LAUNCH = {f.name: f for f in dataclasses.fields(Launch)}
 
 
-def _same_as_launch(name: str, help: str | None = None) -> dataclasses.Field:
+def _same_as_launch(name: str, help: str | None = None) -> Any:
+    # Any, as dataclasses.field() is typed: the call stands for the field's default, a value of the field's type.
     field = _LAUNCH[name]
     metadata = {**field.metadata, "help": help} if help else field.metadata
     if field.default_factory is not dataclasses.MISSING:
@@ -51,8 +53,15 @@ class CpuLaunch:
         """
         launch = self.launch()
         app = utils.python(
-            *app_args, m=module, image=launch.image, name=launch.name, h=launch.h or None,
-            cpu=launch.cpu, gpu=0, memMB=launch.memMB, mounts=launch.mounts or None,
+            *app_args,
+            m=module,
+            image=launch.image,
+            name=launch.name,
+            h=launch.h or None,
+            cpu=launch.cpu,
+            gpu=0,
+            memMB=launch.memMB,
+            mounts=launch.mounts or None,
         )
         (role,) = app.roles
         role.env.update(launch.merged_env)

@@ -10,6 +10,8 @@ ones under TorchX's own ``dist.torchrun``; the app's options are the component's
 ``torchx run components.dlrm:train --help`` is the app's manual too.
 """
 
+from typing import Any
+
 from torchx import specs
 from torchx.components import utils
 
@@ -24,7 +26,7 @@ from components.signature import component_args, reject_unknown, take
 
 
 @component_args(Launch, PlanCheck, TrainConfig)
-def train(**kwargs) -> specs.AppDef:
+def train(**kwargs: Any) -> specs.AppDef:
     """Trains, validates and tests a DLRM whose embedding tables are sharded across all ranks.
 
     Runs ``python -m apps.dlrm.train`` under torchrun on every node: TorchRec's planner shards
@@ -41,7 +43,7 @@ def train(**kwargs) -> specs.AppDef:
 
 
 @component_args(PlanTarget, TrainConfig)
-def plan(**kwargs) -> specs.AppDef:
+def plan(**kwargs: Any) -> specs.AppDef:
     """Previews TorchRec's sharding plan of a training job and says whether it fits.
 
     Runs ``python -m apps.dlrm.plan``, one process on any machine, no GPU needed, in seconds:
@@ -54,13 +56,17 @@ def plan(**kwargs) -> specs.AppDef:
     target = take(PlanTarget, kwargs)
     cfg = take(TrainConfig, kwargs)
     return utils.python(
-        *to_argv(target), *to_argv(cfg), m="apps.dlrm.plan", image=DEFAULT_IMAGE, name="dlrm-plan",
+        *to_argv(target),
+        *to_argv(cfg),
+        m="apps.dlrm.plan",
+        image=DEFAULT_IMAGE,
+        name="dlrm-plan",
         memMB=4096,  # torch, torchrec and the planner's search on a meta-device model
     )
 
 
 @component_args(CpuLaunch, PreprocessConfig)
-def preprocess(**kwargs) -> specs.AppDef:
+def preprocess(**kwargs: Any) -> specs.AppDef:
     """Converts Criteo TSV click logs (1TB or Kaggle) into the binary files --data criteo trains on.
 
     Runs ``python -m apps.dlrm.preprocess`` as one process on any scheduler, no GPU needed: it

@@ -61,8 +61,7 @@ class Launch:
     name: str = option("dlrm", "Job name: {experiment}/{run}, {experiment}/ or {run}.")
     image: str = option(
         DEFAULT_IMAGE,
-        "Container image with this project installed (ignored by local_cwd, which runs in "
-        "the current directory).",
+        "Container image with this project installed (ignored by local_cwd, which runs in the current directory).",
     )
     j: str = option(
         "1x2",
@@ -71,8 +70,7 @@ class Launch:
     )
     h: str | None = option(
         None,
-        "Named resource of each node (e.g. aws_p4d.24xlarge); takes precedence over "
-        "cpu, gpu and memMB.",
+        "Named resource of each node (e.g. aws_p4d.24xlarge); takes precedence over cpu, gpu and memMB.",
     )
     cpu: int = option(2, "CPUs per node, when no named resource -h is given.")
     gpu: int = option(0, "GPUs per node, when no named resource -h is given.")
@@ -190,4 +188,4 @@ def _through_our_torchrun(command: str) -> str:
     head = "torchrun "
     if not command.startswith(head):
         raise AssertionError(f"TorchX's dist.torchrun no longer starts with {head!r}: {command}")
-    return "python -m apps.dlrm.torchrun " + command[len(head):]
+    return "python -m apps.dlrm.torchrun " + command[len(head) :]

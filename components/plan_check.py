@@ -38,9 +38,7 @@ class PlanCheck:
             _check_hbm_gb(launch, cfg)
             return
         try:
-            target = PlanTarget(
-                j=launch.j, h=launch.h or "", gpu=launch.gpu, memMB=launch.memMB, hbm_gb=cfg.hbm_gb
-            )
+            target = PlanTarget(j=launch.j, h=launch.h or "", gpu=launch.gpu, memMB=launch.memMB, hbm_gb=cfg.hbm_gb)
             with _info_logs_off():
                 # Imported only when asked: planning loads torch and torchrec, building a job does not.
                 from apps.dlrm.plan import check_plan_fits

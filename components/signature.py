@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import inspect
 import typing
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from torchx import specs
 from torchx.specs.finder import ComponentValidationException
@@ -24,8 +24,11 @@ from torchx.util.types import to_dict
 
 from apps.dlrm.options import ConfigError, field_default, help_text, options_of, value_parser
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance  # exists only for type checkers
+
 F = TypeVar("F", bound=Callable[..., specs.AppDef])
-D = TypeVar("D")
+D = TypeVar("D", bound="DataclassInstance")
 
 #: Annotations TorchX decodes exactly as the app's command line does.
 _DECODED_BY_TORCHX = (int, str, str | None)
@@ -59,7 +62,9 @@ def component_args(*configs: type) -> Callable[[F], F]:
         names = [p.name for p in parameters]
         duplicated = {n for n in names if names.count(n) > 1}
         assert not duplicated, f"component arguments declared twice: {duplicated}"
-        fn.__signature__ = inspect.Signature(parameters, return_annotation=specs.AppDef)
+        # What inspect.signature (and so TorchX) reads; a function attribute that mypy does not model,
+        # hence setattr.
+        setattr(fn, "__signature__", inspect.Signature(parameters, return_annotation=specs.AppDef))  # noqa: B010
         fn.__doc__ = inspect.cleandoc(fn.__doc__ or fn.__name__) + "\n\nArgs:\n" + "\n".join(args_doc)
         return fn
 

@@ -19,6 +19,7 @@ placement group and a security group that lets the nodes reach each other on eve
 
 from __future__ import annotations
 
+import builtins
 import getpass
 import json
 import logging
@@ -30,7 +31,6 @@ from functools import cached_property
 from typing import Any, Iterable, Iterator, Mapping
 
 import boto3
-
 import torchx
 from torchx.schedulers.api import (
     DescribeAppResponse,
@@ -158,9 +158,7 @@ class BatchJobRequest:
         return _app_id(self.job["jobQueue"], self.job["jobName"])
 
     def __str__(self) -> str:
-        return json.dumps(
-            {"registerJobDefinition": self.job_definition, "submitJob": self.job}, indent=2
-        )
+        return json.dumps({"registerJobDefinition": self.job_definition, "submitJob": self.job}, indent=2)
 
 
 class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
@@ -205,7 +203,7 @@ class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ComponentValidationException(
                 f"-s aws_batch builds the workspace {workspace} into an image with Docker, which does not "
-                f"answer here ({reason}): start Docker, or pass --workspace \"\" to run --image as it is"
+                f'answer here ({reason}): start Docker, or pass --workspace "" to run --image as it is'
             ) from None
         super().build_workspace_and_update_role(role, workspace, cfg)
 
@@ -320,7 +318,7 @@ class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
         )
         return [app for name in queues for app in self._list_queue(name)]
 
-    def _list_queue(self, queue: str) -> list[ListAppResponse]:
+    def _list_queue(self, queue: str) -> builtins.list[ListAppResponse]:  # in the class, list is the method
         summaries = self._job_summaries(queue, {"name": "AFTER_CREATED_AT", "values": ["0"]})
         return [
             ListAppResponse(
@@ -425,7 +423,9 @@ def _check_opts(cfg: AWSBatchOpts) -> None:
     if not _JOB_QUEUE.fullmatch(cfg.queue):
         raise InvalidRunConfigException(
             f"queue={cfg.queue!r} is neither a job queue name (1 to 128 letters, digits, - and _) nor a "
-            "job queue ARN (arn:aws:batch:REGION:ACCOUNT:job-queue/NAME)", "queue", cfg
+            "job queue ARN (arn:aws:batch:REGION:ACCOUNT:job-queue/NAME)",
+            "queue",
+            cfg,
         )
     if cfg.priority is not None:
         if not 0 <= cfg.priority <= MAX_PRIORITY:
@@ -434,8 +434,9 @@ def _check_opts(cfg: AWSBatchOpts) -> None:
             )
         if cfg.share_id is None:
             raise InvalidRunConfigException(
-                f"priority={cfg.priority} needs share_id: priorities apply within a share of a "
-                "fair-share queue", "priority", cfg
+                f"priority={cfg.priority} needs share_id: priorities apply within a share of a fair-share queue",
+                "priority",
+                cfg,
             )
     for key in ("job_role_arn", "execution_role_arn"):
         arn = getattr(cfg, key)

@@ -72,12 +72,16 @@ def check_script_text(app: AppDef, cfg: Mapping[str, CfgVal]) -> None:
         if key in SBATCH_LINE_OPTIONS and value is not None and not _SBATCH_LINE_VALUE.fullmatch(str(value)):
             raise InvalidRunConfigException(
                 f"{key}={value!r} would change the sbatch script's #SBATCH line: {key} takes "
-                f"{SBATCH_LINE_CHARACTERS} only", key, cfg
+                f"{SBATCH_LINE_CHARACTERS} only",
+                key,
+                cfg,
             )
         if isinstance(value, str) and not value.isprintable():
             raise InvalidRunConfigException(
                 f"{key}={value!r} has a control character (newline, tab, ...) that would change the "
-                "sbatch script: use printable characters only", key, cfg
+                "sbatch script: use printable characters only",
+                key,
+                cfg,
             )
     for role in app.roles:
         if not _SBATCH_LINE_VALUE.fullmatch(role.name):
@@ -122,9 +126,7 @@ class SlurmScheduler(slurm_scheduler.SlurmScheduler):
     def _describe_squeue(self, app_id: str) -> DescribeAppResponse | None:
         # Raises CalledProcessError where squeue refuses a finished job's id; describe() then
         # asks sacct, as it does when this returns None.
-        output = subprocess.check_output(
-            ["squeue", "--json", "-j", app_id], stderr=subprocess.PIPE, encoding="utf-8"
-        )
+        output = subprocess.check_output(["squeue", "--json", "-j", app_id], stderr=subprocess.PIPE, encoding="utf-8")
         jobs = jobs_of_app(json.loads(output)["jobs"], app_id)
         if not jobs:
             return None

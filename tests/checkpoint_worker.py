@@ -37,8 +37,11 @@ def resume_each(args: list[str], checkpoint_dirs: list[str], out_prefix: str, en
         state = TrainState(env.rank)
         checkpointer.restore(state)
         torch.save(
-            {"progress": state.progress(), "pieces": local_pieces(checkpointer.entries(state)),
-             "plan": plan_tables(run.plan)},
+            {
+                "progress": state.progress(),
+                "pieces": local_pieces(checkpointer.entries(state)),
+                "plan": plan_tables(run.plan),
+            },
             f"{out_prefix}.{i}.rank{env.rank}.pt",
         )
         checkpointer.close()

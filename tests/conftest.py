@@ -42,13 +42,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
         item.add_marker(tier)
 
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 
 # A tiny model that trains in seconds on two CPU processes.
 TINY = [
-    "--num_embeddings", "2000", "--batch_size", "256", "--steps", "40", "--log_every", "20",
-    "--val_batches", "4", "--test_batches", "4",
+    "--num_embeddings",
+    "2000",
+    "--batch_size",
+    "256",
+    "--steps",
+    "40",
+    "--log_every",
+    "20",
+    "--val_batches",
+    "4",
+    "--test_batches",
+    "4",
 ]
 
 
@@ -70,9 +81,7 @@ def process_env(**extra: str) -> dict[str, str]:
 
 def run(cmd: list[str], *, timeout: int = 600, cwd: str | None = None, **env: str) -> subprocess.CompletedProcess:
     """Runs ``cmd`` to its end; its exit status is the job's: any failure fails the test."""
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=process_env(**env)
-    )
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=process_env(**env))
 
 
 def torchrun(args: list[str], *, nproc: int = 2, **kwargs) -> subprocess.CompletedProcess:
@@ -100,6 +109,11 @@ def trainer_pids(marker: str) -> list[int]:
                 cmd = f.read().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "-m apps.dlrm.train" in cmd and marker in cmd and "torch.distributed.run" not in cmd and "torchrun" not in cmd:
+        if (
+            "-m apps.dlrm.train" in cmd
+            and marker in cmd
+            and "torch.distributed.run" not in cmd
+            and "torchrun" not in cmd
+        ):
             pids.append(int(pid))
     return pids

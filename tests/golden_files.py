@@ -22,8 +22,13 @@ def assert_matches_golden(name: str, text: str) -> None:
     with open(path) as f:
         golden = f.read()
     if text != golden:
-        diff = "\n".join(difflib.unified_diff(
-            golden.splitlines(), text.splitlines(), f"tests/golden/{name}", "generated", lineterm=""
-        ))
-        pytest.fail(f"generated request differs from tests/golden/{name} (UPDATE_GOLDEN=1 "
-                    f"rewrites it; review the diff):\n{diff}", pytrace=False)
+        diff = "\n".join(
+            difflib.unified_diff(
+                golden.splitlines(), text.splitlines(), f"tests/golden/{name}", "generated", lineterm=""
+            )
+        )
+        pytest.fail(
+            f"generated request differs from tests/golden/{name} (UPDATE_GOLDEN=1 "
+            f"rewrites it; review the diff):\n{diff}",
+            pytrace=False,
+        )

@@ -56,8 +56,14 @@ class Hosts:
     def start(self, host: int, cmd: list[str], log: str, **env: str) -> subprocess.Popen:
         """Starts ``cmd`` on ``host`` in a session of its own, its output into ``log``."""
         with open(log, "w") as out:
-            process = subprocess.Popen(self.command(host, cmd), stdout=out, stderr=subprocess.STDOUT,
-                                       cwd=REPO, env=process_env(**env), start_new_session=True)
+            process = subprocess.Popen(
+                self.command(host, cmd),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env=process_env(**env),
+                start_new_session=True,
+            )
         self._started.append(process)
         return process
 

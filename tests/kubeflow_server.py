@@ -67,14 +67,17 @@ class FakeCluster:
     def kubeconfig(self, path: str) -> str:
         """A kubeconfig file (as ``kubectl config view`` writes one) for this server; returns its path."""
         with open(path, "w") as f:
-            yaml.safe_dump({
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-                "users": [{"name": "trainer", "user": {"token": TOKEN}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "trainer"}}],
-                "current-context": "fake",
-            }, f)
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "trainer", "user": {"token": TOKEN}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "trainer"}}],
+                    "current-context": "fake",
+                },
+                f,
+            )
         return path
 
     def operator_writes(self, plural: str, namespace: str, name: str, recorded: str) -> None:
@@ -153,16 +156,21 @@ def _route(cluster: FakeCluster, method: str, path: str, query: dict[str, str], 
     if match := _CUSTOM.match(path):
         return _custom_object(cluster, method, match.groupdict(), query, body)
     if (match := _PODS.match(path)) and method == "GET":
-        pods = [p for p in cluster.pods if p["metadata"]["namespace"] == match["ns"]
-                and _selected(p["metadata"].get("labels", {}), query.get("labelSelector", ""))]
+        pods = [
+            p
+            for p in cluster.pods
+            if p["metadata"]["namespace"] == match["ns"]
+            and _selected(p["metadata"].get("labels", {}), query.get("labelSelector", ""))
+        ]
         return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"}, "items": pods}
     if (match := _LOG.match(path)) and method == "GET":
         return _log(cluster, match["ns"], match["name"], query)
     return _status(404, "NotFound", "the server could not find the requested resource")
 
 
-def _custom_object(cluster: FakeCluster, method: str, where: dict[str, str], query: dict[str, str],
-                   body: Any) -> tuple[int, Any]:
+def _custom_object(
+    cluster: FakeCluster, method: str, where: dict[str, str], query: dict[str, str], body: Any
+) -> tuple[int, Any]:
     kind = cluster.kinds.get((where["group"], where["version"], where["plural"]))
     if kind is None:  # the operator (its CRD) is not installed
         return _status(404, "NotFound", "the server could not find the requested resource")
@@ -176,18 +184,26 @@ def _custom_object(cluster: FakeCluster, method: str, where: dict[str, str], que
         cluster.objects[(where["plural"], where["ns"], name)] = body
         return 201, body
     if method == "GET" and where["name"] is None:
-        items = [obj for (plural, ns, _), obj in cluster.objects.items() if (plural, ns) == key[:2]
-                 and _selected(obj["metadata"].get("labels", {}), query.get("labelSelector", ""))]
-        return 200, {"apiVersion": f"{where['group']}/{where['version']}", "kind": f"{kind}List",
-                     "metadata": {"resourceVersion": "7"}, "items": items}
+        items = [
+            obj
+            for (plural, ns, _), obj in cluster.objects.items()
+            if (plural, ns) == key[:2] and _selected(obj["metadata"].get("labels", {}), query.get("labelSelector", ""))
+        ]
+        return 200, {
+            "apiVersion": f"{where['group']}/{where['version']}",
+            "kind": f"{kind}List",
+            "metadata": {"resourceVersion": "7"},
+            "items": items,
+        }
     if key not in cluster.objects:
         return _status(404, "NotFound", f'{resource} "{where["name"]}" not found', where["name"], where)
     if method == "GET":
         return 200, cluster.objects[key]
     if method == "DELETE":
         if query.get("propagationPolicy") == "Foreground":
-            cluster.objects[key]["metadata"].update(deletionTimestamp="2026-11-23T11:00:00Z",
-                                                    finalizers=["foregroundDeletion"])
+            cluster.objects[key]["metadata"].update(
+                deletionTimestamp="2026-11-23T11:00:00Z", finalizers=["foregroundDeletion"]
+            )
             return 200, cluster.objects[key]
         del cluster.objects[key]
         return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": where["name"]}}
@@ -214,8 +230,17 @@ def _selected(labels: dict[str, str], selector: str) -> bool:
     return all(labels.get(key) == value for key, value in terms)
 
 
-def _status(code: int, reason: str, message: str, name: str | None = None,
-            where: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+def _status(
+    code: int, reason: str, message: str, name: str | None = None, where: dict[str, Any] | None = None
+) -> tuple[int, dict[str, Any]]:
     details = {"name": name, "group": where.get("group", ""), "kind": where["plural"]} if name and where else {}
-    return code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-                  "reason": reason, "details": details, "code": code}
+    return code, {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "details": details,
+        "code": code,
+    }

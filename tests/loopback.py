@@ -13,8 +13,9 @@ from apps.dlrm.distributed import free_port
 
 
 @contextlib.contextmanager
-def loopback_server(program: str, args: Callable[[int], list[str]], ready_path: str,
-                    host: str = "127.0.0.1") -> Iterator[str]:
+def loopback_server(
+    program: str, args: Callable[[int], list[str]], ready_path: str, host: str = "127.0.0.1"
+) -> Iterator[str]:
     """Runs ``program args(port)`` until the block ends; yields ``http://HOST:PORT`` once
     ``ready_path`` answers. ``args`` must make the program listen on ``host``."""
     port = free_port()

@@ -28,8 +28,9 @@ def assemble(pieces_of_ranks: list[dict], name: str, shape: tuple[int, ...] | No
     large as they reach)."""
     placed = [(offsets, tensor) for pieces in pieces_of_ranks for offsets, tensor in pieces.get(name, [])]
     if shape is None:
-        shape = tuple(max(sizes) for sizes in zip(*(
-            [o + n for o, n in zip(offsets, tensor.shape)] for offsets, tensor in placed)))
+        shape = tuple(
+            max(sizes) for sizes in zip(*([o + n for o, n in zip(offsets, tensor.shape)] for offsets, tensor in placed))
+        )
     full = torch.full(shape, float("nan"), dtype=torch.float32)
     for offsets, tensor in placed:
         index = tuple(slice(o, o + n) for o, n in zip(offsets, tensor.shape))

@@ -56,7 +56,9 @@ def queue(request, aws):
         },
     )
     created = batch.create_job_queue(
-        jobQueueName=QUEUE, state="ENABLED", priority=1,
+        jobQueueName=QUEUE,
+        state="ENABLED",
+        priority=1,
         computeEnvironmentOrder=[{"order": 1, "computeEnvironment": "dlrm-ec2"}],
     )
     return created["jobQueueArn"] if request.param == "arn" else QUEUE
@@ -65,8 +67,20 @@ def queue(request, aws):
 @pytest.fixture
 def submitted(queue):
     """The handle of a 2-node training job submitted with `torchx run -s aws_batch`."""
-    result = torchx("run", "-s", "aws_batch", "-cfg", f"queue={queue}", "--workspace", "",
-                    "components.dlrm:train", "-j", "2x1", "--steps", "10")
+    result = torchx(
+        "run",
+        "-s",
+        "aws_batch",
+        "-cfg",
+        f"queue={queue}",
+        "--workspace",
+        "",
+        "components.dlrm:train",
+        "-j",
+        "2x1",
+        "--steps",
+        "10",
+    )
     assert result.returncode == 0, result.stderr
     handle = result.stdout.strip().splitlines()[-1]
     assert handle.startswith(f"aws_batch://torchx/{QUEUE}:dlrm-"), result.stdout
@@ -109,8 +123,9 @@ def test_run_submits_a_multi_node_job_that_status_and_list_report(submitted, que
 
     # A job submitted outside TorchX is not listed.
     batch = boto3.client("batch")
-    batch.register_job_definition(jobDefinitionName="other", type="container",
-                                  containerProperties={"image": "busybox", "vcpus": 1, "memory": 128})
+    batch.register_job_definition(
+        jobDefinitionName="other", type="container", containerProperties={"image": "busybox", "vcpus": 1, "memory": 128}
+    )
     batch.submit_job(jobName="other", jobQueue=queue, jobDefinition="other")
     listed = torchx("list", "-s", "aws_batch", "-cfg", f"queue={queue}")
     assert listed.returncode == 0, listed.stderr
@@ -128,7 +143,8 @@ def test_log_reads_the_nodes_cloudwatch_stream(submitted):
     logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
     lines = ["step 10 loss 0.51", "validation: auroc 0.77", "wrote outputs/summary.json"]
     logs.put_log_events(
-        logGroupName=LOG_GROUP, logStreamName=stream,
+        logGroupName=LOG_GROUP,
+        logStreamName=stream,
         logEvents=[{"timestamp": attempt["startedAt"] + i, "message": line} for i, line in enumerate(lines)],
     )
 
@@ -163,16 +179,19 @@ def queued_jobs_stay_queued(moto_endpoint):
     container, long after this test.
     """
     post(moto_endpoint + "/moto-api/config", {"batch": {"use_docker": True}})
-    post(moto_endpoint + "/moto-api/state-manager/set-transition",
-         {"model_name": "batch::job", "transition": {"progression": "time", "seconds": 60}})
+    post(
+        moto_endpoint + "/moto-api/state-manager/set-transition",
+        {"model_name": "batch::job", "transition": {"progression": "time", "seconds": 60}},
+    )
     yield
     post(moto_endpoint + "/moto-api/state-manager/unset-transition", {"model_name": "batch::job"})
     post(moto_endpoint + "/moto-api/config", {"batch": {"use_docker": False}})
 
 
 def test_cancel_terminates_a_queued_job(queue, queued_jobs_stay_queued):
-    result = torchx("run", "-s", "aws_batch", "-cfg", f"queue={queue}", "--workspace", "",
-                    "components.dlrm:train", "-j", "2x1")
+    result = torchx(
+        "run", "-s", "aws_batch", "-cfg", f"queue={queue}", "--workspace", "", "components.dlrm:train", "-j", "2x1"
+    )
     assert result.returncode == 0, result.stderr
     handle = result.stdout.strip().splitlines()[-1]
     assert status(handle)["state"] == "SUBMITTED"
@@ -187,17 +206,30 @@ def test_cancel_terminates_a_queued_job(queue, queued_jobs_stay_queued):
 def test_roles_become_node_ranges_with_their_own_resources_and_mounts(queue):
     image = "123456789012.dkr.ecr.us-west-2.amazonaws.com/dlrm:1"
     trainer = specs.Role(
-        name="trainer", image=image, entrypoint="bash",
+        name="trainer",
+        image=image,
+        entrypoint="bash",
         args=["-c", f"echo node {specs.macros.replica_id} of {specs.macros.app_id}"],
-        num_replicas=2, resource=specs.resource(h="aws_p4d.24xlarge"), max_retries=2,
+        num_replicas=2,
+        resource=specs.resource(h="aws_p4d.24xlarge"),
+        max_retries=2,
         mounts=specs.parse_mounts("type=bind,src=/fsx,dst=/data,readonly,type=volume,src=fs-0abc,dst=/ckpt".split(",")),
     )
     reader = specs.Role(
-        name="reader", image=image, entrypoint="bash", args=["-c", f"echo reader {specs.macros.replica_id}"],
-        num_replicas=1, resource=specs.resource(h="aws_p4d.24xlarge"),
+        name="reader",
+        image=image,
+        entrypoint="bash",
+        args=["-c", f"echo reader {specs.macros.replica_id}"],
+        num_replicas=1,
+        resource=specs.resource(h="aws_p4d.24xlarge"),
     )
-    cfg = {"queue": queue, "shm_size": 65536, "share_id": "recsys", "priority": 7,
-           "job_role_arn": "arn:aws:iam::123456789012:role/dlrm-job"}
+    cfg = {
+        "queue": queue,
+        "shm_size": 65536,
+        "share_id": "recsys",
+        "priority": 7,
+        "job_role_arn": "arn:aws:iam::123456789012:role/dlrm-job",
+    }
     with get_runner() as runner:
         dryrun = runner.dryrun(specs.AppDef("two-roles", roles=[trainer, reader]), "aws_batch", cfg)
         submit_job = dryrun.request.job
@@ -208,16 +240,25 @@ def test_roles_become_node_ranges_with_their_own_resources_and_mounts(queue):
     assert [(r.name, r.num_replicas, r.resource.gpu) for r in described.roles] == [("trainer", 2, 8), ("reader", 1, 8)]
     job = batch_job(handle)
     assert job["nodeProperties"]["numNodes"] == 3
-    (definition,) = boto3.client("batch").describe_job_definitions(jobDefinitions=[job["jobDefinition"]])["jobDefinitions"]
+    (definition,) = boto3.client("batch").describe_job_definitions(jobDefinitions=[job["jobDefinition"]])[
+        "jobDefinitions"
+    ]
     assert definition["retryStrategy"] == {"attempts": 3}  # 2 retries
     trainer_nodes, reader_nodes = job["nodeProperties"]["nodeRangeProperties"]
     assert (trainer_nodes["targetNodes"], reader_nodes["targetNodes"]) == ("0:1", "2:2")
     # Replica ids count from each role's first node.
-    assert trainer_nodes["container"]["command"][2] == f"echo node $AWS_BATCH_JOB_NODE_INDEX of {handle.rpartition('/')[2]}"
+    assert (
+        trainer_nodes["container"]["command"][2]
+        == f"echo node $AWS_BATCH_JOB_NODE_INDEX of {handle.rpartition('/')[2]}"
+    )
     assert reader_nodes["container"]["command"][2] == "echo reader $((AWS_BATCH_JOB_NODE_INDEX - 2))"
 
     container = trainer_nodes["container"]
-    assert {r["type"]: r["value"] for r in container["resourceRequirements"]} == {"VCPU": "96", "MEMORY": "1132416", "GPU": "8"}
+    assert {r["type"]: r["value"] for r in container["resourceRequirements"]} == {
+        "VCPU": "96",
+        "MEMORY": "1132416",
+        "GPU": "8",
+    }
     assert container["instanceType"] == "p4d.24xlarge"
     assert container["jobRoleArn"] == cfg["job_role_arn"]
     assert container["linuxParameters"]["sharedMemorySize"] == 65536
@@ -247,16 +288,33 @@ def _normalized(dryrun: dict) -> dict:
 
 def test_dryrun_prints_the_reviewed_multi_node_job_definition(monkeypatch):
     monkeypatch.delenv("LOGLEVEL", raising=False)  # dist.torchrun copies it into the job's env
-    result = torchx("run", "--dryrun", "--json", "-s", "aws_batch", "-cfg", f"queue={QUEUE},user=alice",
-                    "--workspace", "", "components.dlrm:train", "-j", "2x8", "-h", "aws_p4d.24xlarge",
-                    "--batch_size", "8192")  # the job of the other schedulers' golden files (test_dryrun.py)
+    result = torchx(
+        "run",
+        "--dryrun",
+        "--json",
+        "-s",
+        "aws_batch",
+        "-cfg",
+        f"queue={QUEUE},user=alice",
+        "--workspace",
+        "",
+        "components.dlrm:train",
+        "-j",
+        "2x8",
+        "-h",
+        "aws_p4d.24xlarge",
+        "--batch_size",
+        "8192",
+    )  # the job of the other schedulers' golden files (test_dryrun.py)
     assert result.returncode == 0, result.stderr
     request = _normalized(json.loads(result.stdout))
 
     # Every field is one Batch's API model knows, with the right type.
     batch = botocore.session.get_session().get_service_model("batch")
-    for operation, params in [("RegisterJobDefinition", request["registerJobDefinition"]),
-                              ("SubmitJob", request["submitJob"])]:
+    for operation, params in [
+        ("RegisterJobDefinition", request["registerJobDefinition"]),
+        ("SubmitJob", request["submitJob"]),
+    ]:
         report = ParamValidator().validate(params, batch.operation_model(operation).input_shape)
         assert not report.has_errors(), report.generate_report()
 
@@ -275,8 +333,9 @@ def test_dryrun_prints_the_reviewed_multi_node_job_definition(monkeypatch):
     ],
 )
 def test_bad_scheduler_input_is_refused_before_submission(cfg, component_args, fragment):
-    result = torchx("run", "--dryrun", "-s", "aws_batch", "-cfg", cfg, "--workspace", "",
-                    "components.dlrm:train", *component_args)
+    result = torchx(
+        "run", "--dryrun", "-s", "aws_batch", "-cfg", cfg, "--workspace", "", "components.dlrm:train", *component_args
+    )
     assert result.returncode == 1
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr

@@ -19,8 +19,22 @@ RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per
 
 def run_loader(tmp_path, device: str) -> dict:
     report = tmp_path / "loader.json"
-    result = run([sys.executable, LOADER, "--rows", "200000", "--batch_size", "4096", "--repeats", "1",
-                  "--device", device, "--json", str(report)])
+    result = run(
+        [
+            sys.executable,
+            LOADER,
+            "--rows",
+            "200000",
+            "--batch_size",
+            "4096",
+            "--repeats",
+            "1",
+            "--device",
+            device,
+            "--json",
+            str(report),
+        ]
+    )
     assert_ok(result)
     assert "train:" in result.stdout and "eval :" in result.stdout
     return json.loads(report.read_text())
@@ -51,8 +65,25 @@ def test_loader_delivers_into_the_gpu(tmp_path):
 
 def test_checkpoint_io_reshards_local_checkpoint_equal(tmp_path):
     report = tmp_path / "checkpoint.json"
-    result = run([sys.executable, CHECKPOINT_IO, "--targets", "local", "--rows", "20000", "--nproc", "2",
-                  "--repeats", "1", "--reshard_to", "row_wise", "--json", str(report)], BENCH_DIR=str(tmp_path))
+    result = run(
+        [
+            sys.executable,
+            CHECKPOINT_IO,
+            "--targets",
+            "local",
+            "--rows",
+            "20000",
+            "--nproc",
+            "2",
+            "--repeats",
+            "1",
+            "--reshard_to",
+            "row_wise",
+            "--json",
+            str(report),
+        ],
+        BENCH_DIR=str(tmp_path),
+    )
     assert_ok(result)
     figures = json.loads(report.read_text())
     assert list(figures) == ["local"]

@@ -52,16 +52,23 @@ def listing(path) -> dict[str, tuple[int, float]]:
 
 # What makes an exact resume hardest: dense Adam (its state is made lazily, at the first step, so a
 # resumed run must make it before loading the saved one into it) and multi-hot features, mean-pooled.
-RECIPE = ["--dense_optimizer", "adam", "--multi_hot_sizes", ",".join(str(1 + i % 4) for i in range(26)),
-          "--pooling", "mean"]
+RECIPE = [
+    "--dense_optimizer",
+    "adam",
+    "--multi_hot_sizes",
+    ",".join(str(1 + i % 4) for i in range(26)),
+    "--pooling",
+    "mean",
+]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """40 steps of RECIPE on 2 ranks, a checkpoint every 10 steps, the last 2 kept."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    result, summary = train_app(tmp, "out", *RECIPE, "--checkpoint_dir", str(tmp / "ckpt"),
-                                "--checkpoint_every", "10", "--keep_last", "2")
+    result, summary = train_app(
+        tmp, "out", *RECIPE, "--checkpoint_dir", str(tmp / "ckpt"), "--checkpoint_every", "10", "--keep_last", "2"
+    )
     assert_ok(result)
     return tmp / "ckpt", summary
 
@@ -88,8 +95,7 @@ def test_resume_continues_exactly_where_it_stopped(uninterrupted, tmp_path):
     first, stopped = train_app(tmp_path, "first", *RECIPE, "--checkpoint_dir", ckpt, "--steps", "20")
     assert_ok(first)
     # the same command again, with the full step count: no flag says "resume"
-    second, resumed = train_app(tmp_path, "second", *RECIPE, "--checkpoint_dir", ckpt,
-                                "--checkpoint_every", "10")
+    second, resumed = train_app(tmp_path, "second", *RECIPE, "--checkpoint_dir", ckpt, "--checkpoint_every", "10")
     assert_ok(second)
     assert stopped["resumed_from_step"] is None and resumed["resumed_from_step"] == 20
     assert resumed["steps"] == 40
@@ -101,16 +107,29 @@ def assert_resumes_resharded(step_dir, tmp_path, nproc: int, sharding: str, step
     """Resumes ``step_dir``'s checkpoint (saved with the options ``args``) on ``nproc`` ranks with
     ``sharding``; the tables and their optimizer state equal what was saved."""
     runs = tmp_path / "runs.json"
-    runs.write_text(json.dumps([{"args": [*TINY, *args, "--sharding_type", sharding], "resume": [str(step_dir.parent)],
-                                 "dump": str(tmp_path / "dump")}]))
+    runs.write_text(
+        json.dumps(
+            [
+                {
+                    "args": [*TINY, *args, "--sharding_type", sharding],
+                    "resume": [str(step_dir.parent)],
+                    "dump": str(tmp_path / "dump"),
+                }
+            ]
+        )
+    )
     result = torchrun([f"{REPO}/tests/checkpoint_worker.py", str(runs)], nproc=nproc)
     assert_ok(result)
     dumps = [torch.load(tmp_path / f"dump.0.rank{r}.pt") for r in range(nproc)]
     assert {s["type"] for s in dumps[0]["plan"].values()} == {sharding}
     assert dumps[0]["progress"]["step"] == step
     pieces = [d["pieces"] for d in dumps]
-    names = [n for n in pieces[0] if ("embedding_bags" in n and n.startswith("model."))
-             or (n.startswith("optimizer.state.fused") and n.endswith("momentum1"))]
+    names = [
+        n
+        for n in pieces[0]
+        if ("embedding_bags" in n and n.startswith("model."))
+        or (n.startswith("optimizer.state.fused") and n.endswith("momentum1"))
+    ]
     assert len(names) == 2 * 26  # every table and its row-wise Adagrad state
     expected = saved_tensors(str(step_dir), names)
     for name in names:
@@ -120,15 +139,15 @@ def assert_resumes_resharded(step_dir, tmp_path, nproc: int, sharding: str, step
 def test_two_rank_checkpoint_resumes_on_one_rank_row_wise(uninterrupted, tmp_path):
     ckpt, _ = uninterrupted
     shutil.copytree(ckpt, tmp_path / "ckpt")
-    assert_resumes_resharded(tmp_path / "ckpt" / "step_00000040", tmp_path, nproc=1, sharding="row_wise", step=40,
-                             args=RECIPE)
+    assert_resumes_resharded(
+        tmp_path / "ckpt" / "step_00000040", tmp_path, nproc=1, sharding="row_wise", step=40, args=RECIPE
+    )
 
 
 def test_one_rank_checkpoint_resumes_on_two_ranks_table_row_wise(tmp_path):
     result, _ = train_app(tmp_path, "one", "--checkpoint_dir", str(tmp_path / "ckpt"), "--steps", "10", nproc=1)
     assert_ok(result)
-    assert_resumes_resharded(tmp_path / "ckpt" / "step_00000010", tmp_path, nproc=2, sharding="table_row_wise",
-                             step=10)
+    assert_resumes_resharded(tmp_path / "ckpt" / "step_00000010", tmp_path, nproc=2, sharding="table_row_wise", step=10)
 
 
 def test_uncommitted_and_damaged_checkpoints_are_skipped(uninterrupted, tmp_path, caplog):
@@ -154,8 +173,21 @@ def test_incompatible_checkpoint_is_refused_before_training_and_kept(uninterrupt
     ckpt, _ = uninterrupted
     shutil.copytree(ckpt, tmp_path / "ckpt")
     before = listing(tmp_path / "ckpt")
-    result = run([sys.executable, "-m", "apps.dlrm.train", *TINY, *RECIPE, "--num_embeddings", "3000",
-                  "--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "out")])
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "apps.dlrm.train",
+            *TINY,
+            *RECIPE,
+            "--num_embeddings",
+            "3000",
+            "--checkpoint_dir",
+            str(tmp_path / "ckpt"),
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert result.returncode == 2
     assert "was written for another model (table_sizes: 26x2000 there, 26x3000 here)" in result.stderr
     assert "step 20/40" not in result.stderr
@@ -164,8 +196,18 @@ def test_incompatible_checkpoint_is_refused_before_training_and_kept(uninterrupt
 
 def test_unwritable_local_directory_is_refused_at_start(tmp_path):
     (tmp_path / "file").write_text("not a directory")
-    result = run([sys.executable, "-m", "apps.dlrm.train", *TINY, "--output_dir", str(tmp_path / "out"),
-                  "--checkpoint_dir", str(tmp_path / "file" / "ckpt")])
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "apps.dlrm.train",
+            *TINY,
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--checkpoint_dir",
+            str(tmp_path / "file" / "ckpt"),
+        ]
+    )
     assert result.returncode == 2
     assert f"--checkpoint_dir {tmp_path / 'file' / 'ckpt'} is not writable" in result.stderr
     assert not (tmp_path / "out" / "summary.json").exists()
@@ -214,8 +256,19 @@ def test_unusable_s3_location_is_refused_at_start(aws, tmp_path, monkeypatch, ur
     make_bucket("dlrm-ckpt")
     for name in unset:
         monkeypatch.delenv(name)
-    result = run([sys.executable, "-m", "apps.dlrm.train", *TINY, "--checkpoint_dir", url,
-                  "--output_dir", str(tmp_path / "out")], timeout=180)
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "apps.dlrm.train",
+            *TINY,
+            "--checkpoint_dir",
+            url,
+            "--output_dir",
+            str(tmp_path / "out"),
+        ],
+        timeout=180,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"--checkpoint_dir {url} is not writable" in result.stderr
     assert message in result.stderr
@@ -225,10 +278,28 @@ def test_unusable_s3_location_is_refused_at_start(aws, tmp_path, monkeypatch, ur
 def test_a_killed_trainer_is_restarted_from_the_last_checkpoint(tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     job = subprocess.Popen(
-        [os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2",
-         "--max_retries", "1", *tiny(steps=400), "--checkpoint_every", "50",
-         "--checkpoint_dir", str(ckpt), "--output_dir", str(out)],
-        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            os.path.join(BIN, "torchx"),
+            "run",
+            "-s",
+            "local_cwd",
+            "components.dlrm:train",
+            "-j",
+            "1x2",
+            "--max_retries",
+            "1",
+            *tiny(steps=400),
+            "--checkpoint_every",
+            "50",
+            "--checkpoint_dir",
+            str(ckpt),
+            "--output_dir",
+            str(out),
+        ],
+        cwd=str(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "OMP_NUM_THREADS": "1"},
     )
     deadline = time.time() + 300
@@ -250,6 +321,7 @@ def test_a_killed_trainer_is_restarted_from_the_last_checkpoint(tmp_path):
 
 # --- pure logic ------------------------------------------------------------------------------
 
+
 @pytest.mark.unit
 def test_prune_deletes_only_after_a_newer_commit():
     store = CheckpointStore("memory://prune-test/ckpt", keep_last=2)
@@ -263,7 +335,10 @@ def test_prune_deletes_only_after_a_newer_commit():
     # 10 goes (beyond keep_last), 25 goes (uncommitted, older than a commit), 40 stays: it
     # may be the newer checkpoint some other writer is still producing
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(store.root, detail=False)) == [
-        "step_00000020", "step_00000030", "step_00000040"]
+        "step_00000020",
+        "step_00000030",
+        "step_00000040",
+    ]
 
 
 #: The column blocks TorchRec gives a table of 256 columns under each sharding type: column-wise

@@ -18,10 +18,32 @@ from tests.conftest import REPO, assert_ok, process_env, torchrun, trainer_pids
 TIER = "integration"
 
 #: ~1 GB of tables, so that writing a checkpoint takes seconds: long enough to be caught mid-write.
-BIG_TABLES = ["--num_sparse_features", "8", "--num_embeddings", "500000", "--embedding_dim", "64",
-              "--dense_arch_layer_sizes", "64,64", "--batch_size", "128", "--steps", "30",
-              "--checkpoint_every", "10", "--keep_last", "1", "--log_every", "10",
-              "--val_batches", "2", "--test_batches", "2", "--sharding_type", "table_wise"]
+BIG_TABLES = [
+    "--num_sparse_features",
+    "8",
+    "--num_embeddings",
+    "500000",
+    "--embedding_dim",
+    "64",
+    "--dense_arch_layer_sizes",
+    "64,64",
+    "--batch_size",
+    "128",
+    "--steps",
+    "30",
+    "--checkpoint_every",
+    "10",
+    "--keep_last",
+    "1",
+    "--log_every",
+    "10",
+    "--val_batches",
+    "2",
+    "--test_batches",
+    "2",
+    "--sharding_type",
+    "table_wise",
+]
 
 
 def step_dir(ckpt, step: int):
@@ -47,9 +69,22 @@ def test_a_crash_while_saving_keeps_the_last_good_checkpoint_and_resumes_from_it
     ckpt = tmp_path / "ckpt"
     args = ["-m", "apps.dlrm.train", *BIG_TABLES, "--checkpoint_dir", str(ckpt)]
     job = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args,
-         "--output_dir", str(tmp_path / "first")],
-        cwd=REPO, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            *args,
+            "--output_dir",
+            str(tmp_path / "first"),
+        ],
+        cwd=REPO,
+        env=process_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         wait_for(lambda: (step_dir(ckpt, 10) / COMMIT_MARKER).exists(), job, "first commit")

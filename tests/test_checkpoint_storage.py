@@ -37,17 +37,26 @@ def varied() -> dict:
     larger tensor, a float8 tensor (pickled another way: torch.load reads it), plain data."""
     torch.manual_seed(0)
     return {
-        "f32": torch.randn(5, 7), "bf16": torch.randn(4, 3).bfloat16(), "i64": torch.arange(9),
-        "bool": torch.rand(10) > 0.5, "scalar": torch.tensor(3.5), "transposed": torch.randn(6, 4).t(),
-        "view": torch.randn(100)[10:20], "f8": torch.randn(3, 3).to(torch.float8_e4m3fn),
+        "f32": torch.randn(5, 7),
+        "bf16": torch.randn(4, 3).bfloat16(),
+        "i64": torch.arange(9),
+        "bool": torch.rand(10) > 0.5,
+        "scalar": torch.tensor(3.5),
+        "transposed": torch.randn(6, 4).t(),
+        "view": torch.randn(100)[10:20],
+        "f8": torch.randn(3, 3).to(torch.float8_e4m3fn),
         "plain": {"lr": 0.5, "betas": [0.9, 0.99]},
     }
 
 
 def blank(state: dict) -> dict:
     """Fresh targets for ``state``: zeros, contiguous, and other plain data."""
-    return {name: torch.zeros(value.shape, dtype=value.dtype) if isinstance(value, torch.Tensor)
-            else {"lr": 0.0, "betas": [0.0, 0.0]} for name, value in state.items()}
+    return {
+        name: torch.zeros(value.shape, dtype=value.dtype)
+        if isinstance(value, torch.Tensor)
+        else {"lr": 0.0, "betas": [0.0, 0.0]}
+        for name, value in state.items()
+    }
 
 
 def assert_equal(loaded: dict, saved: dict) -> None:
@@ -59,10 +68,14 @@ def assert_equal(loaded: dict, saved: dict) -> None:
 
 
 @READERS
-@pytest.mark.parametrize("writer", [
-    lambda url: _CheckpointWriter(url, sync_files=False),  # the app's saves before _SavePlanner
-    lambda url: FsspecWriter(url),  # DCP's own
-], ids=["app's previous save", "DCP's writer"])
+@pytest.mark.parametrize(
+    "writer",
+    [
+        lambda url: _CheckpointWriter(url, sync_files=False),  # the app's saves before _SavePlanner
+        lambda url: FsspecWriter(url),  # DCP's own
+    ],
+    ids=["app's previous save", "DCP's writer"],
+)
 def test_checkpoints_in_dcps_format_load_exactly(tmp_path, local, writer):
     saved = varied()
     dcp.save(saved, storage_writer=writer(str(tmp_path)), no_dist=True)
@@ -99,8 +112,10 @@ def test_plain_tensors_are_read_into_their_targets_without_torch_load(tmp_path, 
 
 def sharded(full: torch.Tensor, pieces: list[tuple[int, int, int, int]]):
     """A sharded tensor of ``full``'s values, its pieces (rows r0:r1, columns c0:c1) all on this rank."""
-    shards = [Shard(full[r0:r1, c0:c1].clone(), ShardMetadata([r0, c0], [r1 - r0, c1 - c0], "rank:0/cpu"))
-              for r0, r1, c0, c1 in pieces]
+    shards = [
+        Shard(full[r0:r1, c0:c1].clone(), ShardMetadata([r0, c0], [r1 - r0, c1 - c0], "rank:0/cpu"))
+        for r0, r1, c0, c1 in pieces
+    ]
     return init_from_local_shards(shards, *full.shape)
 
 
@@ -108,7 +123,7 @@ def whole(tensor) -> torch.Tensor:
     out = torch.zeros(tensor.size())
     for shard in tensor.local_shards():
         (r, c), (h, w) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-        out[r:r + h, c:c + w] = shard.tensor
+        out[r : r + h, c : c + w] = shard.tensor
     return out
 
 
@@ -119,8 +134,11 @@ UNEVEN_ROWS = [(0, 2, 0, 4), (2, 6, 0, 4)]
 
 
 @READERS
-@pytest.mark.parametrize("before, after", [(ROWS, UNEVEN_ROWS), (ROWS, COLUMNS), (COLUMNS, WHOLE), (COLUMNS, ROWS)],
-                         ids=["rows to rows", "rows to columns", "columns to whole", "columns to rows"])
+@pytest.mark.parametrize(
+    "before, after",
+    [(ROWS, UNEVEN_ROWS), (ROWS, COLUMNS), (COLUMNS, WHOLE), (COLUMNS, ROWS)],
+    ids=["rows to rows", "rows to columns", "columns to whole", "columns to rows"],
+)
 def test_resharded_pieces_load_exactly(tmp_path, world_of_one, local, before, after):
     """Pieces that are one run of a stored tensor's bytes (rows), pieces strewn through it
     (columns), and targets that are not contiguous (a whole tensor's columns)."""
@@ -133,8 +151,12 @@ def test_resharded_pieces_load_exactly(tmp_path, world_of_one, local, before, af
 
 def test_a_file_starts_with_the_entries_that_are_not_shards(tmp_path, world_of_one):
     """What another rank reads of this file (replicated entries) is then one run of bytes."""
-    state = {"a_table": sharded(torch.randn(6, 4), ROWS), "dense": torch.randn(3),
-             "z_table": sharded(torch.randn(6, 4), ROWS), "progress": torch.tensor([1.0, 0.5])}
+    state = {
+        "a_table": sharded(torch.randn(6, 4), ROWS),
+        "dense": torch.randn(3),
+        "z_table": sharded(torch.randn(6, 4), ROWS),
+        "progress": torch.tensor([1.0, 0.5]),
+    }
     save_shards(state, str(tmp_path), local=True)
     storage = FsspecReader(str(tmp_path)).read_metadata().storage_data
     entries = sorted((info.offset, index.fqn) for index, info in storage.items())
@@ -160,7 +182,7 @@ def test_a_planted_tensor_entry_is_refused_and_runs_nothing(tmp_path, local):
     folder = tmp_path / "ckpt"
     dcp.save({"x": torch.zeros(4)}, storage_writer=FsspecWriter(str(folder)), no_dist=True)
     metadata = FsspecReader(str(folder)).read_metadata()
-    (index, info), = metadata.storage_data.items()
+    ((index, info),) = metadata.storage_data.items()
     with open(folder / info.relative_path, "wb") as f:
         torch.save(RunsCode(marker), f)
     metadata.storage_data[index] = _StorageInfo(info.relative_path, 0, (folder / info.relative_path).stat().st_size)

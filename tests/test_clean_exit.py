@@ -36,15 +36,30 @@ def test_training_leaves_no_thread_running(criteo, tmp_path):
         "print('threads:', sorted(t.name for t in threading.enumerate()))\n"
     )
     args = tiny(data="criteo", data_path=criteo, validate_every=20, output_dir=tmp_path / "out")
-    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                            timeout=300, cwd=REPO, env=process_env())
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, cwd=REPO, env=process_env()
+    )
     assert_ok(result)
     assert "threads: ['MainThread']" in result.stdout, result.stdout[-2000:]
 
 
 def torchx_job(tmp_path, name: str, *args: str) -> subprocess.CompletedProcess:
-    return run([os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2",
-                "--output_dir", str(tmp_path / name), *args], cwd=str(tmp_path), timeout=300)
+    return run(
+        [
+            os.path.join(BIN, "torchx"),
+            "run",
+            "-s",
+            "local_cwd",
+            "components.dlrm:train",
+            "-j",
+            "1x2",
+            "--output_dir",
+            str(tmp_path / name),
+            *args,
+        ],
+        cwd=str(tmp_path),
+        timeout=300,
+    )
 
 
 def test_short_jobs_all_end_succeeded(criteo, tmp_path):

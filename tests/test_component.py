@@ -11,8 +11,8 @@ from torchx import specs
 from torchx.specs.builders import materialize_appdef
 
 from apps.dlrm.config import TrainConfig
-from components import dlrm
 from apps.dlrm.job_shape import parse_job_size
+from components import dlrm
 from components.launch import DEFAULT_ENV
 from components.signature import InvalidComponentArgument
 
@@ -43,22 +43,35 @@ def test_default_job_is_two_trainers_on_one_node():
 
 
 def test_training_arguments_reach_the_app_unchanged():
-    app = dlrm.train(batch_size=4096, sharding_type="row_wise", num_sparse_features=3,
-                     num_embeddings_per_feature=[10, 20, 30], allow_tf32=False)
+    app = dlrm.train(
+        batch_size=4096,
+        sharding_type="row_wise",
+        num_sparse_features=3,
+        num_embeddings_per_feature=[10, 20, 30],
+        allow_tf32=False,
+    )
     cmd = app_command(app)
-    app_args = cmd[cmd.index("apps.dlrm.train") + 1:]
+    app_args = cmd[cmd.index("apps.dlrm.train") + 1 :]
     from apps.dlrm.config import parse_train_config
 
     assert parse_train_config(app_args) == TrainConfig(
-        batch_size=4096, sharding_type="row_wise", num_sparse_features=3,
-        num_embeddings_per_feature=[10, 20, 30], allow_tf32=False,
+        batch_size=4096,
+        sharding_type="row_wise",
+        num_sparse_features=3,
+        num_embeddings_per_feature=[10, 20, 30],
+        allow_tf32=False,
     )
 
 
 def test_multi_node_elastic_resources_env_mounts_and_retries():
     app = dlrm.train(
-        j="2:4x8", gpu=8, cpu=64, memMB=500_000, env={"NCCL_DEBUG": "INFO", "FOO": "bar"},
-        mounts=["type=bind", "src=/data", "dst=/data", "readonly"], max_retries=3,
+        j="2:4x8",
+        gpu=8,
+        cpu=64,
+        memMB=500_000,
+        env={"NCCL_DEBUG": "INFO", "FOO": "bar"},
+        mounts=["type=bind", "src=/data", "dst=/data", "readonly"],
+        max_retries=3,
     )
     (role,) = app.roles
     cmd = app_command(app)
@@ -108,8 +121,18 @@ def test_bad_arguments_fail_before_anything_is_built(kwargs, fragment):
 def test_torchx_parses_the_same_text_forms():
     app = materialize_appdef(
         dlrm.train,
-        ["-j", "2x4", "--batch_size", "64", "--dense_arch_layer_sizes", "32,16",
-         "--allow_tf32", "False", "--env", "A=1,B=2"],
+        [
+            "-j",
+            "2x4",
+            "--batch_size",
+            "64",
+            "--dense_arch_layer_sizes",
+            "32,16",
+            "--allow_tf32",
+            "False",
+            "--env",
+            "A=1,B=2",
+        ],
     )
     cmd = app_command(app)
     assert cmd[cmd.index("--nproc_per_node") + 1] == "4"
@@ -122,7 +145,10 @@ def test_torchx_parses_the_same_text_forms():
 def torchx(*args: str, cwd: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "torchx"), *args],
-        capture_output=True, text=True, timeout=300, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
     )
 
 
@@ -145,7 +171,14 @@ def test_torchx_refuses_a_bad_component_argument_without_a_traceback(tmp_path):
 
 def test_component_resolves_from_any_directory(tmp_path):
     result = torchx(
-        "run", "--dryrun", "--json", "-s", "local_cwd", "components.dlrm:train", "--steps", "7",
+        "run",
+        "--dryrun",
+        "--json",
+        "-s",
+        "local_cwd",
+        "components.dlrm:train",
+        "--steps",
+        "7",
         cwd=str(tmp_path),
     )
     assert result.returncode == 0, result.stderr

@@ -39,8 +39,7 @@ EDITED = "apps/dlrm/train.py"
 def bounded(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     """Runs cmd to its end, or stops its process group (TERM, then KILL) after timeout seconds
     and fails: Podman gets the TERM to clean up after itself."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -93,9 +92,12 @@ def host_pip_config(tmp) -> list[str]:
                 if path.startswith("/") and os.path.exists(path):
                     mounts.add(f"{path}:{path}")
     conf = tmp / "pip.conf"
-    conf.write_text("".join(
-        f"[{section}]\n" + "".join(f"{name} = {value}\n" for name, value in values.items())
-        for section, values in sections.items()))
+    conf.write_text(
+        "".join(
+            f"[{section}]\n" + "".join(f"{name} = {value}\n" for name, value in values.items())
+            for section, values in sections.items()
+        )
+    )
     mounts.add(f"{conf}:/etc/pip.conf")
     return [arg for mount in sorted(mounts) for arg in ("-v", mount + ":ro")]
 
@@ -110,14 +112,27 @@ def copy_checkout(dest) -> None:
             shutil.copy2(src, os.path.join(dest, name), follow_symlinks=False)
 
 
-def build(context, tag: str, base: str, mounts: list[str], timeout: float,
-          *cache: str) -> tuple[float, str]:
+def build(context, tag: str, base: str, mounts: list[str], timeout: float, *cache: str) -> tuple[float, str]:
     """`podman build` of the CPU image from the local base: seconds taken, and its output."""
     # TORCH_INDEX_URL as for `make install` here: pip's configuration unless the variable is set.
-    cmd = ["podman", "build", *PODMAN_OPTS, "--layers", *cache, "--pull=never", *mounts,
-           "--build-arg", "DEVICE=cpu", "--build-arg", f"BASE_IMAGE={base}",
-           "--build-arg", f"TORCH_INDEX_URL={os.environ.get('TORCH_INDEX_URL', '')}",
-           "-t", tag, str(context)]
+    cmd = [
+        "podman",
+        "build",
+        *PODMAN_OPTS,
+        "--layers",
+        *cache,
+        "--pull=never",
+        *mounts,
+        "--build-arg",
+        "DEVICE=cpu",
+        "--build-arg",
+        f"BASE_IMAGE={base}",
+        "--build-arg",
+        f"TORCH_INDEX_URL={os.environ.get('TORCH_INDEX_URL', '')}",
+        "-t",
+        tag,
+        str(context),
+    ]
     start = time.monotonic()
     out = ok(cmd, timeout)
     return time.monotonic() - start, out
@@ -139,8 +154,22 @@ def podman_run(image: str, args: list[str], timeout: float, mounts: tuple[str, .
     """Runs args in a new container without a network; removes the container however it ends."""
     name = f"torchrec-dlrm-test-{uuid.uuid4().hex[:12]}"
     try:
-        return ok(["podman", "run", "--rm", "--name", name, *PODMAN_OPTS, "--network", "none",
-                   *[arg for mount in mounts for arg in ("-v", mount)], image, *args], timeout)
+        return ok(
+            [
+                "podman",
+                "run",
+                "--rm",
+                "--name",
+                name,
+                *PODMAN_OPTS,
+                "--network",
+                "none",
+                *[arg for mount in mounts for arg in ("-v", mount)],
+                image,
+                *args,
+            ],
+            timeout,
+        )
     finally:
         bounded(["podman", "rm", "--force", "--ignore", name], 120)
 
@@ -168,8 +197,9 @@ def image(base, tmp_path_factory):
             f.write(EDIT)
         edit_seconds, edited = build(context, tags[1], base, mounts, 900)
         size = int(ok(["podman", "image", "inspect", "--format", "{{.Size}}", tag], 60))
-        yield dict(tag=tag, first=first, edited=edited, first_seconds=first_seconds,
-                   edit_seconds=edit_seconds, size=size)
+        yield dict(
+            tag=tag, first=first, edited=edited, first_seconds=first_seconds, edit_seconds=edit_seconds, size=size
+        )
     finally:
         bounded(["podman", "rmi", "--force", "--ignore", *tags], 300)
 
@@ -184,15 +214,27 @@ def test_a_source_edit_rebuilds_the_project_not_the_dependencies(image, capsys):
     # The dependency step is nearly all of a build: without it, a build takes a fraction.
     assert image["edit_seconds"] < image["first_seconds"] / 3, image
     with capsys.disabled():
-        print(f"\nCPU image: first build {image['first_seconds']:.0f} s, after a source edit "
-              f"{image['edit_seconds']:.0f} s, {image['size'] / 1e9:.2f} GB ({image['size']} bytes)")
+        print(
+            f"\nCPU image: first build {image['first_seconds']:.0f} s, after a source edit "
+            f"{image['edit_seconds']:.0f} s, {image['size'] / 1e9:.2f} GB ({image['size']} bytes)"
+        )
 
 
 def test_the_image_holds_the_cpu_stack_and_the_edited_project(image):
-    report = podman_run(image["tag"], ["python", "-I", "-c", (
-        "import importlib.metadata as m, re, components.dlrm as c; "
-        "print(sorted(re.sub(r'[-_.]+', '-', d.metadata['Name']).lower() for d in m.distributions())); "
-        "print(c.__file__); print(open('" + f"{WORKDIR}/{EDITED}" + "').read()[-200:])")], 120)
+    report = podman_run(
+        image["tag"],
+        [
+            "python",
+            "-I",
+            "-c",
+            (
+                "import importlib.metadata as m, re, components.dlrm as c; "
+                "print(sorted(re.sub(r'[-_.]+', '-', d.metadata['Name']).lower() for d in m.distributions())); "
+                "print(c.__file__); print(open('" + f"{WORKDIR}/{EDITED}" + "').read()[-200:])"
+            ),
+        ],
+        120,
+    )
     names = ast.literal_eval(report.splitlines()[0])
     assert "fbgemm-gpu-cpu" in names and "fbgemm-gpu" not in names, names
     assert not [name for name in names if name.startswith("nvidia")], names  # no CUDA wheels
@@ -209,10 +251,28 @@ def test_the_main_job_succeeds_and_learns_in_the_image(image, tmp_path):
     # The README's main job, shortened: 100 steps, and fewer batches to validate and test.
     out = tmp_path / "outputs"
     out.mkdir()
-    log = podman_run(image["tag"], [
-        "torchx", "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2", "--steps", "100",
-        "--val_batches", "10", "--test_batches", "10", "--output_dir", "/outputs",
-    ], 900, mounts=(f"{out}:/outputs",))
+    log = podman_run(
+        image["tag"],
+        [
+            "torchx",
+            "run",
+            "-s",
+            "local_cwd",
+            "components.dlrm:train",
+            "-j",
+            "1x2",
+            "--steps",
+            "100",
+            "--val_batches",
+            "10",
+            "--test_batches",
+            "10",
+            "--output_dir",
+            "/outputs",
+        ],
+        900,
+        mounts=(f"{out}:/outputs",),
+    )
     assert "job finished: SUCCEEDED" in log, log[-8000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 100

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.criteo_fetch import local_folder
 from apps.dlrm.criteo.layout import FORMAT, FORMAT_VERSION, array_file, checksums, day_report_file, write_json
 from apps.dlrm.data.criteo import CriteoClickLogs
+from apps.dlrm.data.criteo_fetch import local_folder
 from apps.dlrm.options import ConfigError, to_argv
 
 # Tier (tests/conftest.py): pure logic, fast.
@@ -33,21 +33,28 @@ def write_folder(folder, rows_per_day: list[int], sizes: int = TABLES) -> str:
         dense = np.zeros((rows, 13), np.float32)
         dense[:, 0] = r
         np.save(os.path.join(folder, array_file(day, "dense")), dense)
-        np.save(os.path.join(folder, array_file(day, "sparse")),
-                ((r[:, None] + np.arange(26)) % sizes).astype(np.int32))
+        np.save(
+            os.path.join(folder, array_file(day, "sparse")), ((r[:, None] + np.arange(26)) % sizes).astype(np.int32)
+        )
         np.save(os.path.join(folder, array_file(day, "labels")), (r % 2).astype(np.int32)[:, None])
         write_json(os.path.join(folder, day_report_file(day)), {})
         first += rows
-    write_json(os.path.join(folder, "manifest.json"), {
-        "format": FORMAT, "version": FORMAT_VERSION, "categorical_ids": "hash",
-        "num_embeddings_per_feature": [sizes] * 26, "days": days, "files": checksums(folder, days),
-    })
+    write_json(
+        os.path.join(folder, "manifest.json"),
+        {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "categorical_ids": "hash",
+            "num_embeddings_per_feature": [sizes] * 26,
+            "days": days,
+            "files": checksums(folder, days),
+        },
+    )
     return str(folder)
 
 
 def dataset(folder, rank=0, world=1, **kwargs) -> CriteoClickLogs:
-    cfg = TrainConfig(**{"data": "criteo", "data_path": folder, "num_embeddings": TABLES,
-                         "batch_size": 100, **kwargs})
+    cfg = TrainConfig(**{"data": "criteo", "data_path": folder, "num_embeddings": TABLES, "batch_size": 100, **kwargs})
     return CriteoClickLogs(cfg, folder, rank, world, pin_memory=False)
 
 
@@ -99,17 +106,20 @@ def test_resuming_at_any_step_yields_the_batches_of_an_uninterrupted_run(folder)
     steps = 3 * data.steps_per_epoch + 2  # across epoch boundaries
     uninterrupted = [rows_of(b) for b in take(data.train_batches(0), steps)]
     for start in (1, data.steps_per_epoch - 1, data.steps_per_epoch, 2 * data.steps_per_epoch + 3):
-        resumed = [rows_of(b) for b in take(dataset(folder, 1, 2, seed=5, shuffle_block_rows=32).train_batches(start), 3)]
+        resumed = [
+            rows_of(b) for b in take(dataset(folder, 1, 2, seed=5, shuffle_block_rows=32).train_batches(start), 3)
+        ]
         assert resumed == uninterrupted[start : start + 3]
 
 
 def test_shuffling_differs_per_epoch_and_seed_and_keeps_blocks_together(folder):
     data = dataset(folder, seed=1, shuffle_block_rows=50)
     per_epoch = data.steps_per_epoch
-    epochs = [sum((rows_of(b) for b in take(data.train_batches(e * per_epoch), per_epoch)), [])
-              for e in range(2)]
+    epochs = [sum((rows_of(b) for b in take(data.train_batches(e * per_epoch), per_epoch)), []) for e in range(2)]
     assert epochs[0] != epochs[1] and sorted(epochs[0]) != epochs[0]
-    other_seed = sum((rows_of(b) for b in take(dataset(folder, seed=2, shuffle_block_rows=50).train_batches(0), per_epoch)), [])
+    other_seed = sum(
+        (rows_of(b) for b in take(dataset(folder, seed=2, shuffle_block_rows=50).train_batches(0), per_epoch)), []
+    )
     assert other_seed != epochs[0]
     runs = np.split(np.array(epochs[0]), np.flatnonzero(np.diff(epochs[0]) != 1) + 1)
     assert all(run[0] % 50 == 0 for run in runs)  # runs of consecutive rows start on a block edge

@@ -44,8 +44,9 @@ def torchrec_npys(tmp_path_factory):
 
 
 def ours(raw, output, **kwargs):
-    preprocess(PreprocessConfig(input=[str(raw)], output=str(output), num_embeddings_per_feature=SIZES,
-                                workers=2, **kwargs))
+    preprocess(
+        PreprocessConfig(input=[str(raw)], output=str(output), num_embeddings_per_feature=SIZES, workers=2, **kwargs)
+    )
     return output
 
 
@@ -90,8 +91,13 @@ def test_torchrec_binary_loader_reads_our_files_as_our_loader_does(torchrec_npys
     for split in ("val", "test"):
         # TorchRec's val and test: the halves of the last day, as ours with --eval_days 1.
         theirs = InMemoryBinaryCriteoIterDataPipe(
-            split, paths["dense"][-1:], paths["sparse"][-1:], paths["labels"][-1:],
-            batch_size=128, rank=0, world_size=1,
+            split,
+            paths["dense"][-1:],
+            paths["sparse"][-1:],
+            paths["labels"][-1:],
+            batch_size=128,
+            rank=0,
+            world_size=1,
         )
         pairs = list(zip(theirs, mine.eval_batches(split, 0), strict=True))
         assert len(pairs) == 5  # 600 rows: 4 batches of 128 and one of 88

@@ -27,9 +27,21 @@ def test_preprocess_then_train_two_ranks_on_the_criteo_files(tmp_path):
         write_day(day, raw / f"day_{d}.gz", compress=True)
     data = tmp_path / "criteo_npy"
     result = run(
-        [os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:preprocess",
-         "--input", str(raw), "--output", str(data), "--num_embeddings", "2000"],
-        cwd=str(tmp_path), timeout=300,
+        [
+            os.path.join(BIN, "torchx"),
+            "run",
+            "-s",
+            "local_cwd",
+            "components.dlrm:preprocess",
+            "--input",
+            str(raw),
+            "--output",
+            str(data),
+            "--num_embeddings",
+            "2000",
+        ],
+        cwd=str(tmp_path),
+        timeout=300,
     )
     assert_ok(result)
     report = json.loads((data / "report.json").read_text())
@@ -38,8 +50,17 @@ def test_preprocess_then_train_two_ranks_on_the_criteo_files(tmp_path):
 
     out = tmp_path / "outputs"
     result = torchrun(
-        ["-m", "apps.dlrm.train", "--data", "criteo", "--data_path", str(data), "--output_dir", str(out),
-         *tiny(val_batches=0, test_batches=0)],
+        [
+            "-m",
+            "apps.dlrm.train",
+            "--data",
+            "criteo",
+            "--data_path",
+            str(data),
+            "--output_dir",
+            str(out),
+            *tiny(val_batches=0, test_batches=0),
+        ],
     )
     assert_ok(result)
     summary = json.loads((out / "summary.json").read_text())
@@ -61,13 +82,21 @@ def app_command(app) -> list[str]:
 
 @pytest.mark.unit
 def test_preprocess_component_passes_its_arguments_to_the_app():
-    app = dlrm.preprocess(input=["s3://bucket/criteo/"], output="/data/npy", table_size_preset="mlperf",
-                          categorical_ids="vocabulary", cpu=32, memMB=64_000, mounts=["type=bind", "src=/data", "dst=/data"])
+    app = dlrm.preprocess(
+        input=["s3://bucket/criteo/"],
+        output="/data/npy",
+        table_size_preset="mlperf",
+        categorical_ids="vocabulary",
+        cpu=32,
+        memMB=64_000,
+        mounts=["type=bind", "src=/data", "dst=/data"],
+    )
     (role,) = app.roles
     cmd = app_command(app)
     assert cmd[:3] == ["python", "-m", "apps.dlrm.preprocess"]
     assert parse_preprocess_config(cmd[3:]) == PreprocessConfig(
-        input=["s3://bucket/criteo/"], output="/data/npy", table_size_preset="mlperf", categorical_ids="vocabulary")
+        input=["s3://bucket/criteo/"], output="/data/npy", table_size_preset="mlperf", categorical_ids="vocabulary"
+    )
     assert (role.resource.cpu, role.resource.gpu, role.resource.memMB) == (32, 0, 64_000)
     assert role.num_replicas == 1 and role.env["PYTHONUNBUFFERED"] == "1"
     assert role.mounts[0].dst_path == "/data"
@@ -95,7 +124,20 @@ def test_preprocess_help_is_the_apps_manual(tmp_path):
         assert f"--{name}" in result.stdout, name
     assert "--rdzv_port" not in result.stdout and "--gpu" not in result.stdout
     assert "report.json" in " ".join(result.stdout.split())
-    dry = run([os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", "local_cwd", "components.dlrm:preprocess",
-               "--input", "/in", "--output", "/out"], cwd=str(tmp_path))
+    dry = run(
+        [
+            os.path.join(BIN, "torchx"),
+            "run",
+            "--dryrun",
+            "-s",
+            "local_cwd",
+            "components.dlrm:preprocess",
+            "--input",
+            "/in",
+            "--output",
+            "/out",
+        ],
+        cwd=str(tmp_path),
+    )
     assert_ok(dry)
     assert "apps.dlrm.preprocess" in dry.stdout + dry.stderr and shlex.quote("/in") in dry.stdout + dry.stderr

@@ -114,7 +114,7 @@ def test_the_cuda_base_is_torchs_cuda_and_the_driver_it_needs_is_stated(instruct
 def container_image_section() -> str:
     readme = read("README.md")
     start = readme.index("### Container image")
-    return readme[start:readme.index("\n#", start + 1)]
+    return readme[start : readme.index("\n#", start + 1)]
 
 
 def test_the_image_stack_is_the_readme_matrix_gpu_column():
@@ -150,20 +150,34 @@ def run_stack_step(tmp_path, **env: str) -> dict[str, str]:
     stub.write_text('echo "DEVICE=$DEVICE TORCH_INDEX_URL=${TORCH_INDEX_URL-(unset)} VENV=$VENV part=$1"\n')
     stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
     step = install_steps(dockerfile.parse_file(os.path.join(REPO, "Dockerfile")))["stack"][1]
-    out = subprocess.run(["sh", "-c", step.value[0]], cwd=tmp_path, capture_output=True, text=True,
-                         env={"PATH": os.environ["PATH"], **env}, timeout=30, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", step.value[0]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], **env},
+        timeout=30,
+        check=True,
+    ).stdout
     return dict(word.split("=", 1) for word in out.split())
 
 
-@pytest.mark.parametrize("given, index", [
-    (None, CPU_INDEX),  # the CPU image's torch: PyTorch's CPU build, not PyPI's CUDA one
-    ("", ""),  # empty: pip's configuration (tests/test_container_image.py: a local wheel)
-    ("https://mirror.example/whl/cpu", "https://mirror.example/whl/cpu"),
-])
+@pytest.mark.parametrize(
+    "given, index",
+    [
+        (None, CPU_INDEX),  # the CPU image's torch: PyTorch's CPU build, not PyPI's CUDA one
+        ("", ""),  # empty: pip's configuration (tests/test_container_image.py: a local wheel)
+        ("https://mirror.example/whl/cpu", "https://mirror.example/whl/cpu"),
+    ],
+)
 def test_the_cpu_image_takes_torch_from_pytorchs_cpu_index_unless_told(tmp_path, given, index):
     env = {"DEVICE": "cpu"} | ({} if given is None else {"TORCH_INDEX_URL": given})
     assert run_stack_step(tmp_path, **env) == {
-        "DEVICE": "cpu", "TORCH_INDEX_URL": index, "VENV": "/opt/venv", "part": "stack"}
+        "DEVICE": "cpu",
+        "TORCH_INDEX_URL": index,
+        "VENV": "/opt/venv",
+        "part": "stack",
+    }
 
 
 def test_the_cuda_image_takes_pypis_torch_unless_told(tmp_path):
@@ -205,11 +219,18 @@ def test_the_documented_build_tags_the_component_default_image():
 
 
 def test_the_build_context_leaves_out_the_local_venv_but_keeps_the_project():
-    patterns = [line.strip() for line in read(".dockerignore").splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip() for line in read(".dockerignore").splitlines() if line.strip() and not line.startswith("#")
+    ]
     assert ".venv" in patterns and ".git" in patterns
-    needed = ["scripts/install.sh", "requirements.txt", "setup.py", "apps/dlrm/train.py",
-              "components/dlrm.py", "schedulers/__init__.py"]
+    needed = [
+        "scripts/install.sh",
+        "requirements.txt",
+        "setup.py",
+        "apps/dlrm/train.py",
+        "components/dlrm.py",
+        "schedulers/__init__.py",
+    ]
     for path in needed:
         excluded = [p for p in patterns if fnmatch.fnmatch(path, p) or path.startswith(p.rstrip("/") + "/")]
         assert not excluded, f"{path} is left out of the build context by {excluded}"

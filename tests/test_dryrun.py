@@ -39,7 +39,11 @@ def dryrun(cwd, scheduler: str, *options: str) -> str:
     env.pop("LOGLEVEL", None)  # dist.torchrun copies it into the job's environment
     result = subprocess.run(
         [os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", scheduler, *options, *TRAIN_2X8],
-        capture_output=True, text=True, timeout=120, cwd=cwd, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout.split("=== SCHEDULER REQUEST ===\n", 1)[1]
@@ -124,14 +128,19 @@ def _spec(job):
         (lambda job: job["spec"].update(queue=5), "spec.queue: 5 is not of type 'string'"),
         (lambda job: job["spec"].update(maxRetry=-1), "spec.maxRetry: -1 is less than the minimum"),
         (lambda job: _spec(job)["containers"][0].pop("name"), "not a V1PodTemplateSpec"),
-        (lambda job: _spec(job)["containers"][0]["ports"][0].update(containerPort="29500"),
-         "not a V1PodTemplateSpec"),
-        (lambda job: _spec(job)["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "8 GPUs"}),
-         "'8 GPUs' is not a Kubernetes quantity"),
-        (lambda job: _spec(job)["containers"][0]["resources"]["requests"].update(cpu="97"),
-         "requests.cpu 97 exceeds limits.cpu"),
-        (lambda job: _spec(job)["containers"][0]["resources"]["requests"].update({"nvidia.com/gpu": "4"}),
-         "requests.nvidia.com/gpu 4 must equal limits.nvidia.com/gpu 8"),
+        (lambda job: _spec(job)["containers"][0]["ports"][0].update(containerPort="29500"), "not a V1PodTemplateSpec"),
+        (
+            lambda job: _spec(job)["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "8 GPUs"}),
+            "'8 GPUs' is not a Kubernetes quantity",
+        ),
+        (
+            lambda job: _spec(job)["containers"][0]["resources"]["requests"].update(cpu="97"),
+            "requests.cpu 97 exceeds limits.cpu",
+        ),
+        (
+            lambda job: _spec(job)["containers"][0]["resources"]["requests"].update({"nvidia.com/gpu": "4"}),
+            "requests.nvidia.com/gpu 4 must equal limits.nvidia.com/gpu 8",
+        ),
         (lambda job: job["spec"]["tasks"][0].update(name="t" * 60), "longer than 63 characters"),
         (lambda job: job["metadata"].update(name="DLRM_job"), "not a DNS-1123 label"),
     ],

@@ -53,8 +53,18 @@ def test_the_memory_check_sizes_tables_to_the_planners_own_limit():
 @needs_gpu
 def test_the_gpu_check_passes_on_this_gpu_machine(tmp_path):
     out = tmp_path / "gpu_check.json"
-    result = run([sys.executable, "-m", "benchmarks.gpu_check", "--only", "main_job,equivalence,precisions",
-                  "--output", str(out)], timeout=1800)
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu_check",
+            "--only",
+            "main_job,equivalence,precisions",
+            "--output",
+            str(out),
+        ],
+        timeout=1800,
+    )
     assert_ok(result)
     checks = json.loads(out.read_text())["checks"]
     assert checks and all(check["ok"] for check in checks), checks

@@ -13,8 +13,26 @@ from apps.dlrm.options import ConfigError
 TIER = "unit"
 
 # What TorchX's dist.torchrun writes for -j 2x8, the first node's name filled in.
-ARGS = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "node1:29500", "--rdzv_id", "app", "--nnodes", "2",
-        "--nproc_per_node", "8", "--tee", "3", "--role", "", "-m", "apps.dlrm.train", "--local_addr", "x"]
+ARGS = [
+    "--rdzv_backend",
+    "c10d",
+    "--rdzv_endpoint",
+    "node1:29500",
+    "--rdzv_id",
+    "app",
+    "--nnodes",
+    "2",
+    "--nproc_per_node",
+    "8",
+    "--tee",
+    "3",
+    "--role",
+    "",
+    "-m",
+    "apps.dlrm.train",
+    "--local_addr",
+    "x",
+]
 
 
 def fake_host(monkeypatch, this: HostAddress, hostname_matches: bool = False):

@@ -85,7 +85,9 @@ def test_pytorchjob_of_a_2_node_p4d_job_is_a_master_and_a_worker_meeting_at_mast
     assert job["spec"]["nprocPerNode"] == "8"
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert {t: (s["replicas"], s["restartPolicy"]) for t, s in replicas.items()} == {
-        "Master": (1, "Never"), "Worker": (1, "Never")}
+        "Master": (1, "Never"),
+        "Worker": (1, "Never"),
+    }
     for replica in replicas.values():
         pod = replica["template"]["spec"]
         (container,) = pod["containers"]
@@ -128,7 +130,9 @@ def test_retries_become_the_restart_policy_and_backoff_limit_the_operator_applie
     assert job["spec"]["runPolicy"]["backoffLimit"] == 2
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert [(t, s["replicas"], s["restartPolicy"]) for t, s in replicas.items()] == [
-        ("Master", 1, "OnFailure"), ("Worker", 2, "OnFailure")]
+        ("Master", 1, "OnFailure"),
+        ("Worker", 2, "OnFailure"),
+    ]
     for container in containers(job):  # and torchrun restarts the trainers in place as often
         assert env(container)["PET_MAX_RESTARTS"] == "2"
     assert "suspend" not in job["spec"]["runPolicy"]  # no queue: nothing to wait for
@@ -149,7 +153,8 @@ def test_elastic_job_is_workers_only_with_the_operators_elastic_policy():
     variables = env(container)
     assert variables["TORCHX_RANK0_HOST"] == f"{name}-worker-0"
     assert variables["TORCHX_REPLICA_ID"] == {
-        "fieldRef": {"fieldPath": "metadata.labels['training.kubeflow.org/replica-index']"}}
+        "fieldRef": {"fieldPath": "metadata.labels['training.kubeflow.org/replica-index']"}
+    }
 
 
 @pytest.mark.unit
@@ -162,9 +167,11 @@ def test_single_node_job_is_a_master_alone():
 @pytest.mark.unit
 @pytest.mark.parametrize("api", ["pytorchjob", "trainer"])
 def test_mounts_become_volumes_of_each_kind(api):
-    mounts = ("type=bind,src=/fsx,dst=/fsx,type=volume,src=criteo,dst=/data,readonly,"
-              "type=volume,src=configmap:dlrm-presets,dst=/etc/dlrm,"
-              "type=volume,src=secret:s3-keys,dst=/etc/s3,readonly,type=device,src=/dev/fuse")
+    mounts = (
+        "type=bind,src=/fsx,dst=/fsx,type=volume,src=criteo,dst=/data,readonly,"
+        "type=volume,src=configmap:dlrm-presets,dst=/etc/dlrm,"
+        "type=volume,src=secret:s3-keys,dst=/etc/s3,readonly,type=device,src=/dev/fuse"
+    )
     job = manifest({"api": api}, "-j", "2x1", "--mounts", mounts)
     assert (validate_pytorchjob if api == "pytorchjob" else validate_trainjob)(job) == []
     if api == "pytorchjob":
@@ -198,8 +205,17 @@ def test_job_names_are_rfc1035_labels_that_leave_room_for_the_pods_hostnames(api
 
 def test_output_writes_the_manifest_kubectl_applies_and_the_dry_run_submits_nothing(tmp_path):
     path = tmp_path / "dlrm-job.yaml"
-    result = torchx("run", "--dryrun", "-s", "kubeflow", "-cfg", f"queue=dlrm,output={path}",
-                    "components.dlrm:train", *TRAIN_2X8, KUBECONFIG=str(tmp_path / "no-cluster"))
+    result = torchx(
+        "run",
+        "--dryrun",
+        "-s",
+        "kubeflow",
+        "-cfg",
+        f"queue=dlrm,output={path}",
+        "components.dlrm:train",
+        *TRAIN_2X8,
+        KUBECONFIG=str(tmp_path / "no-cluster"),
+    )
     assert result.returncode == 0, result.stderr
     printed = result.stdout.split("=== SCHEDULER REQUEST ===\n", 1)[1]
     assert path.read_text().strip() == printed.strip()
@@ -242,27 +258,54 @@ def _spec(job: dict) -> dict:
 @pytest.mark.parametrize(
     "api, break_it, fragment",
     [
-        ("pytorchjob", lambda job: _spec(job).update(nodeSelecter={"a": "b"}),
-         "spec.nodeSelecter: V1PodSpec has no such field"),
-        ("pytorchjob", lambda job: job["spec"]["runPolicy"].update(cleanPodPolicies="All"),
-         "spec.runPolicy.cleanPodPolicies: KubeflowOrgV1RunPolicy has no such field"),
+        (
+            "pytorchjob",
+            lambda job: _spec(job).update(nodeSelecter={"a": "b"}),
+            "spec.nodeSelecter: V1PodSpec has no such field",
+        ),
+        (
+            "pytorchjob",
+            lambda job: job["spec"]["runPolicy"].update(cleanPodPolicies="All"),
+            "spec.runPolicy.cleanPodPolicies: KubeflowOrgV1RunPolicy has no such field",
+        ),
         ("pytorchjob", lambda job: job["spec"]["runPolicy"].update(backoffLimit="2"), "'2' is not of type int"),
         ("pytorchjob", lambda job: _spec(job)["containers"][0].pop("image"), "containers[0].image: must be required"),
-        ("pytorchjob", lambda job: _spec(job)["containers"][0].update(name="trainer"),
-         "must have a container named pytorch"),
-        ("pytorchjob", lambda job: _spec(job)["containers"][0]["ports"][0].update(containerPort="29500"),
-         "containers[0].ports[0].containerPort: '29500' is not of type int"),
-        ("pytorchjob", lambda job: job["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2),
-         "Master.replicas: must be 1"),
+        (
+            "pytorchjob",
+            lambda job: _spec(job)["containers"][0].update(name="trainer"),
+            "must have a container named pytorch",
+        ),
+        (
+            "pytorchjob",
+            lambda job: _spec(job)["containers"][0]["ports"][0].update(containerPort="29500"),
+            "containers[0].ports[0].containerPort: '29500' is not of type int",
+        ),
+        (
+            "pytorchjob",
+            lambda job: job["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2),
+            "Master.replicas: must be 1",
+        ),
         ("pytorchjob", lambda job: job["metadata"].update(name="2-dlrm"), "is not an RFC 1035 label"),
-        ("pytorchjob", lambda job: _spec(job)["containers"][0]["resources"]["requests"].update({"nvidia.com/gpu": "4"}),
-         "requests.nvidia.com/gpu 4 must equal limits.nvidia.com/gpu 8"),
-        ("trainer", lambda job: job["spec"]["trainer"].update(numNodes="2"),
-         "numNodes: Input should be a valid integer"),
-        ("trainer", lambda job: runtime_pod(job)["spec"].update(priorityClassName="high"),
-         "TrainerV1alpha1PodSpecPatch has no such field"),
-        ("trainer", lambda job: job["spec"]["trainer"]["env"].append({"name": "PET_MASTER_ADDR", "value": "x"}),
-         "must not have reserved envs ['PET_MASTER_ADDR']"),
+        (
+            "pytorchjob",
+            lambda job: _spec(job)["containers"][0]["resources"]["requests"].update({"nvidia.com/gpu": "4"}),
+            "requests.nvidia.com/gpu 4 must equal limits.nvidia.com/gpu 8",
+        ),
+        (
+            "trainer",
+            lambda job: job["spec"]["trainer"].update(numNodes="2"),
+            "numNodes: Input should be a valid integer",
+        ),
+        (
+            "trainer",
+            lambda job: runtime_pod(job)["spec"].update(priorityClassName="high"),
+            "TrainerV1alpha1PodSpecPatch has no such field",
+        ),
+        (
+            "trainer",
+            lambda job: job["spec"]["trainer"]["env"].append({"name": "PET_MASTER_ADDR", "value": "x"}),
+            "must not have reserved envs ['PET_MASTER_ADDR']",
+        ),
         ("trainer", lambda job: job["spec"]["runtimeRef"].pop("name"), "name: Input should be a valid string"),
     ],
 )
@@ -325,7 +368,9 @@ def test_run_creates_the_object_that_status_describe_and_list_then_report(cluste
     assert (reported["state"], reported["msg"]) == ("RUNNING", f"PyTorchJob default/{name} is running.")
     (role,) = reported["roles"]
     assert [(r["id"], r["hostname"]) for r in role["replicas"]] == [
-        (0, "ip-10-0-1-11.us-west-2.compute.internal"), (1, "ip-10-0-1-12.us-west-2.compute.internal")]
+        (0, "ip-10-0-1-11.us-west-2.compute.internal"),
+        (1, "ip-10-0-1-12.us-west-2.compute.internal"),
+    ]
 
     described = torchx("describe", handle)
     assert described.returncode == 0, described.stderr
@@ -346,12 +391,27 @@ def test_run_creates_the_object_that_status_describe_and_list_then_report(cluste
         ("pytorchjob_suspended", S.PENDING, "PyTorchJob <name> is suspended.", [S.PENDING, S.PENDING], 0),
         ("pytorchjob_created", S.PENDING, "PyTorchJob <name> is created.", [S.PENDING, S.PENDING], 0),
         ("pytorchjob_running", S.RUNNING, "PyTorchJob default/<name> is running.", [S.RUNNING, S.RUNNING], 0),
-        ("pytorchjob_restarting", S.RUNNING, "PyTorchJob <name> is restarting because 1 Worker replica(s) failed.",
-         [S.RUNNING, S.RUNNING], 1),
-        ("pytorchjob_succeeded", S.SUCCEEDED, "PyTorchJob default/<name> successfully completed.",
-         [S.SUCCEEDED, S.SUCCEEDED], 0),
-        ("pytorchjob_failed", S.FAILED, "PyTorchJob <name> is failed because 1 Worker replica(s) failed.",
-         [S.FAILED, S.FAILED], 0),
+        (
+            "pytorchjob_restarting",
+            S.RUNNING,
+            "PyTorchJob <name> is restarting because 1 Worker replica(s) failed.",
+            [S.RUNNING, S.RUNNING],
+            1,
+        ),
+        (
+            "pytorchjob_succeeded",
+            S.SUCCEEDED,
+            "PyTorchJob default/<name> successfully completed.",
+            [S.SUCCEEDED, S.SUCCEEDED],
+            0,
+        ),
+        (
+            "pytorchjob_failed",
+            S.FAILED,
+            "PyTorchJob <name> is failed because 1 Worker replica(s) failed.",
+            [S.FAILED, S.FAILED],
+            0,
+        ),
         ("trainjob_suspended", S.PENDING, "TrainJob is suspended", [S.PENDING, S.PENDING], 0),
         ("trainjob_starting", S.PENDING, "waiting for all the job's pods to start", [S.RUNNING, S.PENDING], 0),
         ("trainjob_running", S.RUNNING, "", [S.RUNNING, S.RUNNING], 0),
@@ -445,9 +505,12 @@ def test_a_cluster_without_the_operator_is_named_as_the_cause(cluster):
     del cluster.kinds[("kubeflow.org", "v1", "pytorchjobs")]
     result = torchx("run", "-s", "kubeflow", "components.dlrm:train")
     assert result.returncode != 0
-    assert ("creating PyTorchJob default/dlrm-" in result.stderr and "404 Not Found: the server could not find the "
-            "requested resource: is the PyTorchJob API installed? (kubectl get crd pytorchjobs.kubeflow.org)"
-            in result.stderr), result.stderr[-2000:]
+    assert (
+        "creating PyTorchJob default/dlrm-" in result.stderr
+        and "404 Not Found: the server could not find the "
+        "requested resource: is the PyTorchJob API installed? (kubectl get crd pytorchjobs.kubeflow.org)"
+        in result.stderr
+    ), result.stderr[-2000:]
     with pytest.raises(KubeflowApiError, match=re.escape("is the PyTorchJob API installed?")):
         get_runner().status("kubeflow://torchx/default:pytorchjob:dlrm-bx3k9w2q")
     # TorchX's jobs of the other operator are still listed.

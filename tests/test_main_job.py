@@ -13,8 +13,17 @@ TIER = "integration"
 def test_main_job_trains_a_sharded_dlrm_that_learns(tmp_path):
     out = tmp_path / "outputs"
     result = run(
-        [os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2",
-         "--output_dir", str(out)],
+        [
+            os.path.join(BIN, "torchx"),
+            "run",
+            "-s",
+            "local_cwd",
+            "components.dlrm:train",
+            "-j",
+            "1x2",
+            "--output_dir",
+            str(out),
+        ],
         cwd=str(tmp_path),  # any directory: the component and app come from the installed project
     )
     assert_ok(result)

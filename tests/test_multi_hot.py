@@ -31,6 +31,7 @@ CFG = TrainConfig(num_sparse_features=4, num_embeddings_per_feature=ROWS, multi_
 
 # --- synthetic data --------------------------------------------------------------------------
 
+
 def per_sample(batch, key: str, size: int) -> np.ndarray:
     """The ids of feature ``key`` as [batch, size]."""
     return batch.sparse_features[key].values().numpy().reshape(-1, size)
@@ -70,8 +71,9 @@ def test_teacher_pools_like_the_model_and_sets_a_ceiling(pooling):
         auroc.update(data.teacher_logits(batch), batch.labels.long())
     assert 0.72 < auroc.compute().item() < 0.9
     # the teacher's logit of a sample is its pooled per-id weights: mean != sum with several ids
-    other = SyntheticClickLogs(TrainConfig(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES,
-                                           pooling="sum" if pooling == "mean" else "mean"), 0, 1)
+    other = SyntheticClickLogs(
+        TrainConfig(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling="sum" if pooling == "mean" else "mean"), 0, 1
+    )
     assert not torch.allclose(data.teacher_logits(batch), other.teacher_logits(batch))
 
 
@@ -117,6 +119,7 @@ def test_criteo_loader_makes_multi_hot_batches(tmp_path):
 
 # --- sharded = unsharded ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("sharding_type, pooling", [("table_wise", "sum"), ("row_wise", "mean")])
 def test_multi_hot_sharded_training_matches_unsharded_reference(sharding_type, pooling, tmp_path):
     result = compare(sharding_type, 2, str(tmp_path), multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling=pooling)
@@ -127,6 +130,7 @@ def test_multi_hot_sharded_training_matches_unsharded_reference(sharding_type, p
 
 # --- the DLRMv2 preset -----------------------------------------------------------------------
 
+
 @pytest.mark.unit
 def test_preset_fills_defaults_and_explicit_options_win():
     cfg = TrainConfig(preset="dlrmv2")
@@ -134,7 +138,11 @@ def test_preset_fills_defaults_and_explicit_options_win():
     assert cfg.dense_arch_layer_sizes == [512, 256, 128] and cfg.over_arch_layer_sizes == [1024, 1024, 512, 256, 1]
     assert cfg.table_sizes == TABLE_SIZE_PRESETS["mlperf"] and cfg.multi_hot_sizes == MLPERF_MULTI_HOT_SIZES
     assert (cfg.embedding_optimizer, cfg.dense_optimizer, cfg.learning_rate, cfg.dense_lr) == (
-        "adagrad", "adagrad", 0.005, 0.005)
+        "adagrad",
+        "adagrad",
+        0.005,
+        0.005,
+    )
     assert (cfg.batch_size, cfg.lr_warmup_steps, cfg.lr_decay_steps) == (8192, 0, 0)
     assert parse_train_config(to_argv(cfg)) == cfg  # what the component hands the app
     small = TrainConfig(preset="dlrmv2", num_embeddings=2000, batch_size=256, learning_rate=0.01)
@@ -143,12 +151,15 @@ def test_preset_fills_defaults_and_explicit_options_win():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(preset="dlrmv2", num_sparse_features=8), "--preset dlrmv2 is a model of Criteo's 13 dense and 26 sparse"),
-    (dict(multi_hot_sizes=[2, 3]), "--multi_hot_sizes has 2 entries (2,3) but there are 26 sparse features"),
-    (dict(multi_hot_sizes=[0] * 26), "--multi_hot_sizes entry 0 is 0"),
-    (dict(pooling="max"), "--pooling 'max' is not supported: use one of sum, mean"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(preset="dlrmv2", num_sparse_features=8), "--preset dlrmv2 is a model of Criteo's 13 dense and 26 sparse"),
+        (dict(multi_hot_sizes=[2, 3]), "--multi_hot_sizes has 2 entries (2,3) but there are 26 sparse features"),
+        (dict(multi_hot_sizes=[0] * 26), "--multi_hot_sizes entry 0 is 0"),
+        (dict(pooling="max"), "--pooling 'max' is not supported: use one of sum, mean"),
+    ],
+)
 def test_bad_multi_hot_options_name_the_value_and_the_fix(kwargs, fragment):
     with pytest.raises(ConfigError) as error:
         TrainConfig(**kwargs)
@@ -156,9 +167,28 @@ def test_bad_multi_hot_options_name_the_value_and_the_fix(kwargs, fragment):
 
 
 def test_dlrmv2_preset_trains_scaled_down_under_torchrun(tmp_path):
-    result = torchrun(["-m", "apps.dlrm.train", "--preset", "dlrmv2", "--num_embeddings", "2000",
-                       "--batch_size", "256", "--steps", "40", "--log_every", "20", "--val_batches", "4",
-                       "--test_batches", "4", "--output_dir", str(tmp_path)])
+    result = torchrun(
+        [
+            "-m",
+            "apps.dlrm.train",
+            "--preset",
+            "dlrmv2",
+            "--num_embeddings",
+            "2000",
+            "--batch_size",
+            "256",
+            "--steps",
+            "40",
+            "--log_every",
+            "20",
+            "--val_batches",
+            "4",
+            "--test_batches",
+            "4",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     assert_ok(result)
     summary = json.loads((tmp_path / "summary.json").read_text())
     config = summary["config"]
@@ -169,8 +199,7 @@ def test_dlrmv2_preset_trains_scaled_down_under_torchrun(tmp_path):
 
 
 def test_plan_previews_the_dlrmv2_preset_on_a_p5():
-    result = run([sys.executable, "-m", "apps.dlrm.plan", "--preset", "dlrmv2", "--j", "1x8",
-                  "--h", "aws_p5.48xlarge"])
+    result = run([sys.executable, "-m", "apps.dlrm.plan", "--preset", "dlrmv2", "--j", "1x8", "--h", "aws_p5.48xlarge"])
     assert_ok(result)
     assert "1 node x 8 GPUs (8 ranks) of aws_p5.48xlarge, batch 8192 per rank" in result.stdout
     assert "t_cat_20  40,000,000  128" in result.stdout

@@ -42,8 +42,13 @@ def s3(two_hosts):
     a bucket; yields the AWS variables that point at it."""
     with moto_server(two_hosts.addr(0)) as endpoint:
         env = aws_env(endpoint)
-        client = boto3.client("s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="testing",
-                              aws_secret_access_key="testing")
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=REGION,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
         client.create_bucket(Bucket="dlrm", CreateBucketConfiguration={"LocationConstraint": REGION})
         env["client"] = client
         yield env
@@ -52,8 +57,7 @@ def s3(two_hosts):
 def role_on(host: int, j: str, **train) -> specs.Role:
     """The component's role as the scheduler would run it on node ``host`` (macros applied)."""
     (role,) = dlrm.train(j=j, **{**TRAIN, **train}).roles
-    values = specs.macros.Values(img_root="", app_id="xhost", replica_id=str(host - 1),
-                                 rank0_env="TORCHX_RANK0_HOST")
+    values = specs.macros.Values(img_root="", app_id="xhost", replica_id=str(host - 1), rank0_env="TORCHX_RANK0_HOST")
     return values.apply(role)
 
 
@@ -103,11 +107,14 @@ def test_a_checkpoint_folder_of_each_hosts_own_is_refused_before_training(two_ho
     """The same local path is another disk on each host: refused, not silently never resumable."""
     for host in (1, 2):
         os.makedirs(os.path.join(two_hosts.disk(host), "ckpt"), exist_ok=True)
-    codes = wait_all(start_job(two_hosts, tmp_path, checkpoint_dir=f"{DISK}/ckpt", output_dir=f"{DISK}/refused"),
-                     timeout=240)
+    codes = wait_all(
+        start_job(two_hosts, tmp_path, checkpoint_dir=f"{DISK}/ckpt", output_dir=f"{DISK}/refused"), timeout=240
+    )
     assert codes[0] != 0 and codes[1] != 0
     log = (tmp_path / "host1.log").read_text()
-    assert f"--checkpoint_dir {DISK}/ckpt is not shared by every host of the job: host2 cannot read" in log, logs(tmp_path)
+    assert f"--checkpoint_dir {DISK}/ckpt is not shared by every host of the job: host2 cannot read" in log, logs(
+        tmp_path
+    )
     assert "Use a folder that every host mounts" in log and "training steps" not in log
     for host in (1, 2):  # nothing written: no checkpoint, no probe left behind
         assert os.listdir(os.path.join(two_hosts.disk(host), "ckpt")) == []
@@ -131,8 +138,15 @@ def test_a_killed_host_restarted_by_the_scheduler_resumes_from_s3(two_hosts, tmp
     (as Kubernetes and AWS Batch do); torchrun on host 1 restarts its trainer (--max_retries 1)
     and both resume from the newest checkpoint in S3, to the uninterrupted run's loss."""
     env = {k: v for k, v in s3.items() if k != "client"}
-    job = dict(steps=400, log_every=50, checkpoint_dir="s3://dlrm/killed", checkpoint_every=50, max_retries=1,
-               output_dir=f"{DISK}/killed", env=env)
+    job = dict(
+        steps=400,
+        log_every=50,
+        checkpoint_dir="s3://dlrm/killed",
+        checkpoint_every=50,
+        max_retries=1,
+        output_dir=f"{DISK}/killed",
+        env=env,
+    )
     first, second = start_job(two_hosts, tmp_path, **job)
     committed = wait_for_commit(s3["client"], "killed/", [first, second])
     two_hosts.kill(2)
@@ -151,8 +165,18 @@ def test_criteo_from_s3_is_copied_once_to_each_hosts_own_disk(two_hosts, tmp_pat
         s3["client"].upload_file(os.path.join(folder, name), "dlrm", f"criteo/{name}")
     env = {k: v for k, v in s3.items() if k != "client"}
     cache = f"{DISK}/criteo-cache"
-    codes = wait_all(start_job(two_hosts, tmp_path, data="criteo", data_path="s3://dlrm/criteo", data_cache_dir=cache,
-                               output_dir=f"{DISK}/criteo", env=env), timeout=240)
+    codes = wait_all(
+        start_job(
+            two_hosts,
+            tmp_path,
+            data="criteo",
+            data_path="s3://dlrm/criteo",
+            data_cache_dir=cache,
+            output_dir=f"{DISK}/criteo",
+            env=env,
+        ),
+        timeout=240,
+    )
     assert codes == [0, 0], logs(tmp_path)
     for host in (1, 2):  # each host trained from a complete copy on its own disk
         copy = os.path.join(two_hosts.disk(host), "criteo-cache")
@@ -167,8 +191,14 @@ def test_criteo_from_s3_is_copied_once_to_each_hosts_own_disk(two_hosts, tmp_pat
 def test_an_elastic_job_grows_when_a_second_host_joins(two_hosts, tmp_path):
     """-j 1:2x1: host 1 trains alone; when host 2 arrives, torchrun stops host 1's trainer, both
     rendezvous again, and training resumes on 2 ranks from the newest checkpoint, resharded."""
-    job = dict(j="1:2x1", steps=300, log_every=50, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=50,
-               output_dir=f"{DISK}/elastic")
+    job = dict(
+        j="1:2x1",
+        steps=300,
+        log_every=50,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_every=50,
+        output_dir=f"{DISK}/elastic",
+    )
     first = start_on(two_hosts, tmp_path, 1, "localhost", **job)
     deadline = time.monotonic() + 120
     while not list((tmp_path / "ckpt").glob("step_*/COMMITTED")):

@@ -74,10 +74,16 @@ def test_named_resource_sizes_the_role_and_a_bare_j_counts_nodes():
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
-        (dict(h="aws_p4d.24xl"), "-h 'aws_p4d.24xl' is not a known instance type. No named resource found for "
-                                 "`aws_p4d.24xl`. Did you mean `aws_p4d.24xlarge`?"),
-        (dict(j="2x16", h="aws_p4d.24xlarge"), "-j '2x16' asks for 16 processes per node but -h aws_p4d.24xlarge "
-                                              "has 8 GPUs: use at most one process per GPU (e.g. -j 2x8)"),
+        (
+            dict(h="aws_p4d.24xl"),
+            "-h 'aws_p4d.24xl' is not a known instance type. No named resource found for "
+            "`aws_p4d.24xl`. Did you mean `aws_p4d.24xlarge`?",
+        ),
+        (
+            dict(j="2x16", h="aws_p4d.24xlarge"),
+            "-j '2x16' asks for 16 processes per node but -h aws_p4d.24xlarge "
+            "has 8 GPUs: use at most one process per GPU (e.g. -j 2x8)",
+        ),
         (dict(j="3", h="aws_m5.2xlarge"), "-j '3' gives no processes per node and -h aws_m5.2xlarge has no GPUs"),
     ],
 )
@@ -88,8 +94,21 @@ def test_bad_instance_type_or_job_size_is_refused_before_anything_is_built(kwarg
 
 
 def test_torchx_refuses_more_processes_than_gpus_without_a_traceback():
-    result = run([os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", "local_cwd", "components.dlrm:train",
-                  "-j", "2x9", "-h", "gcp_a2-highgpu-8g"], timeout=120)
+    result = run(
+        [
+            os.path.join(BIN, "torchx"),
+            "run",
+            "--dryrun",
+            "-s",
+            "local_cwd",
+            "components.dlrm:train",
+            "-j",
+            "2x9",
+            "-h",
+            "gcp_a2-highgpu-8g",
+        ],
+        timeout=120,
+    )
     assert result.returncode == 1
     assert "-j '2x9' asks for 9 processes per node but -h gcp_a2-highgpu-8g has 8 GPUs" in result.stderr
     assert "Traceback" not in result.stderr

@@ -37,8 +37,12 @@ ROWS = [700, 650, 800, 733, 1001]  # five files; the last holds the validation a
 def table(first: int, rows: int, **columns: pa.Array) -> pa.Table:
     """Rows ``first ...``: label r % 2, int_0 = r, int_1 = -r, int_2 = 0.5, cat_f = (r + f) % TABLES."""
     r = np.arange(first, first + rows)
-    data = {"label": pa.array(r % 2, pa.int8()), "int_0": pa.array(r, pa.int64()),
-            "int_1": pa.array(-r, pa.float64()), "int_2": pa.array(np.full(rows, 0.5, np.float32))}
+    data = {
+        "label": pa.array(r % 2, pa.int8()),
+        "int_0": pa.array(r, pa.int64()),
+        "int_1": pa.array(-r, pa.float64()),
+        "int_2": pa.array(np.full(rows, 0.5, np.float32)),
+    }
     data.update({f"cat_{f}": pa.array((r + f) % TABLES, pa.int64()) for f in range(len(SPARSE))})
     data.update(columns)
     return pa.table(data)
@@ -56,9 +60,17 @@ def write_files(fs, folder: str, rows_per_file=ROWS, group_rows: int = 128, **wr
 
 
 def dataset(path, rank=0, world=1, **kwargs) -> ParquetClickLogs:
-    options = {"data": "parquet", "data_path": str(path), "num_embeddings": TABLES, "batch_size": 100,
-               "dense_columns": DENSE, "sparse_columns": SPARSE, "categorical_ids": "as_is",
-               "shuffle_buffer_rows": 300, **kwargs}
+    options = {
+        "data": "parquet",
+        "data_path": str(path),
+        "num_embeddings": TABLES,
+        "batch_size": 100,
+        "dense_columns": DENSE,
+        "sparse_columns": SPARSE,
+        "categorical_ids": "as_is",
+        "shuffle_buffer_rows": 300,
+        **kwargs,
+    }
     return ParquetClickLogs(TrainConfig(**options), rank, world, pin_memory=False)
 
 
@@ -231,7 +243,11 @@ def test_list_columns_are_multi_hot_and_nulls_are_counted_and_filled(tmp_path):
 def test_bad_inputs_are_refused_at_start_naming_file_and_column(tmp_path, change, kwargs, fragment):
     data = table(0, 300)
     for name, column in change.items():
-        data = data.drop_columns([name]) if column is None else data.set_column(data.schema.get_field_index(name), name, column)
+        data = (
+            data.drop_columns([name])
+            if column is None
+            else data.set_column(data.schema.get_field_index(name), name, column)
+        )
     folder = write_one(tmp_path, "bad", data)
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         dataset(folder, eval_fraction=0.5, **kwargs)
@@ -302,10 +318,23 @@ def test_s3_batches_equal_local_ones_and_resume_exactly(aws, folder):
 def test_training_from_s3_resumes_exactly_where_it_stopped(aws, tmp_path):
     make_bucket("clicks")
     write_files(fsspec.filesystem("s3"), "clicks/train", rows_per_file=[3000, 3000, 2000], group_rows=500)
-    common = ["-m", "apps.dlrm.train", "--data", "parquet", "--data_path", "s3://clicks/train",
-              "--dense_columns", ",".join(DENSE), "--sparse_columns", ",".join(SPARSE), "--categorical_ids", "as_is",
-              "--shuffle_buffer_rows", "1000", *tiny(batch_size=128, steps=24, log_every=12, val_batches=2,
-                                                     test_batches=2)]
+    common = [
+        "-m",
+        "apps.dlrm.train",
+        "--data",
+        "parquet",
+        "--data_path",
+        "s3://clicks/train",
+        "--dense_columns",
+        ",".join(DENSE),
+        "--sparse_columns",
+        ",".join(SPARSE),
+        "--categorical_ids",
+        "as_is",
+        "--shuffle_buffer_rows",
+        "1000",
+        *tiny(batch_size=128, steps=24, log_every=12, val_batches=2, test_batches=2),
+    ]
 
     def train(name: str, *args: str) -> dict:
         result = run([sys.executable, *common, "--output_dir", str(tmp_path / name), *args], timeout=300)

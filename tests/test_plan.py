@@ -29,8 +29,32 @@ TIER = "integration"
 
 MLPERF = dict(
     num_embeddings_per_feature=[
-        40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
-        2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+        40000000,
+        39060,
+        17295,
+        7424,
+        20265,
+        3,
+        7122,
+        1543,
+        63,
+        40000000,
+        3067956,
+        405282,
+        10,
+        2209,
+        11938,
+        155,
+        4,
+        976,
+        14,
+        40000000,
+        40000000,
+        40000000,
+        590152,
+        12973,
+        108,
+        36,
     ],
     embedding_dim=128,
     dense_arch_layer_sizes=[512, 256, 128],
@@ -38,18 +62,38 @@ MLPERF = dict(
     batch_size=8192,
 )
 MLPERF_ARGS = [
-    "--num_embeddings_per_feature", ",".join(map(str, MLPERF["num_embeddings_per_feature"])),
-    "--embedding_dim", "128", "--dense_arch_layer_sizes", "512,256,128",
-    "--over_arch_layer_sizes", "1024,1024,512,256,1", "--batch_size", "8192",
+    "--num_embeddings_per_feature",
+    ",".join(map(str, MLPERF["num_embeddings_per_feature"])),
+    "--embedding_dim",
+    "128",
+    "--dense_arch_layer_sizes",
+    "512,256,128",
+    "--over_arch_layer_sizes",
+    "1024,1024,512,256,1",
+    "--batch_size",
+    "8192",
 ]
 # 50M rows x 16 x 26 tables: 41 GiB per rank on 2 CPU ranks of the default 8 GB node.
 TOO_BIG_FOR_CPU = ["--num_embeddings", "50000000"]
 # One GPU planned with 8 GiB of HBM, 64 GiB of host memory, and 38 GiB of tables (8 x 10M x 128).
 ONE_GPU_ARGS = ["--j", "1x1", "--gpu", "1", "--memMB", "65536", "--hbm_gb", "8"]
-ONE_GPU = dict(num_sparse_features=8, num_embeddings=10_000_000, embedding_dim=128,
-               dense_arch_layer_sizes=[512, 256, 128], hbm_gb=8)
-ONE_GPU_CFG_ARGS = ["--num_sparse_features", "8", "--num_embeddings", "10000000",
-                    "--embedding_dim", "128", "--dense_arch_layer_sizes", "512,256,128"]
+ONE_GPU = dict(
+    num_sparse_features=8,
+    num_embeddings=10_000_000,
+    embedding_dim=128,
+    dense_arch_layer_sizes=[512, 256, 128],
+    hbm_gb=8,
+)
+ONE_GPU_CFG_ARGS = [
+    "--num_sparse_features",
+    "8",
+    "--num_embeddings",
+    "10000000",
+    "--embedding_dim",
+    "128",
+    "--dense_arch_layer_sizes",
+    "512,256,128",
+]
 
 
 def _ranks(option) -> list[int]:
@@ -121,8 +165,10 @@ def test_row_wise_is_planned_for_gpus_on_this_cpu_machine():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("j, h", [("1x2", ""), ("4", ""), ("2", "aws_p4d.24xlarge"),
-                                  ("2x4", "aws_p4d.24xlarge"), ("1:4x8", "aws_p5.48xlarge")])
+@pytest.mark.parametrize(
+    "j, h",
+    [("1x2", ""), ("4", ""), ("2", "aws_p4d.24xlarge"), ("2x4", "aws_p4d.24xlarge"), ("1:4x8", "aws_p5.48xlarge")],
+)
 def test_the_target_has_the_ranks_train_launches(j, h):
     cluster = PlanTarget(j=j, h=h).cluster
     cmd = shlex.split(dlrm.train(j=j, h=h or None).roles[0].args[1])
@@ -141,7 +187,10 @@ def test_the_target_has_the_ranks_train_launches(j, h):
         (dict(j="1x8", gpu=4, hbm_gb=80), "-j '1x8' starts 8 processes per node but --gpu is 4"),
         (dict(j="2", h="aws_m5.24xlarge"), "-h aws_m5.24xlarge has no GPUs to infer them from"),
         (dict(hbm_gb=80), "--hbm_gb 80 is for GPU nodes, but the job's nodes have no GPUs"),
-        (dict(j="1", h="aws_p4d.24xlarge", hbm_gb=48), "--hbm_gb 48 is more than the 40 GiB of a GPU of -h aws_p4d.24xlarge"),
+        (
+            dict(j="1", h="aws_p4d.24xlarge", hbm_gb=48),
+            "--hbm_gb 48 is more than the 40 GiB of a GPU of -h aws_p4d.24xlarge",
+        ),
         (dict(gpu=1, hbm_gb=-1), "--hbm_gb -1 must be 0 or more"),
         (dict(j="1y2"), "-j '1y2' is not a job size"),
         (dict(memMB=0), "--memMB 0 must be positive"),
@@ -172,8 +221,10 @@ def test_plan_app_exits_1_with_a_plain_verdict_when_it_does_not_fit(capsys):
     with pytest.raises(SystemExit) as exit:
         plan_app(["--j", "1x2", *TOO_BIG_FOR_CPU])
     assert exit.value.code == 1
-    assert capsys.readouterr().out.splitlines()[-1].startswith(
-        "does not fit: needs 41.17 GiB host memory on rank 0, has 4.00 GiB; use more ranks (-j)"
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[-1]
+        .startswith("does not fit: needs 41.17 GiB host memory on rank 0, has 4.00 GiB; use more ranks (-j)")
     )
 
 
@@ -212,18 +263,33 @@ def test_plan_component_plans_with_the_jobs_hbm_gb():
 def test_train_passes_hbm_gb_to_the_app_and_refuses_what_the_app_would():
     app = materialize_appdef(dlrm.train, ["-j", "1x8", "-h", "aws_p4d.24xlarge", "--hbm_gb", "40"])
     cmd = shlex.split(app.roles[0].args[1])
-    app_args = cmd[cmd.index("apps.dlrm.train") + 1:]
+    app_args = cmd[cmd.index("apps.dlrm.train") + 1 :]
     assert app_args == ["--hbm_gb", "40.0"]
     assert parse_train_config(app_args) == TrainConfig(hbm_gb=40)
-    with pytest.raises(InvalidComponentArgument, match="--hbm_gb 40 is for GPU nodes, but the job's nodes have no GPUs"):
+    with pytest.raises(
+        InvalidComponentArgument, match="--hbm_gb 40 is for GPU nodes, but the job's nodes have no GPUs"
+    ):
         dlrm.train(hbm_gb=40)
     with pytest.raises(InvalidComponentArgument, match="--hbm_gb 48 is more than the 40 GiB of a GPU of -h aws_p4d"):
         dlrm.train(j="1", h="aws_p4d.24xlarge", hbm_gb=48)
 
 
 def test_torchx_runs_the_plan_component_on_this_cpu(tmp_path):
-    result = run([os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:plan",
-                  "-j", "2x8", "-h", "aws_p4d.24xlarge", *MLPERF_ARGS], cwd=str(tmp_path))
+    result = run(
+        [
+            os.path.join(BIN, "torchx"),
+            "run",
+            "-s",
+            "local_cwd",
+            "components.dlrm:plan",
+            "-j",
+            "2x8",
+            "-h",
+            "aws_p4d.24xlarge",
+            *MLPERF_ARGS,
+        ],
+        cwd=str(tmp_path),
+    )
     assert_ok(result)
     out = result.stdout + result.stderr
     assert "TorchRec sharding plan for 2 nodes x 8 GPUs (16 ranks) of aws_p4d.24xlarge" in out
@@ -238,11 +304,26 @@ def test_check_plan_refuses_to_launch_a_job_that_does_not_fit(tmp_path):
     # the check plans with the job's own --hbm_gb, the HBM its app will plan with
     with pytest.raises(InvalidComponentArgument) as error:
         dlrm.train(check_plan=True, j="1x1", gpu=1, memMB=16384, **ONE_GPU)
-    assert re.match(r"--check_plan: does not fit: needs \d+\.\d\d GiB HBM on rank 0, has 6\.80 GiB "
-                    r"\(8\.00 GiB less the 15%", str(error.value)), str(error.value)
+    assert re.match(
+        r"--check_plan: does not fit: needs \d+\.\d\d GiB HBM on rank 0, has 6\.80 GiB "
+        r"\(8\.00 GiB less the 15%",
+        str(error.value),
+    ), str(error.value)
     # and through TorchX's CLI: a one-line error, nothing submitted
-    result = run([os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", "local_cwd", "components.dlrm:train",
-                  "--check_plan", "true", *TOO_BIG_FOR_CPU], cwd=str(tmp_path))
+    result = run(
+        [
+            os.path.join(BIN, "torchx"),
+            "run",
+            "--dryrun",
+            "-s",
+            "local_cwd",
+            "components.dlrm:train",
+            "--check_plan",
+            "true",
+            *TOO_BIG_FOR_CPU,
+        ],
+        cwd=str(tmp_path),
+    )
     assert result.returncode == 1
     assert "--check_plan: does not fit: needs 41.17 GiB host memory on rank 0" in result.stderr
     assert "Traceback" not in result.stderr and "=== SCHEDULER REQUEST ===" not in result.stdout
@@ -250,11 +331,35 @@ def test_check_plan_refuses_to_launch_a_job_that_does_not_fit(tmp_path):
 
 def test_check_plan_launches_a_job_that_fits_with_the_plan_it_previewed(tmp_path):
     out = tmp_path / "outputs"
-    args = ["--num_embeddings", "2000", "--batch_size", "256", "--steps", "2", "--log_every", "1",
-            "--val_batches", "1", "--test_batches", "1"]
+    args = [
+        "--num_embeddings",
+        "2000",
+        "--batch_size",
+        "256",
+        "--steps",
+        "2",
+        "--log_every",
+        "1",
+        "--val_batches",
+        "1",
+        "--test_batches",
+        "1",
+    ]
     result = run(
-        [os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2",
-         "--check_plan", "true", *args, "--output_dir", str(out)],
+        [
+            os.path.join(BIN, "torchx"),
+            "run",
+            "-s",
+            "local_cwd",
+            "components.dlrm:train",
+            "-j",
+            "1x2",
+            "--check_plan",
+            "true",
+            *args,
+            "--output_dir",
+            str(out),
+        ],
         cwd=str(tmp_path),
     )
     assert_ok(result)

@@ -16,7 +16,6 @@ from apps.dlrm.criteo.pipeline import PreprocessFailed, preprocess
 from apps.dlrm.criteo.sources import find_sources
 from apps.dlrm.options import ConfigError
 from tests.conftest import REPO, assert_ok, process_env, run, tiny
-from tests.moto_server import REGION
 from tests.criteo_files import (
     BAD_CATEGORICALS,
     BAD_INTEGERS,
@@ -25,6 +24,7 @@ from tests.criteo_files import (
     generate_day,
     write_day,
 )
+from tests.moto_server import REGION
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"
@@ -34,8 +34,7 @@ SIZES[5] = 3  # a tiny table, like Criteo's C6
 
 
 def config(inputs, output, **kwargs) -> PreprocessConfig:
-    return PreprocessConfig(input=inputs, output=str(output), num_embeddings_per_feature=SIZES,
-                            workers=2, **kwargs)
+    return PreprocessConfig(input=inputs, output=str(output), num_embeddings_per_feature=SIZES, workers=2, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +98,8 @@ def test_each_bad_field_alone_is_repaired_as_missing(tmp_path):
     assert (dense[: len(BAD_INTEGERS), 4] == 0).all()  # the bad field: missing
     np.testing.assert_allclose(dense[0, :4], expected_dense(ints[:1, :4])[0], rtol=3e-7)
     sparse = np.load(tmp_path / "out" / "day_0_sparse.npy")
-    assert (sparse[len(BAD_INTEGERS):, 6] == 0).all()
-    np.testing.assert_array_equal(sparse[len(BAD_INTEGERS):, 7], good.arrays()[2][1, 7] % SIZES[7])
+    assert (sparse[len(BAD_INTEGERS) :, 6] == 0).all()
+    np.testing.assert_array_equal(sparse[len(BAD_INTEGERS) :, 7], good.arrays()[2][1, 7] % SIZES[7])
 
 
 def test_empty_and_all_bad_files_are_days_without_rows(tmp_path):
@@ -109,8 +108,12 @@ def test_empty_and_all_bad_files_are_days_without_rows(tmp_path):
     (tmp_path / "day_2").write_text("1\t2\t3\n\n")  # one short line, one empty line
     report = preprocess(config([str(tmp_path / "day_*")], tmp_path / "out"))
     assert report["rows_written"] == 0
-    assert report["days"]["day_2"]["skipped"] == {"undecodable": 0, "empty_line": 1, "wrong_column_count": 1,
-                                                  "bad_label": 0}
+    assert report["days"]["day_2"]["skipped"] == {
+        "undecodable": 0,
+        "empty_line": 1,
+        "wrong_column_count": 1,
+        "bad_label": 0,
+    }
     assert np.load(tmp_path / "out" / "day_1_sparse.npy").shape == (0, 26)
 
 
@@ -228,16 +231,21 @@ def test_reads_from_s3(aws, three_days, tmp_path):
     fs.put(str(folder / "day_1.gz"), "criteo-raw/logs/day_1.gz")
     report = preprocess(config(["s3://criteo-raw/logs/"], tmp_path / "out"))
     assert report["days"]["day_1"]["rows_written"] == days[1].rows_written
-    np.testing.assert_array_equal(np.load(tmp_path / "out" / "day_1_sparse.npy"),
-                                  np.load(output / "day_1_sparse.npy"))
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "day_1_sparse.npy"), np.load(output / "day_1_sparse.npy"))
 
 
 def test_command_line_exit_codes(three_days, tmp_path):
     days, folder, _, _ = three_days
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "apps.dlrm.preprocess", *args], cwd=REPO,
-                              capture_output=True, text=True, timeout=120, env=process_env())
+        return subprocess.run(
+            [sys.executable, "-m", "apps.dlrm.preprocess", *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=process_env(),
+        )
 
     ok = run("--input", str(folder / "day_0"), "--output", str(tmp_path / "out"), "--num_embeddings", "50")
     assert ok.returncode == 0, ok.stderr
@@ -285,7 +293,11 @@ def test_parquet_output_holds_the_npy_values_row_for_row(three_days, tmp_path, c
     assert not [name for name in os.listdir(out) if name.endswith(".npy")]  # the arrays became Parquet
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["output_format"] == "parquet" and set(manifest["files"]) == {
-        "day_0.parquet", "day_0_report.json", "day_1.parquet", "day_1_report.json"}
+        "day_0.parquet",
+        "day_0_report.json",
+        "day_1.parquet",
+        "day_1_report.json",
+    }
     for day in ("day_0", "day_1"):
         table = pq.read_table(out / f"{day}.parquet")
         assert table.schema.names == ["label", *(f"int_{j}" for j in range(13)), *(f"cat_{j}" for j in range(26))]
@@ -305,10 +317,25 @@ def test_training_on_the_parquet_output(three_days, tmp_path):
     preprocess(config([str(folder)], out, output_format="parquet"))
     with pytest.raises(ConfigError, match="holds Parquet days.*--data parquet"):
         open_folder(str(out))
-    result = run([sys.executable, "-m", "apps.dlrm.train", "--data", "parquet", "--data_path", str(out),
-                  "--categorical_ids", "as_is", "--num_embeddings_per_feature", ",".join(map(str, SIZES)),
-                  *tiny(batch_size=128, steps=60, val_batches=0, test_batches=0),
-                  "--output_dir", str(tmp_path / "train")], timeout=300)
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "apps.dlrm.train",
+            "--data",
+            "parquet",
+            "--data_path",
+            str(out),
+            "--categorical_ids",
+            "as_is",
+            "--num_embeddings_per_feature",
+            ",".join(map(str, SIZES)),
+            *tiny(batch_size=128, steps=60, val_batches=0, test_batches=0),
+            "--output_dir",
+            str(tmp_path / "train"),
+        ],
+        timeout=300,
+    )
     assert_ok(result)
     assert f"parquet {out}: 3 files" in result.stderr
     summary = json.loads((tmp_path / "train" / "summary.json").read_text())

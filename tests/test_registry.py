@@ -5,7 +5,6 @@ import json
 import os
 
 import pytest
-
 from torchx import plugins
 from torchx.schedulers import get_default_scheduler_name, get_scheduler_factories
 from torchx.specs.finder import ModuleComponentsFinder
@@ -59,4 +58,3 @@ def test_default_scheduler_stays_local_cwd(tmp_path):
         result = torchx("run", "--dryrun", "--json", "components.dlrm:train", cwd=cwd, **env)
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["scheduler"] == "local_cwd", cwd
-

@@ -27,10 +27,26 @@ ROWS = {"t_cat_0": 101, "t_cat_1": 64, "t_cat_2": 80, "t_cat_3": 50}  # 101: une
 STEPS = 3
 STEP_DIR = f"step_{STEPS:08d}"
 MODEL = [
-    "--num_sparse_features", "4", "--num_embeddings_per_feature", ",".join(map(str, ROWS.values())),
-    "--embedding_dim", "256", "--dense_arch_layer_sizes", "16,256", "--over_arch_layer_sizes", "16,1",
-    "--batch_size", "32", "--steps", str(STEPS), "--log_every", str(STEPS), "--val_batches", "1",
-    "--test_batches", "1",
+    "--num_sparse_features",
+    "4",
+    "--num_embeddings_per_feature",
+    ",".join(map(str, ROWS.values())),
+    "--embedding_dim",
+    "256",
+    "--dense_arch_layer_sizes",
+    "16,256",
+    "--over_arch_layer_sizes",
+    "16,1",
+    "--batch_size",
+    "32",
+    "--steps",
+    str(STEPS),
+    "--log_every",
+    str(STEPS),
+    "--val_batches",
+    "1",
+    "--test_batches",
+    "1",
 ]
 
 #: (embedding optimizer, ranks) -> the sharding types checkpoints are written under
@@ -62,10 +78,21 @@ def checkpoint_dir(tmp, optimizer: str, ranks: int, sharding: str):
 
 def train_runs(tmp, ranks: int) -> list[dict]:
     return [
-        {"args": [*MODEL, "--embedding_optimizer", optimizer, "--sharding_type", sharding,
-                  "--checkpoint_dir", str(checkpoint_dir(tmp, optimizer, ranks, sharding)),
-                  "--output_dir", str(tmp / f"out-{optimizer}-{ranks}-{sharding}")]}
-        for (optimizer, saved_ranks), types in SAVED.items() if saved_ranks == ranks
+        {
+            "args": [
+                *MODEL,
+                "--embedding_optimizer",
+                optimizer,
+                "--sharding_type",
+                sharding,
+                "--checkpoint_dir",
+                str(checkpoint_dir(tmp, optimizer, ranks, sharding)),
+                "--output_dir",
+                str(tmp / f"out-{optimizer}-{ranks}-{sharding}"),
+            ]
+        }
+        for (optimizer, saved_ranks), types in SAVED.items()
+        if saved_ranks == ranks
         for sharding in types
     ]
 
@@ -73,10 +100,13 @@ def train_runs(tmp, ranks: int) -> list[dict]:
 def resume_runs(tmp, ranks: int) -> list[dict]:
     """One run per optimizer and type: it resumes each checkpoint of :func:`resumed_from` in turn."""
     return [
-        {"args": [*MODEL, "--embedding_optimizer", optimizer, "--sharding_type", current],
-         "resume": [str(checkpoint_dir(tmp, optimizer, r, s)) for r, s in resumed_from(optimizer, ranks)],
-         "dump": str(tmp / f"dump-{optimizer}-{ranks}-{current}")}
-        for (optimizer, resumed_ranks) in RESUMED if resumed_ranks == ranks
+        {
+            "args": [*MODEL, "--embedding_optimizer", optimizer, "--sharding_type", current],
+            "resume": [str(checkpoint_dir(tmp, optimizer, r, s)) for r, s in resumed_from(optimizer, ranks)],
+            "dump": str(tmp / f"dump-{optimizer}-{ranks}-{current}"),
+        }
+        for (optimizer, resumed_ranks) in RESUMED
+        if resumed_ranks == ranks
         for current in TYPES
     ]
 
@@ -99,7 +129,8 @@ def resumed(tmp_path_factory):
     launch(tmp, "resume-on-2", 2, resume_runs(tmp, 2))
     checkpoints = {
         (optimizer, ranks, sharding): saved_tensors(str(checkpoint_dir(tmp, optimizer, ranks, sharding) / STEP_DIR))
-        for (optimizer, ranks), types in SAVED.items() for sharding in types
+        for (optimizer, ranks), types in SAVED.items()
+        for sharding in types
     }
     cases = {}
     for optimizer, saved_ranks, saved, ranks, current in CASES:
@@ -127,8 +158,11 @@ def expected_rowwise(saved: torch.Tensor, blocks: int) -> torch.Tensor:
 
 def expected_state(key: StateKey, current: torch.Tensor, saved: dict[str, torch.Tensor], step: int) -> torch.Tensor:
     """What a table's optimizer state ``key`` must be after resuming from ``saved``."""
-    states = {parse_key(name.removeprefix("optimizer.")): tensor
-              for name, tensor in saved.items() if name.startswith("optimizer.")}
+    states = {
+        parse_key(name.removeprefix("optimizer.")): tensor
+        for name, tensor in saved.items()
+        if name.startswith("optimizer.")
+    }
     saved_states = {k.name: tensor for k, tensor in states.items() if k is not None and k.table == key.table}
     first = saved_states.get("momentum1", saved_states.get("sum"))  # FBGEMM's name, torch's
     if key.name == "step":

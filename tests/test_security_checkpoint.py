@@ -42,8 +42,7 @@ class RunsCode:
 def world_of_one():
     """This process as a world of one rank, as the app runs without torchrun."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"),
-                  backend="gloo")
+    yield DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"), backend="gloo")
     dist.destroy_process_group()
 
 
@@ -71,6 +70,7 @@ def save_tiny(cfg: TrainConfig, env: DistEnv, step: int) -> tuple[Checkpointer, 
 
 
 # --- nothing in a checkpoint runs code -----------------------------------------------------------
+
 
 @pytest.mark.unit
 def test_a_planted_metadata_is_refused_and_runs_nothing(tmp_path):
@@ -102,6 +102,7 @@ def test_a_planted_byte_entry_is_refused_on_load_and_plain_data_still_loads(tmp_
 
 
 # --- other jobs' folders ----------------------------------------------------------------------
+
 
 @pytest.mark.unit
 def test_pruning_deletes_only_this_runs_folders_of_our_names(tmp_path, world_of_one):
@@ -160,6 +161,7 @@ def test_a_resumed_run_keeps_its_run_id_and_prunes_what_it_wrote_before(tmp_path
 
 # --- temporary files --------------------------------------------------------------------------
 
+
 @pytest.mark.unit
 def test_summary_is_never_written_through_a_planted_link(tmp_path):
     out, victim = tmp_path / "out", tmp_path / "victim"
@@ -176,6 +178,7 @@ def test_summary_is_never_written_through_a_planted_link(tmp_path):
 
 
 # --- credentials in URLs ----------------------------------------------------------------------
+
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
@@ -209,8 +212,18 @@ def test_a_checkpoint_records_its_url_without_credentials(tmp_path, world_of_one
 
 def test_a_run_logs_and_summarises_its_urls_without_credentials(tmp_path):
     url = "memory://AKIAKEY:SeCrEt@bucket/ckpt"
-    result = run([sys.executable, "-m", "apps.dlrm.train", *tiny(steps=10), "--checkpoint_dir", url,
-                  "--output_dir", str(tmp_path / "out")])
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "apps.dlrm.train",
+            *tiny(steps=10),
+            "--checkpoint_dir",
+            url,
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert_ok(result)
     summary = (tmp_path / "out" / "summary.json").read_text()
     assert "SeCrEt" not in result.stderr + result.stdout + summary

@@ -46,11 +46,14 @@ def test_a_planted_lock_link_is_refused_and_its_target_left_alone(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("plant, fragment", [
-    (lambda home, elsewhere: home.symlink_to(elsewhere, target_is_directory=True), "is a symbolic link"),
-    (lambda home, elsewhere: (home.mkdir(), os.chown(home, 12345, 12345)), "belongs to user id 12345, not root"),
-    (lambda home, elsewhere: (home.mkdir(), home.chmod(0o777)), "can be written by other users (mode 777)"),
-])
+@pytest.mark.parametrize(
+    "plant, fragment",
+    [
+        (lambda home, elsewhere: home.symlink_to(elsewhere, target_is_directory=True), "is a symbolic link"),
+        (lambda home, elsewhere: (home.mkdir(), os.chown(home, 12345, 12345)), "belongs to user id 12345, not root"),
+        (lambda home, elsewhere: (home.mkdir(), home.chmod(0o777)), "can be written by other users (mode 777)"),
+    ],
+)
 def test_a_folder_someone_else_could_have_made_is_refused(tmp_path, plant, fragment):
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
     elsewhere.mkdir()

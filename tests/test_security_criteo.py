@@ -12,11 +12,11 @@ import fsspec
 import numpy as np
 import pytest
 
-from apps.dlrm.data import criteo_fetch as fetch
 from apps.dlrm.criteo.config import PreprocessConfig
-from apps.dlrm.data.criteo_fetch import local_folder
 from apps.dlrm.criteo.layout import MANIFEST, day_files, day_report_file, open_folder, write_json
 from apps.dlrm.criteo.pipeline import preprocess
+from apps.dlrm.data import criteo_fetch as fetch
+from apps.dlrm.data.criteo_fetch import local_folder
 from apps.dlrm.options import ConfigError
 from tests.criteo_files import generate_day, write_day
 from tests.test_criteo_data import write_folder
@@ -88,11 +88,15 @@ def test_the_default_cache_is_a_private_folder_of_the_user(remote):
         assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700, (path, oct(st.st_mode))
 
 
-@pytest.mark.parametrize("make, problem", [
-    (lambda path, elsewhere: os.symlink(elsewhere, path), "is a symbolic link"),
-    (lambda path, elsewhere: (os.mkdir(path), os.chmod(path, 0o777)), "can be written by other users"),
-    (lambda path, elsewhere: (os.mkdir(path), os.chown(path, 65534, 65534)), "belongs to user id 65534"),
-], ids=["symlink", "writable_by_others", "owned_by_another_user"])
+@pytest.mark.parametrize(
+    "make, problem",
+    [
+        (lambda path, elsewhere: os.symlink(elsewhere, path), "is a symbolic link"),
+        (lambda path, elsewhere: (os.mkdir(path), os.chmod(path, 0o777)), "can be written by other users"),
+        (lambda path, elsewhere: (os.mkdir(path), os.chown(path, 65534, 65534)), "belongs to user id 65534"),
+    ],
+    ids=["symlink", "writable_by_others", "owned_by_another_user"],
+)
 def test_a_cache_folder_that_others_control_is_refused(remote, tmp_path, make, problem):
     if problem.startswith("belongs") and os.geteuid() != 0:
         pytest.skip("giving a folder away needs root")
@@ -123,8 +127,9 @@ def test_a_cached_file_is_reused_only_while_its_checksum_matches(remote, tmp_pat
             dst.write(src.read())
     same_size_other_bytes(os.path.join(planted, "day_1_dense.npy"))
     local_folder(URL, planted, copier=True)
-    np.testing.assert_array_equal(np.load(os.path.join(planted, "day_1_dense.npy")),
-                                  np.load(os.path.join(folder, "day_1_dense.npy")))
+    np.testing.assert_array_equal(
+        np.load(os.path.join(planted, "day_1_dense.npy")), np.load(os.path.join(folder, "day_1_dense.npy"))
+    )
 
 
 def test_the_other_ranks_wait_until_every_cached_file_is_checked(remote, tmp_path, monkeypatch):
@@ -180,8 +185,11 @@ def test_binary_garbage_in_a_click_log_is_skipped_and_never_echoed(tmp_path, cap
     lines[10:10] = [b"\x1b]0;pwned\x07\x1b[31m\xff\xfe\tgarbage", b"\t".join(binary_field)]
     (tmp_path / "day_0").write_bytes(b"\n".join(lines) + b"\n")
     with caplog.at_level(logging.INFO):
-        report = preprocess(PreprocessConfig(input=[str(tmp_path / "day_0")], output=str(tmp_path / "out"),
-                                             num_embeddings=100, workers=1))
+        report = preprocess(
+            PreprocessConfig(
+                input=[str(tmp_path / "day_0")], output=str(tmp_path / "out"), num_embeddings=100, workers=1
+            )
+        )
     assert report["rows_written"] == good.rows_written
     assert report["skipped"]["undecodable"] == 2 and report["rows_read"] == good.rows_written + 2
     assert "undecodable 2" in caplog.text and "\x1b" not in caplog.text and "\ufffd" not in caplog.text
@@ -193,19 +201,23 @@ def test_a_click_log_whose_name_cannot_be_a_day_is_refused(tmp_path):
         preprocess(PreprocessConfig(input=[str(tmp_path / "*day")], output=str(tmp_path / "out")))
 
 
-@pytest.mark.parametrize("name, content", [
-    ("report.json", '{"theirs": true}'),  # the report of another tool
-    ("notes.txt", "keep me"),
-    (MANIFEST, '{"format": "another-tool"}'),
-    (MANIFEST, "not json"),
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("report.json", '{"theirs": true}'),  # the report of another tool
+        ("notes.txt", "keep me"),
+        (MANIFEST, '{"format": "another-tool"}'),
+        (MANIFEST, "not json"),
+    ],
+)
 def test_an_output_folder_that_is_not_ours_is_refused_before_anything_is_written(tmp_path, name, content):
     write_day(generate_day(20, seed=2, malformed=False), tmp_path / "day_0")
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / name).write_text(content)
-    with pytest.raises(ConfigError, match=re.escape(f"--output {foreign} is not empty") + "|"
-                       + re.escape(f"{foreign}/{MANIFEST}")) as refused:
+    with pytest.raises(
+        ConfigError, match=re.escape(f"--output {foreign} is not empty") + "|" + re.escape(f"{foreign}/{MANIFEST}")
+    ) as refused:
         preprocess(PreprocessConfig(input=[str(tmp_path / "day_0")], output=str(foreign), workers=1))
     assert "another --output" in str(refused.value) or "empty or new folder" in str(refused.value)
     assert os.listdir(foreign) == [name] and (foreign / name).read_text() == content

@@ -28,7 +28,7 @@ def app_args(*component_args: str) -> list[str]:
     """The app's command line that ``torchx run components.dlrm:train ARGS`` would start."""
     (role,) = materialize_appdef(dlrm.train, list(component_args)).roles
     command = shlex.split(role.args[-1])
-    return command[command.index("apps.dlrm.train") + 1:]
+    return command[command.index("apps.dlrm.train") + 1 :]
 
 
 @pytest.mark.parametrize("text", ["yes", "1", "on"])
@@ -83,13 +83,25 @@ def test_the_app_refuses_the_same_values(args, capsys):
     assert args[1] in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, fragment", [(["--shuffle", "maybe"], "--shuffle: expected true or false"),
-                                            (["--mounts", "garbage"], "--mounts 'garbage'")])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [(["--shuffle", "maybe"], "--shuffle: expected true or false"), (["--mounts", "garbage"], "--mounts 'garbage'")],
+)
 def test_torchx_prints_one_line_not_a_traceback(args, fragment, tmp_path):
     result = subprocess.run(
-        [os.path.join(os.path.dirname(sys.executable), "torchx"), "run", "--dryrun", "-s", "local_cwd",
-         "components.dlrm:train", *args],
-        capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+        [
+            os.path.join(os.path.dirname(sys.executable), "torchx"),
+            "run",
+            "--dryrun",
+            "-s",
+            "local_cwd",
+            "components.dlrm:train",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
     )
     assert result.returncode == 1
     assert fragment in result.stderr

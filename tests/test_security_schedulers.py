@@ -22,8 +22,24 @@ SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 
 
 def dryrun(scheduler: str, cfg: str, *component_args: str) -> subprocess.CompletedProcess:
-    return run([os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", scheduler, "-cfg", cfg, "--workspace", "",
-                "components.dlrm:train", "-j", "1x1", *component_args], timeout=120)
+    return run(
+        [
+            os.path.join(BIN, "torchx"),
+            "run",
+            "--dryrun",
+            "-s",
+            scheduler,
+            "-cfg",
+            cfg,
+            "--workspace",
+            "",
+            "components.dlrm:train",
+            "-j",
+            "1x1",
+            *component_args,
+        ],
+        timeout=120,
+    )
 
 
 def refused(result: subprocess.CompletedProcess, fragment: str) -> bool:
@@ -67,8 +83,9 @@ def test_slurm_options_that_would_change_the_sbatch_script_are_refused(cfg, frag
 
 @pytest.mark.unit
 def test_a_role_name_that_would_change_the_sbatch_script_is_refused():
-    role = specs.Role(name="train --uid=0", image="", entrypoint="echo",
-                      resource=specs.Resource(cpu=1, gpu=0, memMB=64))
+    role = specs.Role(
+        name="train --uid=0", image="", entrypoint="echo", resource=specs.Resource(cpu=1, gpu=0, memMB=64)
+    )
     with get_runner() as runner, pytest.raises(ComponentValidationException, match="role name 'train --uid=0'"):
         runner.dryrun(specs.AppDef("app", roles=[role]), "slurm")
 
@@ -89,17 +106,22 @@ def environment_of_srun_command(argv: list[str]) -> dict[str, str]:
 
 def test_slurm_environment_values_reach_the_job_whole(tmp_path):
     """A value with commas (a list of interfaces), quotes and ``$`` is the value the job gets."""
-    note = "it's $HOME; \"quoted\""
+    note = 'it\'s $HOME; "quoted"'
     result = dryrun("slurm", "partition=gpu", "--env", f"NCCL_SOCKET_IFNAME=eth0,eth1,NOTE={note}")
     assert result.returncode == 0, result.stderr
     script = tmp_path / "torchx-sbatch.sh"
-    script.write_text(result.stdout[result.stdout.index("#!/bin/bash"):])
+    script.write_text(result.stdout[result.stdout.index("#!/bin/bash") :])
     # Run the script as sbatch would, with an srun that records the arguments bash gives it.
     fake_srun = tmp_path / "srun"
     fake_srun.write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" > {tmp_path}/srun.argv\n")
     fake_srun.chmod(0o755)
-    ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30,
-                         env={"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "42"})
+    ran = subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "42"},
+    )
     assert ran.returncode == 0, ran.stderr
     argv = (tmp_path / "srun.argv").read_text().split("\0")[:-1]
 
@@ -112,8 +134,11 @@ def test_slurm_environment_values_reach_the_job_whole(tmp_path):
 def test_aws_batch_without_docker_says_to_pass_an_empty_workspace(tmp_path):
     """The default workspace is built into an image with Docker: without an engine, one line with
     the fix instead of a traceback from packing the folder."""
-    result = run([os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", "aws_batch", "-cfg", "queue=q",
-                  "components.dlrm:train"], cwd=str(tmp_path), timeout=120,
-                 DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
-    assert refused(result, 'which does not answer here'), result.stderr
+    result = run(
+        [os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", "aws_batch", "-cfg", "queue=q", "components.dlrm:train"],
+        cwd=str(tmp_path),
+        timeout=120,
+        DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock",
+    )
+    assert refused(result, "which does not answer here"), result.stderr
     assert 'start Docker, or pass --workspace "" to run --image as it is' in result.stderr

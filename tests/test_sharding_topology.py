@@ -21,11 +21,13 @@ TIER = "unit"
 
 #: The memory of an 80 GB GPU (torch's total_memory of an H100 80 GB is a little more: 79.1 GiB).
 GPU_BYTES = 80 * 10**9
-ONE_GPU = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
-                  device=torch.device("cuda", 0), backend="nccl")
+ONE_GPU = DistEnv(
+    rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cuda", 0), backend="nccl"
+)
 # 38 GiB of tables (8 x 10M rows x 128) for 8 GiB of HBM: some must be cached from host memory.
-BIG_TABLES = dict(num_sparse_features=8, num_embeddings=10_000_000, embedding_dim=128,
-                  dense_arch_layer_sizes=[512, 256, 128])
+BIG_TABLES = dict(
+    num_sparse_features=8, num_embeddings=10_000_000, embedding_dim=128, dense_arch_layer_sizes=[512, 256, 128]
+)
 
 
 def _hbm(topology) -> list[int]:
@@ -37,8 +39,9 @@ def test_the_app_plans_with_the_gpus_memory_when_hbm_gb_is_0():
 
 
 def test_the_app_plans_with_hbm_gb_when_given():
-    env = DistEnv(rank=3, world_size=16, local_rank=3, local_world_size=8,
-                  device=torch.device("cuda", 3), backend="nccl")
+    env = DistEnv(
+        rank=3, world_size=16, local_rank=3, local_world_size=8, device=torch.device("cuda", 3), backend="nccl"
+    )
     topology = training_topology(TrainConfig(hbm_gb=8.5), env, GPU_BYTES)
     assert (topology.world_size, topology.local_world_size, topology.compute_device) == (16, 8, "cuda")
     assert _hbm(topology) == [int(8.5 * GiB)] * 16
@@ -48,8 +51,7 @@ def test_hbm_gb_larger_than_the_gpu_is_refused_in_one_line():
     with pytest.raises(ConfigError) as error:
         training_topology(TrainConfig(hbm_gb=80), ONE_GPU, GPU_BYTES)
     assert str(error.value) == (
-        "--hbm_gb 80 is more than this GPU's 74.51 GiB: give at most that, or 0 to plan with the "
-        "whole GPU"
+        "--hbm_gb 80 is more than this GPU's 74.51 GiB: give at most that, or 0 to plan with the whole GPU"
     )
 
 

@@ -44,8 +44,7 @@ def slurm_path(request):
     started = cluster("start", timeout=900)
     assert started.returncode == 0, f"scripts/slurm_cluster.sh start failed:\n{started.stderr}"
     path = os.pathsep.join([cluster("bin").stdout.strip(), BIN, os.environ["PATH"]])
-    version = subprocess.run(["sinfo", "--version"], env={**env, "PATH": path}, capture_output=True,
-                             text=True)
+    version = subprocess.run(["sinfo", "--version"], env={**env, "PATH": path}, capture_output=True, text=True)
     assert version.stdout.split()[1].startswith(SLURM_OF_SUITE[request.param] + "."), version
     yield path
     if not was_running:
@@ -63,8 +62,7 @@ def submit(slurm_path, tmp_path):
     prints. The jobs that the test leaves in the queue are cancelled."""
 
     def submit(*component_args: str) -> str:
-        result = torchx(slurm_path, tmp_path, "run", "-s", "slurm", "components.dlrm:train",
-                        *component_args)
+        result = torchx(slurm_path, tmp_path, "run", "-s", "slurm", "components.dlrm:train", *component_args)
         assert_ok(result)
         handle = result.stdout.strip().splitlines()[-1]
         assert re.fullmatch(r"slurm://[^/]+/\d+", handle), result.stdout
@@ -78,8 +76,9 @@ def submit(slurm_path, tmp_path):
 
 def slurm(path: str, cwd, *cmd: str) -> str:
     """The output of the cluster's command ``cmd`` (squeue, sacct, ...), run from ``cwd``."""
-    return subprocess.run(cmd, cwd=cwd, env={**os.environ, "PATH": path}, capture_output=True,
-                          text=True, check=True).stdout
+    return subprocess.run(
+        cmd, cwd=cwd, env={**os.environ, "PATH": path}, capture_output=True, text=True, check=True
+    ).stdout
 
 
 def queued(path: str, cwd) -> set[str]:
@@ -225,8 +224,16 @@ def test_a_job_on_both_nodes_trains_exactly_as_the_same_ranks_on_one(slurm_path,
         assert state == "SUCCEEDED", f"-j {j}: {state}\n{logs[-4000:]}"
 
     app_id = handles[two_nodes].rsplit("/", 1)[-1]
-    nodes = slurm(slurm_path, tmp_path, "sacct", "--noheader", "--parsable2", "--allocations",
-                  f"--jobs={app_id}", "--format=NodeList")
+    nodes = slurm(
+        slurm_path,
+        tmp_path,
+        "sacct",
+        "--noheader",
+        "--parsable2",
+        "--allocations",
+        f"--jobs={app_id}",
+        "--format=NodeList",
+    )
     assert sorted(nodes.split()) == ["n1", "n2"], nodes
     # Each part's trainers saw their own host: its hostname and its address (apps.dlrm.torchrun).
     logs = "".join(path.read_text() for path in tmp_path.glob(f"slurm-{app_id}-*.err"))

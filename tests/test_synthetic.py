@@ -50,7 +50,7 @@ def test_ids_are_in_range_and_heavy_tailed():
         assert ids[t].min() >= 0 and ids[t].max() < rows
     # table 2 has 100k rows: the hottest 1% of its rows take most of the traffic
     _, counts = np.unique(ids[2], return_counts=True)
-    top = np.sort(counts)[::-1][: 1000].sum() / ids.shape[1]
+    top = np.sort(counts)[::-1][:1000].sum() / ids.shape[1]
     assert top > 0.5
     # ... and hot ids are scattered over the table, not bunched at its start
     assert np.median(ids[2]) > 10_000

@@ -32,8 +32,9 @@ def torchx_in_repo(*args: str, home) -> subprocess.CompletedProcess:
     """`torchx ARGS` in the repository, as a user runs it there: no $TORCHXCONFIG, an empty $HOME."""
     env = process_env(HOME=str(home))
     env.pop("TORCHXCONFIG", None)
-    return subprocess.run([os.path.join(BIN, "torchx"), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [os.path.join(BIN, "torchx"), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_run_defaults_to_local_cwd_although_plugins_add_schedulers(tmp_path):
@@ -44,8 +45,18 @@ def test_run_defaults_to_local_cwd_although_plugins_add_schedulers(tmp_path):
 
 def test_scheduler_defaults_reach_a_submission(tmp_path):
     # -s kubernetes needs a Volcano queue: the file's `queue = default` provides it.
-    result = torchx_in_repo("run", "-s", "kubernetes", "--dryrun", "-cfg", "validate_spec=False",
-                            "--workspace", "", "components.dlrm:train", home=tmp_path)
+    result = torchx_in_repo(
+        "run",
+        "-s",
+        "kubernetes",
+        "--dryrun",
+        "-cfg",
+        "validate_spec=False",
+        "--workspace",
+        "",
+        "components.dlrm:train",
+        home=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^\s+queue: default$", result.stdout, re.M), result.stdout[-3000:]
 

@@ -13,21 +13,55 @@ TIER = "integration"
 
 VARIANTS = {
     "table_wise+fp16/bf16+validate_every": (
-        ["--sharding_type", "table_wise", "--qcomm_forward_precision", "fp16",
-         "--qcomm_backward_precision", "bf16", "--validate_every", "20"], "table_wise"),
+        [
+            "--sharding_type",
+            "table_wise",
+            "--qcomm_forward_precision",
+            "fp16",
+            "--qcomm_backward_precision",
+            "bf16",
+            "--validate_every",
+            "20",
+        ],
+        "table_wise",
+    ),
     "row_wise+dcn+bf16": (
         ["--sharding_type", "row_wise", "--interaction_type", "dcn", "--qcomm_forward_precision", "bf16"],
-        "row_wise"),
+        "row_wise",
+    ),
     "table_row_wise+projection+fp16": (
-        ["--sharding_type", "table_row_wise", "--interaction_type", "projection",
-         "--qcomm_backward_precision", "fp16"], "table_row_wise"),
+        ["--sharding_type", "table_row_wise", "--interaction_type", "projection", "--qcomm_backward_precision", "fp16"],
+        "table_row_wise",
+    ),
     "column_wise+plain loop+adagrad+int8": (
-        ["--sharding_type", "column_wise", "--pipeline", "base", "--embedding_optimizer", "adagrad",
-         "--qcomm_forward_precision", "int8", "--qcomm_backward_precision", "int8"], "column_wise"),
+        [
+            "--sharding_type",
+            "column_wise",
+            "--pipeline",
+            "base",
+            "--embedding_optimizer",
+            "adagrad",
+            "--qcomm_forward_precision",
+            "int8",
+            "--qcomm_backward_precision",
+            "int8",
+        ],
+        "column_wise",
+    ),
     "data_parallel": (["--sharding_type", "data_parallel"], "data_parallel"),
     "auto+sgd tables+sgd mlps": (
-        ["--embedding_optimizer", "sgd", "--learning_rate", "2.0", "--dense_optimizer", "sgd",
-         "--dense_learning_rate", "0.5"], "table_wise"),
+        [
+            "--embedding_optimizer",
+            "sgd",
+            "--learning_rate",
+            "2.0",
+            "--dense_optimizer",
+            "sgd",
+            "--dense_learning_rate",
+            "0.5",
+        ],
+        "table_wise",
+    ),
 }
 
 
@@ -50,8 +84,10 @@ def test_variant_trains_and_reports(name, tmp_path, tiny_args):
     [
         (["--qcomm_forward_precision", "fp8"], "--qcomm_forward_precision fp8 needs GPUs"),
         (["--embedding_optimizer", "adam"], "--embedding_optimizer adam needs GPUs"),
-        (["--sharding_type", "row_wise", "--qcomm_backward_precision", "int8"],
-         "--qcomm_backward_precision int8 does not work with row_wise"),
+        (
+            ["--sharding_type", "row_wise", "--qcomm_backward_precision", "int8"],
+            "--qcomm_backward_precision int8 does not work with row_wise",
+        ),
         (["--pipeline", "semi_sync"], "--pipeline semi_sync needs GPUs"),
         (["--pipeline", "fused_sparse_dist"], "--pipeline fused_sparse_dist needs GPUs"),
         (["--pipeline", "prefetch"], "--pipeline prefetch needs GPUs"),
@@ -71,14 +107,33 @@ def test_compiled_bf16_dense_part_learns_and_its_checkpoint_resumes_without_them
     parameters: a checkpoint saved with both resumes in a job without either."""
     ckpt = tmp_path / "ckpt"
     fast = ["--pipeline", "sparse_dist_lite", "--dense_precision", "bf16", "--compile_dense", "default"]
-    result = torchrun(["-m", "apps.dlrm.train", *tiny_args, "--output_dir", str(tmp_path / "fast"),
-                       "--checkpoint_dir", str(ckpt), *fast])
+    result = torchrun(
+        [
+            "-m",
+            "apps.dlrm.train",
+            *tiny_args,
+            "--output_dir",
+            str(tmp_path / "fast"),
+            "--checkpoint_dir",
+            str(ckpt),
+            *fast,
+        ]
+    )
     assert_ok(result)
     summary = json.loads((tmp_path / "fast" / "summary.json").read_text())
     assert summary["val_auroc"] > 0.6 and summary["final_train_loss"] < 0.69
     assert summary["config"]["compile_dense"] == "default"
-    result = torchrun(["-m", "apps.dlrm.train", *tiny(steps=60), "--output_dir", str(tmp_path / "plain"),
-                       "--checkpoint_dir", str(ckpt)])
+    result = torchrun(
+        [
+            "-m",
+            "apps.dlrm.train",
+            *tiny(steps=60),
+            "--output_dir",
+            str(tmp_path / "plain"),
+            "--checkpoint_dir",
+            str(ckpt),
+        ]
+    )
     assert_ok(result)
     resumed = json.loads((tmp_path / "plain" / "summary.json").read_text())
     assert resumed["resumed_from_step"] == 40 and resumed["steps"] == 60

@@ -20,6 +20,7 @@ Nothing in a checkpoint runs code: the shards are read by :mod:`apps.dlrm.checkp
 which runs nothing from them, and the manifest is JSON.
 """
 
+import datetime
 import importlib.metadata
 import json
 import logging
@@ -27,7 +28,6 @@ import os
 import posixpath
 import re
 import socket
-import datetime
 import time
 import uuid
 from concurrent.futures import Future as ConcurrentFuture
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 import torch
 import torch.distributed as dist
+from fsspec.implementations.local import LocalFileSystem
 from torch import nn
 from torchrec.optim.keyed import CombinedOptimizer
 
@@ -122,8 +122,7 @@ class CheckpointStore:
             self.fs.rm(probe)
         except Exception as e:  # noqa: BLE001 - every failure here means the same: unusable
             raise CheckpointError(
-                f"--checkpoint_dir {self.url} is not writable ({type(e).__name__}: {e}). "
-                + _storage_hint(self.url, e)
+                f"--checkpoint_dir {self.url} is not writable ({type(e).__name__}: {e}). " + _storage_hint(self.url, e)
             ) from None
 
     def _make_dir(self, path: str) -> None:
@@ -213,8 +212,15 @@ class CheckpointStore:
             self._commit(step, manifest)
         return url
 
-    def save_async(self, step: int, state: dict[str, Any], manifest: dict[str, Any], env: DistEnv,
-                   group: dist.ProcessGroup, stager: HostStager) -> ConcurrentFuture:
+    def save_async(
+        self,
+        step: int,
+        state: dict[str, Any],
+        manifest: dict[str, Any],
+        env: DistEnv,
+        group: dist.ProcessGroup,
+        stager: HostStager,
+    ) -> ConcurrentFuture:
         """Collective: like :meth:`save`, but returns once this rank's shards are copied to host
         memory. The future gives the URL once every rank's shards and ``.metadata`` are written
         and, on rank 0, the checkpoint is committed (or raises what went wrong)."""
@@ -285,7 +291,7 @@ class CheckpointStore:
         folder being written by a job of an older version) are neither counted nor deleted.
         """
         ours = [step for step in self._steps() if self._owner(step) == self.run_id]
-        keep = set([step for step in ours if self._is_committed(step)][-self.keep_last:])
+        keep = set([step for step in ours if self._is_committed(step)][-self.keep_last :])
         for step in ours:
             if step < newest and step not in keep:
                 self.fs.rm(self._path(step), recursive=True)
@@ -294,7 +300,6 @@ class CheckpointStore:
     def load(self, checkpoint: Checkpoint, state: dict[str, Any]) -> None:
         """Collective: every rank reads the shards it holds under its current sharding."""
         load_shards(state, checkpoint.url, self.is_local)
-
 
 
 def _storage_hint(url: str, error: Exception) -> str:
@@ -315,6 +320,7 @@ def _storage_hint(url: str, error: Exception) -> str:
 
 
 # --- what a checkpoint is for ------------------------------------------------------------------
+
 
 def model_signature(cfg: TrainConfig) -> dict[str, Any]:
     """The options that fix the shapes of the saved tensors (and of the optimizer states)."""
@@ -338,7 +344,7 @@ def model_signature(cfg: TrainConfig) -> dict[str, Any]:
     return signature
 
 
-def package_versions() -> dict[str, str | None]:
+def package_versions() -> dict[str, str]:
     versions = {}
     for name in ("torch", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchx-nightly"):
         try:
@@ -370,7 +376,7 @@ def _describe_resharding(checkpoint: Checkpoint, plan: dict[str, dict[str, Any]]
     """What a resume under another sharding did to the optimizer state: per change of sharding
     type, the tables whose state was converted exactly, and those that got an estimate."""
     saved_plan = checkpoint.manifest.get("sharding_plan", {})
-    changes: dict[tuple[str, str, bool], list[str]] = {}
+    changes: dict[tuple[str | None, str | None, bool], list[str]] = {}  # a type is None where a plan lacks the table
     for table, exact in converted.items():
         change = (saved_plan.get(table, {}).get("type"), plan.get(table, {}).get("type"), exact)
         changes.setdefault(change, []).append(table)
@@ -390,6 +396,7 @@ def _signature_value(value: Any) -> str:
 
 
 # --- the training run's checkpoints -------------------------------------------------------------
+
 
 def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> tuple[CheckpointStore | None, Checkpoint | None]:
     """Collective. The store of ``--checkpoint_dir`` and the checkpoint to resume from (if any).
@@ -519,10 +526,10 @@ class Checkpointer:
         self._in_flight: ConcurrentFuture | None = None
         # Async saves coordinate over a gloo group of their own: their collectives run in DCP's
         # writer thread while training's run on the default group.
-        self._group, self._stager = None, None
+        self._async: tuple[dist.ProcessGroup, HostStager] | None = None
         if self.store is not None and cfg.checkpoint_async:
-            self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
-            self._stager = HostStager(pinned=env.device.type == "cuda")
+            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
+            self._async = group, HostStager(pinned=env.device.type == "cuda")
 
     def track(self, model: nn.Module, optimizer: CombinedOptimizer, plan: dict[str, dict[str, Any]]) -> None:
         """What the checkpoints hold: the sharded model, its optimizers, and the plan they are
@@ -549,9 +556,15 @@ class Checkpointer:
         make_lazy_state(optimizer)
         optimizer_state = optimizer.state_dict()
         saved = CheckpointReader(checkpoint.url).read_metadata()
-        resharding = Resharding(optimizer_state, below(saved, "optimizer"), entries["model"], below(saved, "model"),
-                                self.cfg.embedding_optimizer, loaded.step)
-        self.store.load(checkpoint, {**entries, "optimizer": resharding.destinations})
+        resharding = Resharding(
+            optimizer_state,
+            below(saved, "optimizer"),
+            entries["model"],
+            below(saved, "model"),
+            self.cfg.embedding_optimizer,
+            loaded.step,
+        )
+        self._store().load(checkpoint, {**entries, "optimizer": resharding.destinations})
         resharding.apply()
         optimizer.load_state_dict(optimizer_state)
         state.load_state_dict(entries)
@@ -567,21 +580,25 @@ class Checkpointer:
         self.wait()
         self.waits.append(time.perf_counter() - start)
         self._warn_if_waited(state.step)
-        entries, manifest = self.entries(state), self._manifest(state)
-        if self._group is None:
-            self.store.save(state.step, entries, manifest, self.env)
+        entries, manifest, store = self.entries(state), self._manifest(state), self._store()
+        if self._async is None:
+            store.save(state.step, entries, manifest, self.env)
         else:
-            self._in_flight = self.store.save_async(state.step, entries, manifest, self.env, self._group,
-                                                    self._stager)
+            group, stager = self._async
+            self._in_flight = store.save_async(state.step, entries, manifest, self.env, group, stager)
         self.stalls.append(time.perf_counter() - start)
-        return self.store.step_url(state.step)
+        return store.step_url(state.step)
 
     def _warn_if_waited(self, step: int) -> None:
         if self.env.is_main and self.waits[-1] > LONG_WAIT_S:
             logger.warning(
                 "step %d: the checkpoint waited %.1f s for the one before it, still being written: a "
                 "save takes longer than --checkpoint_every %d steps of training; raise it so that "
-                "training does not wait", step, self.waits[-1], self.cfg.checkpoint_every)
+                "training does not wait",
+                step,
+                self.waits[-1],
+                self.cfg.checkpoint_every,
+            )
 
     def wait(self) -> None:
         """Waits for the save in flight to be written and committed; raises its error."""
@@ -592,16 +609,18 @@ class Checkpointer:
     def close(self) -> None:
         """Waits for the save in flight: call it before the process group goes."""
         self.wait()
-        if self._group is not None:
-            self._stager.close()
-            dist.destroy_process_group(self._group)
-            self._group, self._stager = None, None
+        if self._async is not None:
+            group, stager = self._async
+            stager.close()
+            dist.destroy_process_group(group)
+            self._async = None
 
     def entries(self, state: TrainState) -> dict[str, Any]:
         """What a checkpoint holds: DCP calls ``state_dict``/``load_state_dict`` on the
         stateful parts. Tables and fused optimizer states are sharded tensors, each rank saving
         and loading its own shards; the model's state dict holds views of its weights, so DCP
         loads into them in place (no second copy through ``load_state_dict``)."""
+        assert self._parts is not None, "track() says what checkpoints hold, before any save or restore"
         model, optimizer = self._parts
         return {"model": model.state_dict(), "optimizer": optimizer, **state.state_dict()}
 
@@ -614,6 +633,10 @@ class Checkpointer:
             "sharding_plan": self.plan,
             "config": config_record(self.cfg),
             "versions": package_versions(),
-            "run_id": self.store.run_id,
+            "run_id": self._store().run_id,
         }
 
+    def _store(self) -> CheckpointStore:
+        """The store of --checkpoint_dir, for a save or an explicit restore, which need one."""
+        assert self.store is not None, "a run without --checkpoint_dir neither saves nor restores"
+        return self.store

@@ -26,17 +26,19 @@ import pickle
 import struct
 import sys
 import zipfile
-from concurrent.futures import Future as ConcurrentFuture, ThreadPoolExecutor
-from typing import Any, Iterator, NamedTuple
+from concurrent.futures import Future as ConcurrentFuture
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any, Iterator, NamedTuple, cast
 
-from fsspec.implementations.local import LocalFileSystem
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from fsspec.implementations.local import LocalFileSystem
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as FsspecFileSystem
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -91,7 +93,7 @@ class _MetadataUnpickler(pickle.Unpickler):
     ``.metadata`` planted in a shared --checkpoint_dir cannot run anything here.
     """
 
-    def __init__(self, file, url: str) -> None:
+    def __init__(self, file: IO[bytes], url: str) -> None:
         super().__init__(file)
         self.url = url
 
@@ -116,11 +118,10 @@ class CheckpointReader(FsspecReader):
         # No **kwargs: DCP then never falls back to per-rank metadata files, which we never write.
         path = self.fs.concat_path(self.path, ".metadata")
         with self.fs.create_stream(path, "rb") as f:
-            metadata = _MetadataUnpickler(f, str(path)).load()
+            # torch types the stream as io.IOBase; opened "rb", it is a binary file.
+            metadata = _MetadataUnpickler(cast(IO[bytes], f), str(path)).load()
         if not isinstance(metadata, dcp_metadata.Metadata):
-            raise CheckpointError(
-                f"{redact_urls(str(path))} holds a {type(metadata).__name__}, not DCP metadata"
-            )
+            raise CheckpointError(f"{redact_urls(str(path))} holds a {type(metadata).__name__}, not DCP metadata")
         if metadata.storage_meta is None:
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -128,8 +129,10 @@ class CheckpointReader(FsspecReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Loads every entry of ``plan`` with :func:`_load_item`, in file order."""
-        items = sorted(((req, self.storage_data[req.storage_index]) for req in plan.items),
-                       key=lambda item: (item[1].relative_path, item[1].offset))
+        items = sorted(
+            ((req, self.storage_data[req.storage_index]) for req in plan.items),
+            key=lambda item: (item[1].relative_path, item[1].offset),
+        )
         if any(info.transform_descriptors for _, info in items):
             return super().read_data(plan, planner)  # compressed/transformed: DCP's own path
         for stream, start, group in self._sources(items):
@@ -164,7 +167,7 @@ class _SavePlanner(DefaultSavePlanner):
         return dataclasses.replace(plan, items=items)
 
 
-class _ServerSideRenames(FileSystem):
+class _ServerSideRenames(FsspecFileSystem):
     """DCP's fsspec file system, renaming objects by a server-side copy and a delete.
 
     DCP writes ``.metadata`` under a temporary name and renames it. On an object store a rename
@@ -173,6 +176,7 @@ class _ServerSideRenames(FileSystem):
     """
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        assert self.fs is not None, "the writer opened its filesystem before writing"
         self.fs.copy(str(path), str(new_path))
         self.fs.rm(str(path))
 
@@ -183,10 +187,14 @@ class _CheckpointWriter(FsspecWriter):
 
     def __init__(self, path: str, sync_files: bool) -> None:
         super().__init__(path, sync_files=sync_files)
-        if not isinstance(self.fs.fs, LocalFileSystem):  # a local rename is atomic: kept
+        opened = self.fs
+        assert isinstance(opened, FsspecFileSystem), "FsspecWriter opens an fsspec filesystem"
+        if not isinstance(opened.fs, LocalFileSystem):  # a local rename is atomic: kept
             files = _ServerSideRenames()
-            files.fs = self.fs.fs
-            self.fs = files
+            files.fs = opened.fs
+            # torch types the attribute as its base class's local FileSystem, though FsspecWriter
+            # itself keeps an fsspec FileSystem there, as here.
+            self.fs = files  # type: ignore[assignment]
 
     def storage_meta(self) -> dcp_metadata.StorageMeta | None:
         meta = super().storage_meta()
@@ -231,12 +239,15 @@ class BatchedFsspecReader(CheckpointReader):
     def _sources(self, items: list) -> Iterator[tuple[Any, int, list]]:
         """The fetched batches; the next one is fetched while this one loads into the tensors."""
         batches = _batches(items)
+        if not batches:
+            return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-fetch") as fetcher:
-            pending = fetcher.submit(self._fetch, batches[0]) if batches else None
-            for following in [*batches[1:], None]:
+            pending = fetcher.submit(self._fetch, batches[0])
+            for following in batches[1:]:
                 fetched = pending.result()
-                pending = fetcher.submit(self._fetch, following) if following else None
+                pending = fetcher.submit(self._fetch, following)
                 yield from fetched
+            yield from pending.result()
 
     def _fetch(self, batch: list) -> list[tuple[io.BytesIO, int, list]]:
         """The entries of ``batch`` fetched, each run of adjacent ones (DCP writes a rank's
@@ -249,7 +260,10 @@ class BatchedFsspecReader(CheckpointReader):
                 spans[-1][3].append(item)
             else:
                 spans.append([info.relative_path, info.offset, info.offset + info.length, [item]])
-        blobs = self.fs.fs.cat_ranges(
+        # torch types self.fs as the local FileSystem of FsspecReader's base class; FsspecReader sets its fsspec one.
+        fs = self.fs
+        assert isinstance(fs, FsspecFileSystem) and fs.fs is not None, "FsspecReader opened the checkpoint's filesystem"
+        blobs = fs.fs.cat_ranges(
             [self.fs.concat_path(self.path, path) for path, *_ in spans],
             [start for _, start, _, _ in spans],
             [end for _, _, end, _ in spans],
@@ -274,6 +288,7 @@ def _batches(items: list) -> list[list]:
 
 
 # --- reading an entry ---------------------------------------------------------------------------
+
 
 class _EntryView(io.RawIOBase):
     """One entry of a shard file as a file of its own: the ``info.length`` bytes at
@@ -309,7 +324,7 @@ class _EntryView(io.RawIOBase):
 
     def fill(self, offset: int, tensor: torch.Tensor) -> torch.Tensor:
         """Reads the entry's bytes from ``offset`` into the contiguous CPU ``tensor``; returns it."""
-        with memoryview(tensor.view(-1).view(torch.uint8).numpy()) as buffer:
+        with tensor.view(-1).view(torch.uint8).numpy().data as buffer:
             self.seek(offset)
             filled = 0
             while filled < len(buffer):
@@ -354,16 +369,18 @@ def _read_tensor(entry: _EntryView, req: ReadItem, target: torch.Tensor) -> torc
     stored = _stored_tensor(entry)
     if stored is None:  # not a plain tensor: torch's own loader, as DCP reads it
         entry.seek(0)
-        return narrow_tensor_by_index(_load_plain_data(entry, req.storage_index.fqn),
-                                      req.storage_offsets, req.lengths)
+        return narrow_tensor_by_index(_load_plain_data(entry, req.storage_index.fqn), req.storage_offsets, req.lengths)
     piece = narrow_tensor_by_index(stored.layout, req.storage_offsets, req.lengths)
     if not piece.is_contiguous():  # strewn through the storage (a column slice): read it all
         storage = entry.fill(stored.start, torch.empty(stored.numel, dtype=piece.dtype))
         return storage.as_strided(piece.shape, piece.stride(), piece.storage_offset())
-    in_place = (target.device.type == "cpu" and target.is_contiguous()
-                and (target.dtype, target.shape) == (piece.dtype, piece.shape))
+    in_place = (
+        target.device.type == "cpu"
+        and target.is_contiguous()
+        and (target.dtype, target.shape) == (piece.dtype, piece.shape)
+    )
     into = target if in_place else torch.empty(piece.shape, dtype=piece.dtype)
-    return entry.fill(stored.start + piece.storage_offset() * piece.element_size(), into)
+    return entry.fill(stored.start + int(piece.storage_offset()) * piece.element_size(), into)
 
 
 class _StoredTensor(NamedTuple):
@@ -377,8 +394,18 @@ class _StoredTensor(NamedTuple):
 
 # What a damaged entry, or one that is not a plain tensor, raises while it is parsed: it then goes
 # to torch.load, which loads it or raises its own error, as with DCP's reader.
-_NOT_PLAIN = (zipfile.BadZipFile, pickle.UnpicklingError, struct.error, KeyError, IndexError,
-              EOFError, ValueError, TypeError, OverflowError, RuntimeError)
+_NOT_PLAIN = (
+    zipfile.BadZipFile,
+    pickle.UnpicklingError,
+    struct.error,
+    KeyError,
+    IndexError,
+    EOFError,
+    ValueError,
+    TypeError,
+    OverflowError,
+    RuntimeError,
+)
 
 
 def _stored_tensor(entry: _EntryView) -> _StoredTensor | None:
@@ -413,23 +440,35 @@ def _stored_tensor(entry: _EntryView) -> _StoredTensor | None:
     return _StoredTensor(tensor, start, numel) if tensor.numel() == 0 or last < numel else None
 
 
+# A zip record's local header (PKWARE's APPNOTE.TXT 4.3.7), as zipfile reads it under private names.
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
+_LOCAL_HEADER_SIGNATURE = b"PK\003\004"
+
+
 def _data_start(entry: _EntryView, record: zipfile.ZipInfo) -> int:
     """Where the bytes of the zip record ``record`` start: after its local header, whose name and
     extra field (which torch pads to align the bytes) have lengths of their own."""
     entry.seek(record.header_offset)
-    header = struct.unpack(zipfile.structFileHeader, entry.read(zipfile.sizeFileHeader))
-    if header[0] != zipfile.stringFileHeader:
+    header = _LOCAL_HEADER.unpack(entry.read(_LOCAL_HEADER.size))
+    if header[0] != _LOCAL_HEADER_SIGNATURE:
         raise zipfile.BadZipFile(f"no local header at {record.header_offset}")
-    return record.header_offset + zipfile.sizeFileHeader + header[-2] + header[-1]
+    return record.header_offset + _LOCAL_HEADER.size + header[-2] + header[-1]
 
 
 # The storage types torch.save names for the dtypes that have one. Newer dtypes (the float8s,
 # uint16...) are pickled through another rebuild function and load through torch.load.
 _STORAGE_DTYPES = {
-    "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
-    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
-    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
-    "BoolStorage": torch.bool, "ComplexFloatStorage": torch.complex64,
+    "DoubleStorage": torch.float64,
+    "FloatStorage": torch.float32,
+    "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool,
+    "ComplexFloatStorage": torch.complex64,
     "ComplexDoubleStorage": torch.complex128,
 }
 
@@ -451,8 +490,9 @@ class _Layout(NamedTuple):
     stride: tuple
 
 
-def _layout(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any,
-            metadata: Any = None) -> _Layout:
+def _layout(
+    storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, metadata: Any = None
+) -> _Layout:
     """Stands in for ``torch._utils._rebuild_tensor_v2``: what it would rebuild the tensor from."""
     if not isinstance(storage, _Storage) or hooks or metadata:
         raise _NotPlain("a tensor with hooks or metadata of its own")
@@ -475,8 +515,12 @@ class _TensorUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> _Storage:
         kind, dtype, key, _, numel = pid if isinstance(pid, tuple) and len(pid) == 5 else (None,) * 5
-        if kind != "storage" or not isinstance(dtype, torch.dtype) or not isinstance(key, str) \
-                or not isinstance(numel, int):
+        if (
+            kind != "storage"
+            or not isinstance(dtype, torch.dtype)
+            or not isinstance(key, str)
+            or not isinstance(numel, int)
+        ):
             raise _NotPlain(f"storage {pid!r}")
         return _Storage(dtype, key, numel)
 
@@ -506,16 +550,21 @@ class HostStager(BlockingAsyncStager):
         return _copy_state_dict(state_dict, self.state_dict_cache)
 
 
-def save_shards_async(state: dict[str, Any], url: str, local: bool, group: dist.ProcessGroup,
-                      stager: HostStager) -> ConcurrentFuture:
+def save_shards_async(
+    state: dict[str, Any], url: str, local: bool, group: dist.ProcessGroup, stager: HostStager
+) -> ConcurrentFuture:
     """Collective: copies this rank's shards of ``state`` to host memory with ``stager`` now,
     then writes them in a background thread that coordinates over ``group``. The future
     completes once rank 0 wrote ``.metadata``: every rank's shards are then complete. ``group``
     must be a gloo group that nothing else uses, since its collectives run in that thread while
     training uses the default group."""
     writer = _CheckpointWriter(url, sync_files=local)
-    return dcp.async_save(state, storage_writer=writer, planner=_SavePlanner(), process_group=group,
-                          async_stager=stager)
+    written = dcp.async_save(
+        state, storage_writer=writer, planner=_SavePlanner(), process_group=group, async_stager=stager
+    )
+    # DCP returns an AsyncSaveResponse only for a stager that stages in the background.
+    assert isinstance(written, ConcurrentFuture), "HostStager stages before async_save returns"
+    return written
 
 
 def load_shards(state: dict[str, Any], url: str, local: bool) -> None:

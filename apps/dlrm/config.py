@@ -57,9 +57,7 @@ MAX_MULTI_HOT_SIZE = 1024
 class TrainConfig:
     # --- model -------------------------------------------------------------------------------
     num_dense_features: int = option(13, "Number of dense (float) input features.")
-    num_sparse_features: int = option(
-        26, "Number of sparse (categorical) features; each has its own embedding table."
-    )
+    num_sparse_features: int = option(26, "Number of sparse (categorical) features; each has its own embedding table.")
     num_embeddings: int = option(
         20_000,
         "Rows of every embedding table, unless --num_embeddings_per_feature is given.",
@@ -70,12 +68,8 @@ class TrainConfig:
         "(e.g. the Criteo sizes). Empty: --num_embeddings for every table.",
     )
     embedding_dim: int = option(16, "Width of every embedding vector.")
-    dense_arch_layer_sizes: list[int] = option(
-        [64, 16], "Bottom MLP layer sizes; the last must equal --embedding_dim."
-    )
-    over_arch_layer_sizes: list[int] = option(
-        [64, 32, 1], "Top MLP layer sizes; the last must be 1 (the click logit)."
-    )
+    dense_arch_layer_sizes: list[int] = option([64, 16], "Bottom MLP layer sizes; the last must equal --embedding_dim.")
+    over_arch_layer_sizes: list[int] = option([64, 32, 1], "Top MLP layer sizes; the last must be 1 (the click logit).")
     interaction_type: str = option(
         "dot",
         "Feature interaction: dot (pairwise dot products, the original DLRM), dcn "
@@ -86,13 +80,11 @@ class TrainConfig:
     dcn_low_rank_dim: int = option(64, "Low-rank width of the DCN cross layers.")
     interaction_branch1_layer_sizes: list[int] = option(
         [128, 64],
-        "Projection interaction, branch 1 MLP sizes; the last must be a multiple of "
-        "--embedding_dim.",
+        "Projection interaction, branch 1 MLP sizes; the last must be a multiple of --embedding_dim.",
     )
     interaction_branch2_layer_sizes: list[int] = option(
         [128, 64],
-        "Projection interaction, branch 2 MLP sizes; the last must be a multiple of "
-        "--embedding_dim.",
+        "Projection interaction, branch 2 MLP sizes; the last must be a multiple of --embedding_dim.",
     )
     multi_hot_sizes: list[int] = option(
         [],
@@ -126,12 +118,9 @@ class TrainConfig:
         choices=DATASETS,
     )
     seed: int = option(
-        0, "Seed of the model initialisation, of the synthetic data and of the Criteo and Parquet "
-        "shuffling."
+        0, "Seed of the model initialisation, of the synthetic data and of the Criteo and Parquet shuffling."
     )
-    zipf_exponent: float = option(
-        1.1, "Synthetic data: exponent of the power law that ids are drawn from (> 0)."
-    )
+    zipf_exponent: float = option(1.1, "Synthetic data: exponent of the power law that ids are drawn from (> 0).")
     data_path: str = option(
         "",
         "Criteo: the folder (or fsspec URL, e.g. s3://bucket/criteo_npy) that "
@@ -150,9 +139,7 @@ class TrainConfig:
         "the system's temporary folder.",
     )
     table_size_preset: str = option("none", PRESET_HELP, choices=PRESET_CHOICES)
-    label_column: str = option(
-        "label", "Parquet: the click label's column (0/1, any integer, float or boolean type)."
-    )
+    label_column: str = option("label", "Parquet: the click label's column (0/1, any integer, float or boolean type).")
     dense_columns: list[str] = option(
         ["int_*"],
         "Parquet: the dense features' columns (integer, float or boolean), comma separated; a "
@@ -206,15 +193,9 @@ class TrainConfig:
     batch_size: int = option(512, "Training samples per rank per step.")
     steps: int = option(1500, "Training steps (batches per rank).")
     learning_rate: float = option(0.05, "Learning rate of the embedding tables.")
-    dense_learning_rate: float = option(
-        0.01, "Learning rate of the dense MLPs; 0 uses --learning_rate."
-    )
-    lr_warmup_steps: int = option(
-        0, "Steps over which the learning rates ramp up linearly from 0; 0: no warmup."
-    )
-    lr_decay_start: int = option(
-        0, "Step at which the learning rates start to decay (with --lr_decay_steps > 0)."
-    )
+    dense_learning_rate: float = option(0.01, "Learning rate of the dense MLPs; 0 uses --learning_rate.")
+    lr_warmup_steps: int = option(0, "Steps over which the learning rates ramp up linearly from 0; 0: no warmup.")
+    lr_decay_start: int = option(0, "Step at which the learning rates start to decay (with --lr_decay_steps > 0).")
     lr_decay_steps: int = option(
         0,
         "Steps of polynomial (power 2) decay of the learning rates, as in TorchRec's DLRM "
@@ -226,9 +207,7 @@ class TrainConfig:
         "Optimizer of the embedding tables, fused into the backward pass (adam: GPU only).",
         choices=EMBEDDING_OPTIMIZERS,
     )
-    dense_optimizer: str = option(
-        "adagrad", "Optimizer of the dense MLPs.", choices=DENSE_OPTIMIZERS
-    )
+    dense_optimizer: str = option("adagrad", "Optimizer of the dense MLPs.", choices=DENSE_OPTIMIZERS)
     pipeline: str = option(
         "sparse_dist",
         "Training loop, one of TorchRec's train pipelines: sparse_dist (TrainPipelineSparseDist: "
@@ -255,9 +234,7 @@ class TrainConfig:
         "Precision of the embedding gradient all-to-all in the backward pass (fp8: GPU only).",
         choices=COMM_PRECISIONS,
     )
-    allow_tf32: bool = option(
-        True, "On GPUs, let float32 matmuls use TF32 tensor cores (faster, ~1e-3 precision)."
-    )
+    allow_tf32: bool = option(True, "On GPUs, let float32 matmuls use TF32 tensor cores (faster, ~1e-3 precision).")
     dense_precision: str = option(
         "fp32",
         "Precision of the dense part's compute (bottom MLP, interaction, top MLP). bf16: under "
@@ -280,13 +257,9 @@ class TrainConfig:
         "cached in HBM (fused_uvm_caching).",
     )
     # --- evaluation and output ---------------------------------------------------------------
-    validate_every: int = option(
-        0, "Validate every N training steps; 0 validates only after training."
-    )
+    validate_every: int = option(0, "Validate every N training steps; 0 validates only after training.")
     val_batches: int = option(
-        40,
-        "Validation batches per rank; 0: none with synthetic data, the whole split with criteo and "
-        "parquet."
+        40, "Validation batches per rank; 0: none with synthetic data, the whole split with criteo and parquet."
     )
     test_batches: int = option(
         40,
@@ -333,8 +306,15 @@ class TrainConfig:
             "dcn_low_rank_dim",
         ):
             _require_positive(name, getattr(self, name))
-        for name in ("validate_every", "val_batches", "test_batches", "lr_warmup_steps",
-                     "lr_decay_start", "lr_decay_steps", "checkpoint_every"):
+        for name in (
+            "validate_every",
+            "val_batches",
+            "test_batches",
+            "lr_warmup_steps",
+            "lr_decay_start",
+            "lr_decay_steps",
+            "checkpoint_every",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be 0 or more")
         for name in ("learning_rate", "zipf_exponent"):
@@ -343,8 +323,7 @@ class TrainConfig:
             raise ConfigError(f"--hbm_gb {self.hbm_gb} must be 0 or more (0: the GPU's own memory)")
         if self.dense_learning_rate < 0:
             raise ConfigError(
-                f"--dense_learning_rate {self.dense_learning_rate} must be positive "
-                "(or 0 to use --learning_rate)"
+                f"--dense_learning_rate {self.dense_learning_rate} must be positive (or 0 to use --learning_rate)"
             )
         if self.lr_decay_steps and self.lr_decay_start < self.lr_warmup_steps:
             raise ConfigError(
@@ -359,9 +338,7 @@ class TrainConfig:
             check_int8_comms(self, [self.sharding_type])
 
     def _check_data(self) -> None:
-        self.num_embeddings_per_feature = preset_table_sizes(
-            self.table_size_preset, self.num_embeddings_per_feature
-        )
+        self.num_embeddings_per_feature = preset_table_sizes(self.table_size_preset, self.num_embeddings_per_feature)
         if self.data in DATA_PATH_HELP and not self.data_path:
             raise ConfigError(f"--data {self.data} needs --data_path: {DATA_PATH_HELP[self.data]}")
         if self.data == "criteo":
@@ -422,10 +399,7 @@ class TrainConfig:
             )
         for i, size in enumerate(sizes):
             if size <= 0:
-                raise ConfigError(
-                    f"--num_embeddings_per_feature entry {i} is {size}: every table needs at "
-                    "least 1 row"
-                )
+                raise ConfigError(f"--num_embeddings_per_feature entry {i} is {size}: every table needs at least 1 row")
             self._check_table_bytes(f"--num_embeddings_per_feature entry {i}", size)
 
     def _apply_preset(self) -> None:
@@ -482,9 +456,7 @@ class TrainConfig:
         ):
             sizes = getattr(self, name)
             if not sizes or any(size <= 0 for size in sizes):
-                raise ConfigError(
-                    f"--{name} {_fmt(sizes)!r} must be a non-empty list of positive sizes"
-                )
+                raise ConfigError(f"--{name} {_fmt(sizes)!r} must be a non-empty list of positive sizes")
         if self.dense_arch_layer_sizes[-1] != self.embedding_dim:
             raise ConfigError(
                 f"--dense_arch_layer_sizes {_fmt(self.dense_arch_layer_sizes)} must end in "
@@ -501,8 +473,7 @@ class TrainConfig:
                 last = getattr(self, name)[-1]
                 if last % self.embedding_dim:
                     raise ConfigError(
-                        f"--{name} must end in a multiple of --embedding_dim "
-                        f"({self.embedding_dim}), got {last}"
+                        f"--{name} must end in a multiple of --embedding_dim ({self.embedding_dim}), got {last}"
                     )
 
     @property

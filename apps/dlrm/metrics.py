@@ -26,18 +26,14 @@ class EvalMetrics:
         ).to(device)
         self._teacher = BinaryAUROC().to(device) if with_teacher else None
 
-    def update(
-        self, logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None = None
-    ) -> None:
+    def update(self, logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None = None) -> None:
         logits = logits.reshape(-1).float()
         labels = labels.reshape(-1)
         probs = torch.sigmoid(logits)
         targets = labels.long()
         self._metrics["auroc"].update(probs, targets)
         self._metrics["accuracy"].update(probs, targets)
-        self._metrics["log_loss"].update(
-            F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="none")
-        )
+        self._metrics["log_loss"].update(F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="none"))
         if self._teacher is not None and teacher is not None:
             self._teacher.update(teacher.reshape(-1).to(logits.device), targets)
 

@@ -1,6 +1,7 @@
 """The DLRM: TorchRec's ``DLRM`` family with one embedding table per sparse feature."""
 
 import functools
+from typing import Callable, ParamSpec
 
 import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
@@ -32,18 +33,14 @@ def table_configs(cfg: TrainConfig) -> list[EmbeddingBagConfig]:
     ]
 
 
-def build_model(
-    cfg: TrainConfig, dense_device: torch.device, table_device: torch.device | None = None
-) -> DLRMTrain:
+def build_model(cfg: TrainConfig, dense_device: torch.device, table_device: torch.device | None = None) -> DLRMTrain:
     """The training module (model + BCE loss).
 
     Tables are built on the meta device by default so that no rank ever allocates a whole
     table: ``DistributedModelParallel`` materialises only each rank's shards. The dense part is
     built on ``dense_device`` with the current RNG state (seed it for identical ranks).
     """
-    tables = EmbeddingBagCollection(
-        tables=table_configs(cfg), device=table_device or torch.device("meta")
-    )
+    tables = EmbeddingBagCollection(tables=table_configs(cfg), device=table_device or torch.device("meta"))
     common = dict(
         embedding_bag_collection=tables,
         dense_in_features=cfg.num_dense_features,
@@ -87,9 +84,12 @@ def speed_up_dense(cfg: TrainConfig, model: DLRMTrain, device: torch.device) -> 
             part.compile(mode=cfg.compile_dense)
 
 
-def _in_bf16(forward, device_type: str):
+P = ParamSpec("P")
+
+
+def _in_bf16(forward: Callable[P, torch.Tensor], device_type: str) -> Callable[P, torch.Tensor]:
     @functools.wraps(forward)
-    def bf16_forward(*args, **kwargs):
+    def bf16_forward(*args: P.args, **kwargs: P.kwargs) -> torch.Tensor:
         with torch.autocast(device_type, dtype=torch.bfloat16):
             return forward(*args, **kwargs).float()
 

@@ -55,7 +55,9 @@ def dense_optimizer(cfg: TrainConfig, model: nn.Module) -> CombinedOptimizer:
     groups = {
         "dense": ({n: p for n, p in params.items() if TABLES not in n}, cfg.dense_optimizer, cfg.dense_lr),
         "data_parallel_tables": (
-            {n: p for n, p in params.items() if TABLES in n}, cfg.embedding_optimizer, cfg.learning_rate,
+            {n: p for n, p in params.items() if TABLES in n},
+            cfg.embedding_optimizer,
+            cfg.learning_rate,
         ),
     }
     optimizers = []

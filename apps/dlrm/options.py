@@ -47,9 +47,7 @@ def check_choices(config: Any) -> None:
         choices = field.metadata.get("choices")
         value = getattr(config, field.name)
         if choices and value not in choices:
-            raise ConfigError(
-                f"--{field.name} {value!r} is not supported: use one of {', '.join(choices)}"
-            )
+            raise ConfigError(f"--{field.name} {value!r} is not supported: use one of {', '.join(choices)}")
 
 
 TRUE_TEXTS = ("true", "yes", "on", "1")
@@ -64,8 +62,7 @@ def parse_bool(text: str) -> bool:
     if lowered in FALSE_TEXTS:
         return False
     raise argparse.ArgumentTypeError(
-        f"expected true or false ({'/'.join(TRUE_TEXTS[1:])} or {'/'.join(FALSE_TEXTS[1:])} also "
-        f"work), got {text!r}"
+        f"expected true or false ({'/'.join(TRUE_TEXTS[1:])} or {'/'.join(FALSE_TEXTS[1:])} also work), got {text!r}"
     )
 
 

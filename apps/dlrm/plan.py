@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
+from torch import nn
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
 # TorchRec's own per-rank memory accounting, the figures its planner stats table prints (torchrec
 # 1.8.0; tests/test_plan.py exercises them).
 from torchrec.distributed.planner.stats import (
@@ -42,10 +45,7 @@ from apps.dlrm.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 #: fit would need on each rank.
 UNLIMITED = 2**60
 
-ADVICE = (
-    "use more ranks (-j), nodes with more memory (-h, --hbm_gb, --memMB), smaller tables or a "
-    "smaller --batch_size"
-)
+ADVICE = "use more ranks (-j), nodes with more memory (-h, --hbm_gb, --memMB), smaller tables or a smaller --batch_size"
 
 
 class _PlannerReport(Stats):
@@ -55,8 +55,19 @@ class _PlannerReport(Stats):
     topology: Topology
     storage_reservation: StorageReservation
 
-    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals,
-            num_plans, run_time, best_plan, *args, **kwargs) -> None:
+    def log(
+        self,
+        sharding_plan: ShardingPlan,
+        topology: Topology,
+        batch_size: int,
+        storage_reservation: StorageReservation,
+        num_proposals: int,
+        num_plans: int,
+        run_time: float,
+        best_plan: list[ShardingOption],
+        *args: object,
+        **kwargs: object,
+    ) -> None:
         self.best_plan, self.topology = best_plan, topology
         self.storage_reservation = storage_reservation
 
@@ -115,31 +126,35 @@ class Preview:
         tables = [["table", "rows", "dim", "sharding", "kernel", "ranks", *kinds]]
         for option in self.tables:
             ranks = sorted({shard.rank for shard in option.shards})
-            tables.append([
-                option.name,
-                f"{option.tensor.shape[0]:,}",
-                str(option.tensor.shape[1]),
-                option.sharding_type,
-                option.compute_kernel,
-                ",".join(_collapse_consecutive_ranks(ranks)),
-                *(_gib(sum(getattr(shard.storage, kind) for shard in option.shards)) for kind in kinds.values()),
-            ])
+            tables.append(
+                [
+                    option.name,
+                    f"{option.tensor.shape[0]:,}",
+                    str(option.tensor.shape[1]),
+                    option.sharding_type,
+                    option.compute_kernel,
+                    ",".join(_collapse_consecutive_ranks(ranks)),
+                    *(_gib(sum(getattr(shard.storage, kind) for shard in option.shards)) for kind in kinds.values()),
+                ]
+            )
         ranks = [["rank", *kinds]] + [
             [str(rank), *(_gib(per_rank[kind][rank]) for kind in kinds.values())]
             for rank in range(self.cluster.world_size)
         ]
-        return "\n".join([
-            header,
-            f"per rank: {capacity}",
-            "",
-            *_columns(tables),
-            "",
-            *_columns(ranks),
-            "(a rank's memory: its table shards with their optimizer state, plus TorchRec's "
-            "estimates for the dense part and the input features)",
-            "",
-            self.verdict(),
-        ])
+        return "\n".join(
+            [
+                header,
+                f"per rank: {capacity}",
+                "",
+                *_columns(tables),
+                "",
+                *_columns(ranks),
+                "(a rank's memory: its table shards with their optimizer state, plus TorchRec's "
+                "estimates for the dense part and the input features)",
+                "",
+                self.verdict(),
+            ]
+        )
 
 
 def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
@@ -199,7 +214,13 @@ def _topology(cluster: Cluster, unlimited: bool = False) -> Topology:
     return make_topology(cluster.world_size, cluster.nproc_per_node, cluster.device, hbm, ddr)
 
 
-def _offline_plan(cfg, model, sharder, topology: Topology, report: _PlannerReport) -> ShardingPlan:
+def _offline_plan(
+    cfg: TrainConfig,
+    model: nn.Module,
+    sharder: EmbeddingBagCollectionSharder,
+    topology: Topology,
+    report: _PlannerReport,
+) -> ShardingPlan:
     """TorchRec's planner without a process group: ``plan`` where the app calls ``collective_plan``."""
     with _quiet_planner():
         return make_planner(cfg, model, topology, stats=[report]).plan(model, [sharder])
@@ -245,8 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         "whether it fits. Exits 1 if it does not.",
     )
     parser.epilog = (
-        "--hbm_gb 0 plans with the HBM of the GPU of the -h instance type, known for: "
-        + ", ".join(GPU_HBM_GIB) + "."
+        "--hbm_gb 0 plans with the HBM of the GPU of the -h instance type, known for: " + ", ".join(GPU_HBM_GIB) + "."
     )
     add_options(parser, TrainConfig)
     args = vars(parser.parse_args(argv))

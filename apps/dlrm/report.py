@@ -123,12 +123,12 @@ class Reporter:
     def log(self, message: str, *args: Any) -> None:
         if not self.enabled:
             return
-        redraw = self._interactive and self._bar is not None
-        if redraw:
-            self._bar.clear()
+        redrawn = self._bar if self._interactive else None  # the bar, cleared around the line
+        if redrawn is not None:
+            redrawn.clear()
         logger.info(message, *args)
-        if redraw:
-            self._bar.refresh()
+        if redrawn is not None:
+            redrawn.refresh()
 
     def write_summary(self, summary: dict[str, Any]) -> str | None:
         """Writes summary.json atomically (a reader never sees half a file).

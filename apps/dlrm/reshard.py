@@ -36,7 +36,7 @@ mean of the saved block it lies in: its own mean was never saved). A data-parall
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NoReturn, Sequence
 
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
@@ -125,8 +125,11 @@ class ColumnMap:
 def column_map(saved: Blocks, current: Blocks) -> ColumnMap:
     """Where the row-wise state of each of the ``current`` column blocks comes from."""
     sources = tuple(
-        tuple((i, shared) for i, (first, width) in enumerate(saved)
-              if (shared := min(start + size, first + width) - max(start, first)) > 0)
+        tuple(
+            (i, shared)
+            for i, (first, width) in enumerate(saved)
+            if (shared := min(start + size, first + width) - max(start, first)) > 0
+        )
         for start, size in current
     )
     return ColumnMap(sources, all(shared == saved[i][1] for block in sources for i, shared in block))
@@ -141,8 +144,9 @@ class SavedPieces(torch.Tensor):
     pieces: dict[tuple[int, ...], torch.Tensor]
 
     @staticmethod
-    def __new__(cls, size: torch.Size, dtype: torch.dtype,
-                pieces: dict[tuple[int, ...], torch.Tensor]) -> "SavedPieces":
+    def __new__(
+        cls, size: torch.Size, dtype: torch.dtype, pieces: dict[tuple[int, ...], torch.Tensor]
+    ) -> "SavedPieces":
         self = torch.Tensor._make_wrapper_subclass(cls, size, dtype=dtype)
         self.pieces = pieces
         return self
@@ -151,10 +155,19 @@ class SavedPieces(torch.Tensor):
         return [ChunkStorageMetadata(offsets=torch.Size(o), sizes=t.shape) for o, t in self.pieces.items()]
 
     def __get_tensor_shard__(self, index: MetadataIndex) -> torch.Tensor:
+        assert index.offset is not None, f"DCP addresses the pieces of {index.fqn} by their offsets"
         return self.pieces[tuple(index.offset)]
 
+    # torch types Tensor.__torch_dispatch__ as the plain function it disables dispatch with, not as
+    # the classmethod its subclasses define (torch's documented form, this one).
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(  # type: ignore[override]
+        cls,
+        func: torch._ops.OpOverload,
+        types: tuple[type, ...],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> NoReturn:
         raise TypeError(f"{cls.__name__} is only a checkpoint load destination; {func} is not supported")
 
 
@@ -174,12 +187,20 @@ class _RowwiseConversion:
 
     def apply(self) -> None:
         for target, sources in self.targets:
-            mean = sum(weight * buffer.view(-1).double() for buffer, weight in sources)
+            zero = torch.zeros((), dtype=torch.float64)  # sum's start: a tensor rather than the int 0
+            mean = sum((weight * buffer.view(-1).double() for buffer, weight in sources), zero)
             target.copy_(mean)
 
 
-def _rowwise(table: str, saved_key: str, saved: TensorStorageMetadata, saved_columns: Blocks,
-             state: torch.Tensor, columns: Blocks, rows: int) -> tuple[SavedPieces, _RowwiseConversion, bool]:
+def _rowwise(
+    table: str,
+    saved_key: str,
+    saved: TensorStorageMetadata,
+    saved_columns: Blocks,
+    state: torch.Tensor,
+    columns: Blocks,
+    rows: int,
+) -> tuple[SavedPieces, _RowwiseConversion, bool]:
     """The pieces of the saved row-wise state ``saved`` that this rank's pieces of ``state`` need,
     their conversion, and whether it is exact."""
     tail = tuple(saved.size[1:])  # () for FBGEMM's blocks, (1,) for RowWiseAdagrad's (rows, 1)
@@ -217,9 +238,15 @@ class Resharding:
     it is exactly the saved state (else the estimate described above).
     """
 
-    def __init__(self, optimizer_state: dict[str, Any], saved_optimizer: dict[str, Any],
-                 model_state: dict[str, Any], saved_model: dict[str, Any], embedding_optimizer: str,
-                 step: int) -> None:
+    def __init__(
+        self,
+        optimizer_state: dict[str, Any],
+        saved_optimizer: dict[str, Any],
+        model_state: dict[str, Any],
+        saved_model: dict[str, Any],
+        embedding_optimizer: str,
+        step: int,
+    ) -> None:
         self.saved, self.saved_model, self.model_state = saved_optimizer, saved_model, model_state
         self.names, self.step = DATA_PARALLEL_NAMES[embedding_optimizer], step
         self.saved_tables = _table_states(saved_optimizer)
@@ -265,6 +292,7 @@ class Resharding:
         table's step where the checkpoint's table was fused."""
         saved = self.saved_tables.get(state.table, {})
         was_fused = next(iter(saved.values()))[1] if saved else state.fused
+        name: str | None
         if was_fused == state.fused:
             name = state.name
         elif state.fused:  # data-parallel then, fused now
@@ -273,7 +301,7 @@ class Resharding:
             name = {dp: fused for fused, dp in self.names.items()}.get(state.name)
             if name is None and state.name == STEP:
                 return None
-        if name not in saved:
+        if name is None or name not in saved:
             raise CheckpointError(
                 f"the checkpoint holds no {name or state.name} optimizer state for table {state.table} "
                 f"(it has {', '.join(sorted(saved)) or 'none'}): it was not written by this model's "
@@ -292,7 +320,7 @@ class Resharding:
 def below(metadata: Metadata, entry: str) -> dict[str, Any]:
     """The storage metadata of the checkpoint's keys below ``entry``, by their key there."""
     prefix = f"{entry}."
-    return {key[len(prefix):]: md for key, md in metadata.state_dict_metadata.items() if key.startswith(prefix)}
+    return {key[len(prefix) :]: md for key, md in metadata.state_dict_metadata.items() if key.startswith(prefix)}
 
 
 def _table_states(saved_optimizer: dict[str, Any]) -> dict[str, dict[str, tuple[str, bool]]]:

@@ -76,9 +76,7 @@ def make_sharder(cfg: TrainConfig) -> EmbeddingBagCollectionSharder:
     backward = _COMM_TYPES[cfg.qcomm_backward_precision]
     registry = None
     if (forward, backward) != (CommType.FP32, CommType.FP32):
-        registry = get_qcomm_codecs_registry(
-            QCommsConfig(forward_precision=forward, backward_precision=backward)
-        )
+        registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=forward, backward_precision=backward))
     return EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
 
 
@@ -138,9 +136,7 @@ def storage_reservation(model: nn.Module) -> HeuristicalStorageReservation:
     with warnings.catch_warnings():
         # Its constructor warns on every use that the policy is "over-tuned"; TorchRec's planner
         # uses it by default all the same, and this project's plans are made with it.
-        warnings.filterwarnings(
-            "ignore", message="HeuristicalStorageReservation is known", category=FutureWarning
-        )
+        warnings.filterwarnings("ignore", message="HeuristicalStorageReservation is known", category=FutureWarning)
         return HeuristicalStorageReservation(
             percentage=RESERVE_PERCENTAGE,
             parameter_multiplier=DENSE_MULTIPLIER,
@@ -171,7 +167,7 @@ def table_constraints(cfg: TrainConfig) -> dict[str, ParameterConstraints] | Non
     size, comms and compute scale with (TorchRec assumes one otherwise)."""
     constraints = {}
     for i in range(cfg.num_sparse_features):
-        kwargs = {}
+        kwargs: dict[str, list[str] | list[float]] = {}
         if cfg.sharding_type != "auto":
             kwargs["sharding_types"] = [cfg.sharding_type]
         if cfg.multi_hot_sizes:
@@ -217,10 +213,7 @@ def _rank_plan(
     if cfg.sharding_type == "row_wise":
         per_table = {f"t_cat_{i}": row_wise() for i in range(cfg.num_sparse_features)}
     else:  # table_row_wise: each table row-wise inside one node, tables spread over nodes
-        per_table = {
-            f"t_cat_{i}": table_row_wise(host_index=i % env.num_nodes)
-            for i in range(cfg.num_sparse_features)
-        }
+        per_table = {f"t_cat_{i}": table_row_wise(host_index=i % env.num_nodes) for i in range(cfg.num_sparse_features)}
     module_plan = construct_module_sharding_plan(
         tables,
         per_table,
@@ -239,9 +232,7 @@ def shard_model(
     env: DistEnv,
 ) -> DistributedModelParallel:
     """Wraps the model in DMP: tables sharded by ``plan``, dense part replicated with DDP."""
-    return DistributedModelParallel(
-        module=model, device=env.device, plan=plan, sharders=[sharder]
-    )
+    return DistributedModelParallel(module=model, device=env.device, plan=plan, sharders=[sharder])
 
 
 def plan_tables(plan: ShardingPlan) -> dict[str, dict]:

@@ -94,8 +94,11 @@ def multi_node_args(args: list[str], env: dict[str, str]) -> tuple[list[str], di
     variables = {name: this.interface for name in _IFNAME_VARIABLES if not env.get(name)}
     logger.info(
         "host %s: rendezvous at %s%s; this host is %s on %s",
-        socket.gethostname(), endpoint, " (hosted here)" if this.hosts_endpoint else "",
-        this.address, this.interface,
+        socket.gethostname(),
+        endpoint,
+        " (hosted here)" if this.hosts_endpoint else "",
+        this.address,
+        this.interface,
     )
     return args, variables
 
@@ -117,8 +120,10 @@ def main(argv: list[str] | None = None) -> None:
         # The trainer printed its error (and @record gave TorchX its traceback): one line here,
         # not torchrun's traceback and failure table under it.
         rank, failure = e.get_first_failure()
-        sys.exit(f"apps.dlrm.torchrun: {e.name} failed on {socket.gethostname()}: rank {rank} exited "
-                 f"with {failure.exitcode}; its error is above")
+        sys.exit(
+            f"apps.dlrm.torchrun: {e.name} failed on {socket.gethostname()}: rank {rank} exited "
+            f"with {failure.exitcode}; its error is above"
+        )
 
 
 if __name__ == "__main__":

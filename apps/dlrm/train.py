@@ -9,7 +9,7 @@ import contextlib
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import torch
 import torch.distributed as dist
@@ -49,7 +49,6 @@ PIPELINE_CLASSES = {
 }
 
 
-
 def pipeline_class(cfg: TrainConfig) -> type[TrainPipeline]:
     """TorchRec's pipeline class that --pipeline names, if this TorchRec has it."""
     name = PIPELINE_CLASSES[cfg.pipeline]
@@ -62,7 +61,12 @@ def pipeline_class(cfg: TrainConfig) -> type[TrainPipeline]:
     return cls
 
 
-def evaluate(model: nn.Module, batches: Iterator[Batch], env: DistEnv, teacher=None) -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    batches: Generator[Batch, None, None],
+    env: DistEnv,
+    teacher: Callable[[Batch], torch.Tensor] | None = None,
+) -> dict[str, float]:
     """Metrics of ``model`` over this rank's ``batches``, gathered over all ranks."""
     metrics = EvalMetrics(env.device, with_teacher=teacher is not None)
     was_training = model.training
@@ -77,7 +81,7 @@ def evaluate(model: nn.Module, batches: Iterator[Batch], env: DistEnv, teacher=N
 
 
 @contextlib.contextmanager
-def pipeline_paused(pipeline):
+def pipeline_paused(pipeline: TrainPipeline) -> Iterator[nn.Module]:
     """Gives back the plain model while the pipeline's in-flight batches wait."""
     if isinstance(pipeline, TrainPipelineSparseDist):
         yield pipeline.detach()
@@ -114,9 +118,7 @@ def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
     sharded = shard_model(model, plan, sharder, env)
     optimizer = training_optimizer(cfg, sharded)
     pipeline = pipeline_cls(sharded, optimizer, env.device)
-    return Training(
-        sharded, optimizer, LRSchedule(cfg, optimizer), pipeline, plan, data
-    )
+    return Training(sharded, optimizer, LRSchedule(cfg, optimizer), pipeline, plan, data)
 
 
 def evaluate_split(run: Training, split: str, num_batches: int, env: DistEnv) -> dict[str, float]:
@@ -161,12 +163,13 @@ def fit(
             if log_due:
                 state.train_loss = all_reduce_mean(window_losses[-1], env)
                 window_loss = all_reduce_mean(sum(window_losses) / len(window_losses), env)
-                reporter.scalars(
-                    "train", {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}, step
-                )
+                reporter.scalars("train", {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}, step)
                 reporter.log(
                     "step %d/%d  loss %.4f  %.0f samples/s",
-                    step, cfg.steps, window_loss, window_meter.samples_per_sec,
+                    step,
+                    cfg.steps,
+                    window_loss,
+                    window_meter.samples_per_sec,
                 )
                 window, window_meter = [], Throughput()
                 reporter.step(loss=window_loss)
@@ -178,8 +181,9 @@ def fit(
                 reporter.log("step %d validation: %s", step, _fmt_metrics(val))
             if checkpoint_due:
                 url = checkpointer.save(state)
-                reporter.log("step %d: checkpoint taken for %s (training stopped %.2f s)", step, url,
-                             checkpointer.stalls[-1])
+                reporter.log(
+                    "step %d: checkpoint taken for %s (training stopped %.2f s)", step, url, checkpointer.stalls[-1]
+                )
             stopwatch.lap()  # validation and checkpoint time is not training time
     reporter.close_progress()
     return throughput
@@ -197,8 +201,9 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         checkpointer.close()  # the last save, still being written, commits before the job ends
 
 
-def _train(cfg: TrainConfig, env: DistEnv, run: Training, checkpointer: Checkpointer,
-           reporter: Reporter) -> dict[str, Any]:
+def _train(
+    cfg: TrainConfig, env: DistEnv, run: Training, checkpointer: Checkpointer, reporter: Reporter
+) -> dict[str, Any]:
     reporter.log("sharding plan (%s):\n%s", cfg.sharding_type, describe_plan(run.plan))
     state = TrainState(env.rank)
     resumed = checkpointer.restore(state)
@@ -206,7 +211,12 @@ def _train(cfg: TrainConfig, env: DistEnv, run: Training, checkpointer: Checkpoi
         reporter.log("resumed from %s (step %d)", resumed.url, state.step)
     reporter.log(
         "training steps %d..%d of %d samples x %d ranks on %s (%s)",
-        state.step + 1, cfg.steps, cfg.batch_size, env.world_size, env.device.type, env.backend,
+        state.step + 1,
+        cfg.steps,
+        cfg.batch_size,
+        env.world_size,
+        env.device.type,
+        env.backend,
     )
     throughput = fit(cfg, env, run, state, checkpointer, reporter)
 

@@ -58,11 +58,16 @@ class JobKind(abc.ABC):
     def api_version(self) -> str:
         return f"{self.group}/{self.version}"
 
-    def job_object(self, name: str, cfg: KubeflowOpts, template_labels: dict[str, str],
-                   spec: dict[str, Any]) -> dict[str, Any]:
+    def job_object(
+        self, name: str, cfg: KubeflowOpts, template_labels: dict[str, str], spec: dict[str, Any]
+    ) -> dict[str, Any]:
         """The job object of this kind named ``name``, with ``spec`` (the API's JSON)."""
-        return {"apiVersion": self.api_version, "kind": self.kind,
-                "metadata": job_metadata(name, cfg, template_labels), "spec": spec}
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "metadata": job_metadata(name, cfg, template_labels),
+            "spec": spec,
+        }
 
     def unique_name(self, app: AppDef, role: Role) -> str:
         """The app's name made unique, an RFC 1035 label that leaves room for the longest pod name."""

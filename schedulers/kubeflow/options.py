@@ -57,8 +57,12 @@ class KubeflowOpts(StructuredOpts):
 def check_opts(cfg: KubeflowOpts) -> None:
     """Refuses, naming the value and the fix, what the API server or Kueue would refuse or ignore."""
     if cfg.api not in (API_PYTORCHJOB, API_TRAINER):
-        _refuse(cfg, "api", f"api={cfg.api!r} is not a Kubeflow job API: use api={API_PYTORCHJOB} (PyTorchJob) or "
-                f"api={API_TRAINER} (TrainJob)")
+        _refuse(
+            cfg,
+            "api",
+            f"api={cfg.api!r} is not a Kubeflow job API: use api={API_PYTORCHJOB} (PyTorchJob) or "
+            f"api={API_TRAINER} (TrainJob)",
+        )
     for key in ("namespace", "queue", "workload_priority_class"):
         value = getattr(cfg, key)
         if value is not None and not _DNS_LABEL.fullmatch(value):
@@ -69,17 +73,32 @@ def check_opts(cfg: KubeflowOpts) -> None:
             _refuse(cfg, key, f"{key}={value!r} is not a Kubernetes name: use {_SUBDOMAIN_HINT}")
     for secret in cfg.image_pull_secrets or []:
         if not _DNS_SUBDOMAIN.fullmatch(secret):
-            _refuse(cfg, "image_pull_secrets", f"image_pull_secrets: {secret!r} is not a Secret's name: use "
-                    f"{_SUBDOMAIN_HINT}, several separated by ';'")
+            _refuse(
+                cfg,
+                "image_pull_secrets",
+                f"image_pull_secrets: {secret!r} is not a Secret's name: use "
+                f"{_SUBDOMAIN_HINT}, several separated by ';'",
+            )
     if cfg.workload_priority_class and not cfg.queue:
-        _refuse(cfg, "workload_priority_class", f"workload_priority_class={cfg.workload_priority_class} is read by "
-                "Kueue only: give the job a queue too (queue=LOCAL_QUEUE), or use priority_class=")
+        _refuse(
+            cfg,
+            "workload_priority_class",
+            f"workload_priority_class={cfg.workload_priority_class} is read by "
+            "Kueue only: give the job a queue too (queue=LOCAL_QUEUE), or use priority_class=",
+        )
     if cfg.api == API_PYTORCHJOB and cfg.runtime is not None:
-        _refuse(cfg, "runtime", f"runtime={cfg.runtime} applies to a TrainJob only: add api={API_TRAINER} or "
-                "leave runtime out")
+        _refuse(
+            cfg,
+            "runtime",
+            f"runtime={cfg.runtime} applies to a TrainJob only: add api={API_TRAINER} or leave runtime out",
+        )
     if cfg.api == API_TRAINER and cfg.priority_class is not None:
-        _refuse(cfg, "priority_class", f"priority_class={cfg.priority_class}: a TrainJob cannot set its pods' "
-                "PriorityClass (its runtime does): use workload_priority_class= with a queue, or api=pytorchjob")
+        _refuse(
+            cfg,
+            "priority_class",
+            f"priority_class={cfg.priority_class}: a TrainJob cannot set its pods' "
+            "PriorityClass (its runtime does): use workload_priority_class= with a queue, or api=pytorchjob",
+        )
 
 
 def _refuse(cfg: KubeflowOpts, key: str, reason: str) -> None:

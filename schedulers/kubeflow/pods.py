@@ -45,8 +45,9 @@ CONFIGMAP = "configmap:"
 SECRET = "secret:"
 
 
-def pod_template(app: AppDef, role: Role, job_name: str, container: str, restart_policy: str | None,
-                 cfg: KubeflowOpts) -> dict[str, Any]:
+def pod_template(
+    app: AppDef, role: Role, job_name: str, container: str, restart_policy: str | None, cfg: KubeflowOpts
+) -> dict[str, Any]:
     """The pod template (as the API's JSON) that each replica of ``role`` (macros applied) runs;
     ``restart_policy`` None leaves it to the runtime."""
     file_mounts = [m for m in role.mounts if isinstance(m, VolumeMount) and m.src.startswith((CONFIGMAP, SECRET))]
@@ -60,9 +61,7 @@ def pod_template(app: AppDef, role: Role, job_name: str, container: str, restart
     for i, mount in enumerate(file_mounts, start=len(other_mounts)):
         name = f"mount-{i}"  # role_to_pod's naming, continued
         pod.spec.volumes.append(_file_volume(name, mount.src))
-        trainer.volume_mounts.append(
-            V1VolumeMount(name=name, mount_path=mount.dst_path, read_only=mount.read_only)
-        )
+        trainer.volume_mounts.append(V1VolumeMount(name=name, mount_path=mount.dst_path, read_only=mount.read_only))
     role_index = [r.name for r in app.roles].index(role.name)
     labels = pod_labels(app=app, role_idx=role_index, role=role, replica_id=0, app_id=job_name)
     del labels[LABEL_REPLICA_ID]

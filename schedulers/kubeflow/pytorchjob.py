@@ -92,13 +92,15 @@ class PyTorchJobKind(JobKind):
     def manifest(self, app: AppDef, role: Role, name: str, app_id: str, cfg: KubeflowOpts) -> dict[str, Any]:
         elastic = is_elastic(role)
         if elastic:
-            role = macros.Values(img_root="", app_id=app_id, replica_id=f"${ENV_REPLICA_ID}",
-                                 rank0_env=ENV_RANK0_HOST).apply(role)
+            role = macros.Values(
+                img_root="", app_id=app_id, replica_id=f"${ENV_REPLICA_ID}", rank0_env=ENV_RANK0_HOST
+            ).apply(role)
             role.env[ENV_RANK0_HOST] = f"{name}-worker-0"
             role.env[ENV_REPLICA_ID] = f"{PLACEHOLDER_FIELD_PATH}metadata.labels['{REPLICA_INDEX_LABEL}']"
         else:
-            role = macros.Values(img_root="", app_id=app_id, replica_id="$PET_NODE_RANK",
-                                 rank0_env="MASTER_ADDR").apply(role)
+            role = macros.Values(
+                img_root="", app_id=app_id, replica_id="$PET_NODE_RANK", rank0_env="MASTER_ADDR"
+            ).apply(role)
         role.port_map = {(PORT_NAME if port == TORCHRUN_PORT else port): n for port, n in role.port_map.items()}
         restart_policy = "OnFailure" if role.max_retries else "Never"
         template = pod_template(app, role, name, self.container, restart_policy, cfg)

@@ -18,6 +18,7 @@ which owns ``suspend`` and resumes the job once it is admitted again.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import logging
@@ -25,7 +26,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, cast
 
 import yaml
 from kubernetes import client, config, watch
@@ -48,6 +49,7 @@ from torchx.specs import (
     RoleStatus,
     runopts,
 )
+from urllib3 import HTTPResponse
 from urllib3.exceptions import HTTPError
 
 from schedulers.kubeflow.kinds import JobKind, single_role
@@ -180,10 +182,14 @@ class KubeflowScheduler(Scheduler[KubeflowOpts]):
         for replica_id in range(role.num_replicas):
             pod = pods.get(replica_id, [{}])[-1]
             phase = pod.get("status", {}).get("phase")
-            replicas.append(ReplicaStatus(
-                id=replica_id, role=role.name, state=POD_PHASE_STATES.get(phase, state),
-                hostname=pod.get("spec", {}).get("nodeName", ""),
-            ))
+            replicas.append(
+                ReplicaStatus(
+                    id=replica_id,
+                    role=role.name,
+                    state=POD_PHASE_STATES.get(phase, state),
+                    hostname=pod.get("spec", {}).get("nodeName", ""),
+                )
+            )
         return DescribeAppResponse(
             app_id=app_id,
             state=state,
@@ -201,18 +207,24 @@ class KubeflowScheduler(Scheduler[KubeflowOpts]):
         for kind in KINDS:
             for job in self._list(kind, namespace):
                 metadata = job["metadata"]
-                apps.append(ListAppResponse(
-                    app_id=JobRef(namespace, kind, metadata["name"]).app_id,
-                    state=_job_state(kind, job)[0],
-                    name=metadata.get("labels", {}).get(LABEL_APP_NAME, metadata["name"]),
-                ))
+                apps.append(
+                    ListAppResponse(
+                        app_id=JobRef(namespace, kind, metadata["name"]).app_id,
+                        state=_job_state(kind, job)[0],
+                        name=metadata.get("labels", {}).get(LABEL_APP_NAME, metadata["name"]),
+                    )
+                )
         return apps
 
     def _cancel_existing(self, app_id: str) -> None:
         ref = JobRef.parse(app_id)
         with _api_errors(f"deleting {ref}", ref.kind):
             self._objects.delete_namespaced_custom_object(
-                ref.kind.group, ref.kind.version, ref.namespace, ref.kind.plural, ref.name,
+                ref.kind.group,
+                ref.kind.version,
+                ref.namespace,
+                ref.kind.plural,
+                ref.name,
                 propagation_policy="Foreground",
             )
 
@@ -246,10 +258,14 @@ class KubeflowScheduler(Scheduler[KubeflowOpts]):
             )
         tries = self._replica_pods(ref, job).get(k)
         if not tries:
-            raise ValueError(f"replica {k} of {ref} has no pod yet (the job is {_job_state(ref.kind, job)[0]}): "
-                             "try again once it runs")
+            raise ValueError(
+                f"replica {k} of {ref} has no pod yet (the job is {_job_state(ref.kind, job)[0]}): "
+                "try again once it runs"
+            )
         query: dict[str, Any] = {
-            "name": tries[-1]["metadata"]["name"], "namespace": ref.namespace, "container": ref.kind.container,
+            "name": tries[-1]["metadata"]["name"],
+            "namespace": ref.namespace,
+            "container": ref.kind.container,
         }
         if since is not None:
             query["since_seconds"] = max(int((datetime.now(timezone.utc) - _aware(since)).total_seconds()), 1)
@@ -278,9 +294,7 @@ class KubeflowScheduler(Scheduler[KubeflowOpts]):
         except config.ConfigException:
             try:
                 # The client reads KUBECONFIG when it is imported; a process may set it later.
-                config.load_kube_config(
-                    config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
-                )
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
             except (config.ConfigException, OSError) as e:
                 raise KubeflowApiError(
                     f"no Kubernetes cluster to talk to ({e}): set KUBECONFIG to a kubeconfig file (or write "
@@ -299,30 +313,43 @@ class KubeflowScheduler(Scheduler[KubeflowOpts]):
     def _get(self, ref: JobRef) -> dict[str, Any] | None:
         try:
             with _api_errors(f"reading {ref}", ref.kind):
-                return self._objects.get_namespaced_custom_object(
-                    ref.kind.group, ref.kind.version, ref.namespace, ref.kind.plural, ref.name
+                # The client types a custom object as object; it is the JSON object the API returned.
+                return cast(
+                    dict[str, Any],
+                    self._objects.get_namespaced_custom_object(
+                        ref.kind.group, ref.kind.version, ref.namespace, ref.kind.plural, ref.name
+                    ),
                 )
         except KubeflowApiError as e:
             if e.missing == "object":
                 return None
             raise
 
-    def _list(self, kind: JobKind, namespace: str) -> list[dict[str, Any]]:
+    # In the class, list is the method: builtins.list is the type.
+    def _list(self, kind: JobKind, namespace: str) -> builtins.list[dict[str, Any]]:
         try:
             with _api_errors(f"listing {kind.kind}s in namespace {namespace}", kind):
-                return self._objects.list_namespaced_custom_object(
-                    kind.group, kind.version, namespace, kind.plural, label_selector=MANAGED_BY
-                )["items"]
+                listed = cast(
+                    dict[str, Any],
+                    self._objects.list_namespaced_custom_object(  # as in _get
+                        kind.group, kind.version, namespace, kind.plural, label_selector=MANAGED_BY
+                    ),
+                )
+                return listed["items"]
         except KubeflowApiError as e:
             if e.missing == "api":  # a cluster runs one operator or the other
                 return []
             raise
 
-    def _replica_pods(self, ref: JobRef, job: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+    def _replica_pods(self, ref: JobRef, job: dict[str, Any]) -> dict[int, builtins.list[dict[str, Any]]]:
         """The job's pods by TorchX replica id, oldest first (a replaced pod leaves its successor last)."""
         with _api_errors(f"listing the pods of {ref}"):
-            pods = self._core.list_namespaced_pod(
-                ref.namespace, label_selector=ref.kind.pod_selector(ref.name), _preload_content=False
+            # With _preload_content=False the client returns urllib3's response, not the V1PodList it is typed as.
+            pods = cast(
+                HTTPResponse,
+                self._core.list_namespaced_pod(
+                    ref.namespace, label_selector=ref.kind.pod_selector(ref.name), _preload_content=False
+                ),
             )
         by_replica: dict[int, list[dict[str, Any]]] = {}
         items = json.loads(pods.data)["items"]
@@ -348,8 +375,10 @@ def _api_errors(doing: str, kind: JobKind | None = None) -> Iterator[None]:
             f"{doing}: the Kubernetes API answered {e.status} {e.reason}: {message}{hint}", missing
         ) from None
     except HTTPError as e:
-        raise KubeflowApiError(f"{doing}: the Kubernetes API server cannot be reached ({type(e).__name__}): check "
-                               "`kubectl config current-context` and KUBECONFIG") from None
+        raise KubeflowApiError(
+            f"{doing}: the Kubernetes API server cannot be reached ({type(e).__name__}): check "
+            "`kubectl config current-context` and KUBECONFIG"
+        ) from None
 
 
 def _status_body(e: ApiException) -> dict[str, Any]:
@@ -401,7 +430,9 @@ def _write_manifest(cfg: KubeflowOpts, text: str) -> None:
     except OSError as e:
         raise InvalidRunConfigException(
             f"output={cfg.output!r} cannot be written ({e.strerror}): give a file in a folder that exists and "
-            "you may write to", "output", cfg,
+            "you may write to",
+            "output",
+            cfg,
         ) from None
     logger.info("wrote the job's manifest to %s (kubectl apply -f %s)", cfg.output, cfg.output)
 

@@ -72,8 +72,9 @@ class TrainJobKind(JobKind):
 
     def manifest(self, app: AppDef, role: Role, name: str, app_id: str, cfg: KubeflowOpts) -> dict[str, Any]:
         _check_role(role)
-        role = macros.Values(img_root="", app_id=app_id, replica_id="$PET_NODE_RANK",
-                             rank0_env="PET_MASTER_ADDR").apply(role)
+        role = macros.Values(
+            img_root="", app_id=app_id, replica_id="$PET_NODE_RANK", rank0_env="PET_MASTER_ADDR"
+        ).apply(role)
         template = pod_template(app, role, name, self.container, None, cfg)
         pod = template["spec"]
         (container,) = pod["containers"]
@@ -95,9 +96,15 @@ class TrainJobKind(JobKind):
         pod_template_patch = {"metadata": template["metadata"], "spec": pod_patch}
         runtime_patch = {
             "manager": PATCH_MANAGER,
-            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                {"name": NODE, "template": {"spec": {"template": pod_template_patch}}},
-            ]}}},
+            "trainingRuntimeSpec": {
+                "template": {
+                    "spec": {
+                        "replicatedJobs": [
+                            {"name": NODE, "template": {"spec": {"template": pod_template_patch}}},
+                        ]
+                    }
+                }
+            },
         }
         spec: dict[str, Any] = {"runtimeRef": {"name": cfg.runtime or DEFAULT_RUNTIME}}
         if cfg.queue:
@@ -155,5 +162,6 @@ def _check_role(role: Role) -> None:
     if role.max_retries:
         logger.warning(
             "--max_retries %d restarts trainers in place through torchrun; whether a TrainJob replaces a failed "
-            "pod is its runtime's failure policy (runtime=...), not TorchX's", role.max_retries,
+            "pod is its runtime's failure policy (runtime=...), not TorchX's",
+            role.max_retries,
         )

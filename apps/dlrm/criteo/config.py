@@ -35,9 +35,7 @@ class PreprocessConfig:
         "Rows of every embedding table (ids of each categorical feature are in [0, N)), unless "
         "--num_embeddings_per_feature or --table_size_preset is given. Train with the same sizes.",
     )
-    num_embeddings_per_feature: list[int] = option(
-        [], "Rows of each of the 26 embedding tables, comma separated."
-    )
+    num_embeddings_per_feature: list[int] = option([], "Rows of each of the 26 embedding tables, comma separated.")
     table_size_preset: str = option("none", PRESET_HELP, choices=PRESET_CHOICES)
     categorical_ids: str = option(
         "hash",
@@ -61,9 +59,7 @@ class PreprocessConfig:
         "--data parquet --categorical_ids as_is, also from an object store).",
         choices=OUTPUT_FORMATS,
     )
-    workers: int = option(
-        0, "Processes converting files in parallel, one file each; 0: one per available core."
-    )
+    workers: int = option(0, "Processes converting files in parallel, one file each; 0: one per available core.")
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -79,9 +75,7 @@ class PreprocessConfig:
                 f"--output {self.output} is a URL: preprocessing writes to a local (or mounted) "
                 "folder; copy the folder to object storage afterwards if training reads it from there"
             )
-        self.num_embeddings_per_feature = preset_table_sizes(
-            self.table_size_preset, self.num_embeddings_per_feature
-        )
+        self.num_embeddings_per_feature = preset_table_sizes(self.table_size_preset, self.num_embeddings_per_feature)
         sizes = self.table_sizes
         if len(sizes) != CAT_FEATURES:
             raise ConfigError(

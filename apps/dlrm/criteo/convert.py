@@ -87,9 +87,7 @@ def convert_day(
     vocab_dir = os.path.join(output, VOCABULARY_DIR)
     counter = None
     if table_sizes is None:
-        writers["values"] = NpyAppender(
-            vocabulary.values_file(vocab_dir, day), np.dtype("<u4"), CAT_FEATURES
-        )
+        writers["values"] = NpyAppender(vocabulary.values_file(vocab_dir, day), np.dtype("<u4"), CAT_FEATURES)
         counter = vocabulary.ValueCounter()
     sizes = np.array(table_sizes, dtype=np.uint32) if table_sizes is not None else None
     try:
@@ -127,10 +125,13 @@ def _complete(output: str, day: str, report: dict, output_format: str) -> dict:
     return report
 
 
-def _append(writers: dict[str, NpyAppender], rows: Rows, sizes, counter) -> None:
+def _append(
+    writers: dict[str, NpyAppender], rows: Rows, sizes: np.ndarray | None, counter: vocabulary.ValueCounter | None
+) -> None:
     writers["dense"].append(dense_features(rows.ints))
     writers["labels"].append(rows.labels[:, None])
     if counter is None:
+        assert sizes is not None, "hash ids (no vocabulary counter) need the table sizes"
         writers["sparse"].append(hashed_ids(rows.cats, sizes))
     else:
         writers["values"].append(np.ascontiguousarray(rows.cats.T))

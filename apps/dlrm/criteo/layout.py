@@ -114,8 +114,7 @@ def is_plain_name(name: object) -> bool:
     """Whether ``name`` can be a day: a file name that stays inside its folder and prints as
     itself. Not empty, no ``/``, no leading ``.`` (``..``, hidden and temporary names), no NUL
     or other control character (day names go into paths and into logs)."""
-    return isinstance(name, str) and bool(name) and "/" not in name and not name.startswith(".") \
-        and name.isprintable()
+    return isinstance(name, str) and bool(name) and "/" not in name and not name.startswith(".") and name.isprintable()
 
 
 _SHOWN = reprlib.Repr()
@@ -129,10 +128,17 @@ def shown(value: object) -> str:
     return _SHOWN.repr(value)
 
 
+_DIGEST_CHUNK = 1 << 20
+
+
 def file_digest(path: str) -> dict:
     """The size and SHA-256 of the file ``path``, as the manifest records them."""
+    sha256 = hashlib.sha256()  # read in chunks, as hashlib.file_digest does (Python 3.11+ only)
     with open(path, "rb") as f:
-        return {"size": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+        size = os.fstat(f.fileno()).st_size
+        while chunk := f.read(_DIGEST_CHUNK):
+            sha256.update(chunk)
+    return {"size": size, "sha256": sha256.hexdigest()}
 
 
 def temporary_name(path: str) -> str:
@@ -238,8 +244,12 @@ def parse_manifest(text: str | bytes, where: str, fix: str) -> dict:
                 f"leading '.', no control character); `python -m apps.dlrm.preprocess` writes none: {fix}"
             )
     for name, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
-                and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("size"), int)
+            and isinstance(entry.get("sha256"), str)
+            and _SHA256.fullmatch(entry["sha256"])
+        ):
             raise ConfigError(f"{where} records no valid size and sha256 for {shown(name)}: {fix}")
     return manifest
 
@@ -283,8 +293,7 @@ def open_folder(folder: str) -> tuple[dict, list[DayArrays]]:
     path = os.path.join(folder, MANIFEST)
     if not os.path.exists(path):
         raise ConfigError(
-            f"{folder} has no {MANIFEST}: it is not a folder written by "
-            "`python -m apps.dlrm.preprocess --output`"
+            f"{folder} has no {MANIFEST}: it is not a folder written by `python -m apps.dlrm.preprocess --output`"
         )
     with open(path, "rb") as f:
         manifest = parse_manifest(f.read(), path, "preprocess the click logs again")

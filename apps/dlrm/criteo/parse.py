@@ -284,7 +284,9 @@ def _labels(starts: np.ndarray, lengths: np.ndarray, data: np.ndarray) -> tuple[
     return np.where(good, first.astype(np.int32) - ord("0"), 0).astype(np.int32), good
 
 
-def _integers(column: pa.Array, starts: np.ndarray, lengths: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _integers(
+    column: pa.Array, starts: np.ndarray, lengths: np.ndarray, data: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Values (missing and bad ones 0) and which fields were bad."""
     n = len(column)
     used = data[starts[0] + 0 : starts[-1] + lengths[-1]] if n else data[:0]

@@ -16,7 +16,8 @@ import multiprocessing
 import os
 import queue
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable
+from multiprocessing.queues import Queue
+from typing import Callable, TypeVar
 
 import pyarrow as pa
 from tqdm import tqdm
@@ -62,18 +63,23 @@ def preprocess(cfg: PreprocessConfig) -> dict:
     pending = [s for s in sources if not os.path.exists(os.path.join(output, day_report_file(s.day)))]
     logger.info(
         "%d input files -> %s: %d already complete, %d to convert",
-        len(sources), output, len(sources) - len(pending), len(pending),
+        len(sources),
+        output,
+        len(sources) - len(pending),
+        len(pending),
     )
     failures: list[str] = []
     if cfg.categorical_ids == "hash":
         convert_day = functools.partial(convert.convert_day, output_format=cfg.output_format)
-        failures += _run(cfg, pending, "convert", lambda s: (convert_day, s, output, cfg.table_sizes),
-                         sum(s.size for s in pending))
+        failures += _run(
+            cfg, pending, "convert", lambda s: (convert_day, s, output, cfg.table_sizes), sum(s.size for s in pending)
+        )
     else:
         failures += _vocabulary_passes(cfg, output, manifest["days"], pending)
     report = _write_report(output, manifest["days"])
-    write_json(os.path.join(output, MANIFEST),
-               {**manifest, "files": checksums(output, manifest["days"], cfg.output_format)})
+    write_json(
+        os.path.join(output, MANIFEST), {**manifest, "files": checksums(output, manifest["days"], cfg.output_format)}
+    )
     if failures:
         raise PreprocessFailed(
             f"{len(failures)} of {len(sources)} input files failed (the others are complete; a "
@@ -119,7 +125,8 @@ def _check_or_write_manifest(output: str, cfg: PreprocessConfig, days: list[str]
         if old != settings:
             differences = ", ".join(
                 f"{k}: {old.get(k)!r} there, {settings.get(k)!r} now"
-                for k in sorted(set(old) | set(settings)) if old.get(k) != settings.get(k)
+                for k in sorted(set(old) | set(settings))
+                if old.get(k) != settings.get(k)
             )
             raise ConfigError(
                 f"--output {output} holds days written with other settings ({differences}): "
@@ -148,12 +155,14 @@ def _vocabulary_passes(cfg: PreprocessConfig, output: str, days: list[str], pend
     vocab_dir = os.path.join(output, VOCABULARY_DIR)
     # A day needs the first pass again unless both its counts and its raw values are there.
     first = [
-        s for s in pending
-        if not (os.path.exists(convert.lines_file(output, s.day))
-                and os.path.exists(vocabulary.values_file(vocab_dir, s.day)))
+        s
+        for s in pending
+        if not (
+            os.path.exists(convert.lines_file(output, s.day))
+            and os.path.exists(vocabulary.values_file(vocab_dir, s.day))
+        )
     ]
-    failures = _run(cfg, first, "count", lambda s: (convert.convert_day, s, output, None),
-                    sum(s.size for s in first))
+    failures = _run(cfg, first, "count", lambda s: (convert.convert_day, s, output, None), sum(s.size for s in first))
     if failures:
         return failures
     done_path = os.path.join(vocab_dir, VOCABULARY_DONE)
@@ -161,18 +170,25 @@ def _vocabulary_passes(cfg: PreprocessConfig, output: str, days: list[str], pend
         logger.info("building the vocabularies of %d days (frequency threshold %d)", len(days), cfg.frequency_threshold)
         distinct = vocabulary.build_vocabulary(
             [vocabulary.counts_file(vocab_dir, day) for day in days],
-            cfg.frequency_threshold, cfg.table_sizes, vocab_dir,
+            cfg.frequency_threshold,
+            cfg.table_sizes,
+            vocab_dir,
         )
         write_json(done_path, {"days": days, "distinct_values": distinct})
         logger.info("distinct values per feature: %s", ", ".join(map(str, distinct)))
     finish_day = functools.partial(convert.finish_day, output_format=cfg.output_format)
     return _run(
-        cfg, pending, "ids", lambda s: (finish_day, output, s.day),
+        cfg,
+        pending,
+        "ids",
+        lambda s: (finish_day, output, s.day),
         sum(os.path.getsize(vocabulary.values_file(vocab_dir, s.day)) for s in pending),
     )
 
 
-def _run(cfg: PreprocessConfig, sources: list[Source], what: str, task: Callable[[Source], tuple], total_bytes: int) -> list[str]:
+def _run(
+    cfg: PreprocessConfig, sources: list[Source], what: str, task: Callable[[Source], tuple], total_bytes: int
+) -> list[str]:
     """Runs ``task(source)`` (a function and its arguments) for every source in a process pool;
     returns the failures."""
     if not sources:
@@ -180,12 +196,15 @@ def _run(cfg: PreprocessConfig, sources: list[Source], what: str, task: Callable
     cores = len(os.sched_getaffinity(0))
     workers = min(cfg.workers or cores, len(sources))
     context = multiprocessing.get_context("spawn")  # no fork: the parent may hold I/O threads
-    progress = context.Queue()
+    progress: "Queue[int]" = context.Queue()
     failures = []
     logger.info("%s: %d files on %d worker processes", what, len(sources), workers)
-    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=what, mininterval=1.0) as bar, \
-            futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                        initargs=(progress, max(1, cores // workers))) as pool:
+    with (
+        tqdm(total=total_bytes, unit="B", unit_scale=True, desc=what, mininterval=1.0) as bar,
+        futures.ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_init_worker, initargs=(progress, max(1, cores // workers))
+        ) as pool,
+    ):
         running = {pool.submit(_in_worker, *task(source)): source for source in sources}
         while running:
             done, _ = futures.wait(running, timeout=0.5, return_when=futures.FIRST_COMPLETED)
@@ -208,31 +227,35 @@ def _run(cfg: PreprocessConfig, sources: list[Source], what: str, task: Callable
     return failures
 
 
-_progress_queue = None
+_progress_queue: "Queue[int] | None" = None
+
+R = TypeVar("R")
 
 
-def _init_worker(progress_queue, arrow_threads: int) -> None:
+def _init_worker(progress_queue: "Queue[int]", arrow_threads: int) -> None:
     global _progress_queue
     _progress_queue = progress_queue
     pa.set_cpu_count(arrow_threads)
 
 
-def _in_worker(fn: Callable, *args):
+def _in_worker(fn: Callable[..., R], *args: object) -> R:
+    progress_queue = _progress_queue
+    assert progress_queue is not None, "runs in a pool worker, which _init_worker set up"
     pending = 0
 
     def progress(nbytes: int) -> None:
         nonlocal pending
         pending += nbytes
         if pending >= _PROGRESS_STEP:
-            _progress_queue.put(pending)
+            progress_queue.put(pending)
             pending = 0
 
     result = fn(*args, progress)
-    _progress_queue.put(pending)
+    progress_queue.put(pending)
     return result
 
 
-def _drain(progress_queue, bar: tqdm) -> None:
+def _drain(progress_queue: "Queue[int]", bar: tqdm) -> None:
     while True:
         try:
             bar.update(progress_queue.get_nowait())
@@ -246,8 +269,13 @@ def _log_day(day: str, report: dict) -> None:
         for action in ("skipped", "repaired")
         if any(report[action].values())
     )
-    logger.info("%s: %s rows read, %s written%s", day, f"{report['rows_read']:,}",
-                f"{report['rows_written']:,}", f" ({problems})" if problems else "")
+    logger.info(
+        "%s: %s rows read, %s written%s",
+        day,
+        f"{report['rows_read']:,}",
+        f"{report['rows_written']:,}",
+        f" ({problems})" if problems else "",
+    )
     if report["rows_read"] and not report["rows_written"]:
         logger.warning("%s: no row was kept: is it a Criteo click log with labels?", day)
 
@@ -268,12 +296,19 @@ def _write_report(output: str, days: list[str]) -> dict:
             counts = LineCounts.from_json(read_json(path))  # without the day's checksums
             per_day[day] = counts.to_json()
             total.add(counts)
-    report = {**total.to_json(), "policy": POLICY, "days": per_day,
-              "incomplete_days": [day for day in days if day not in per_day]}
+    report = {
+        **total.to_json(),
+        "policy": POLICY,
+        "days": per_day,
+        "incomplete_days": [day for day in days if day not in per_day],
+    }
     write_json(os.path.join(output, REPORT), report)
     logger.info(
         "%s rows read, %s written, %s skipped, %s repaired; wrote %s",
-        f"{total.read:,}", f"{total.written:,}", f"{sum(total.skipped.values()):,}",
-        f"{sum(total.repaired.values()):,}", os.path.join(output, REPORT),
+        f"{total.read:,}",
+        f"{total.written:,}",
+        f"{sum(total.skipped.values()):,}",
+        f"{sum(total.repaired.values()):,}",
+        os.path.join(output, REPORT),
     )
     return report

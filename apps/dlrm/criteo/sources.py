@@ -83,8 +83,11 @@ def _expand(item: str) -> list[Source]:
     else:
         entries = [fs.info(path)]
     return [
-        Source(url=fs.unstrip_protocol(e["name"]) if "://" in item else e["name"],
-               day=day_name(e["name"]), size=int(e.get("size") or 0))
+        Source(
+            url=fs.unstrip_protocol(e["name"]) if "://" in item else e["name"],
+            day=day_name(e["name"]),
+            size=int(e.get("size") or 0),
+        )
         for e in entries
     ]
 

@@ -41,8 +41,9 @@ from apps.dlrm.criteo.parse import CAT_NAMES, INT_NAMES, LABEL
 #: Rows of a row group: ~20 MB of values, ~1,500 row groups for a day of the Criteo 1TB logs.
 ROW_GROUP_ROWS = 1 << 17
 
-SCHEMA = pa.schema([(LABEL, pa.int32())] + [(name, pa.float32()) for name in INT_NAMES]
-                   + [(name, pa.int32()) for name in CAT_NAMES])
+SCHEMA = pa.schema(
+    [(LABEL, pa.int32())] + [(name, pa.float32()) for name in INT_NAMES] + [(name, pa.int32()) for name in CAT_NAMES]
+)
 
 
 def write_parquet_day(folder: str, day: str) -> dict[str, dict]:

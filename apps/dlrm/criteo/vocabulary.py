@@ -48,7 +48,7 @@ def table_files(folder: str, feature: int) -> tuple[str, str]:
     )
 
 
-def _merge(values: np.ndarray, counts: np.ndarray, first: np.ndarray):
+def _merge(values: np.ndarray, counts: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sums the counts and keeps the first position of equal values; returns them sorted."""
     # Stable sort: the inputs are concatenations of sorted runs, which timsort merges linearly.
     order = np.argsort(values, kind="stable")
@@ -98,12 +98,12 @@ class ValueCounter:
     def save(self, path: str) -> None:
         """Writes the counts (values, counts, first rows per feature) atomically."""
         self._flush()
-        arrays = {}
+        arrays: dict[str, np.ndarray] = {}
         for f, (values, counts, first) in enumerate(self._tables):
             arrays.update({f"values_{f}": values, f"counts_{f}": counts, f"first_{f}": first})
         tmp = temporary_name(path)
         with open(tmp, "wb") as out:
-            np.savez(out, **arrays)
+            np.savez(out, allow_pickle=False, **arrays)  # numbers only, as np.load reads them
         os.replace(tmp, path)
 
 
@@ -113,9 +113,7 @@ def build_vocabulary(count_paths: list[str], threshold: int, table_sizes: list[i
     days = [np.load(path) for path in count_paths]
     distinct = []
     for f in range(CAT_FEATURES):
-        values, counts, first = (
-            np.zeros(0, np.uint32), np.zeros(0, np.int64), np.zeros(0, np.uint64)
-        )
+        values, counts, first = (np.zeros(0, np.uint32), np.zeros(0, np.int64), np.zeros(0, np.uint64))
         for d, day in enumerate(days):
             values, counts, first = _merge(
                 np.concatenate([values, day[f"values_{f}"]]),

@@ -1,13 +1,13 @@
 """Training data sources. Each yields TorchRec ``Batch`` objects partitioned across ranks."""
 
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Generator, Protocol
 
 import torch
 from torchrec.datasets.utils import Batch
 
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.criteo_fetch import local_folder
 from apps.dlrm.data.criteo import CriteoClickLogs
+from apps.dlrm.data.criteo_fetch import local_folder
 from apps.dlrm.data.parquet import ParquetClickLogs
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.distributed import DistEnv
@@ -17,11 +17,11 @@ class ClickLogs(Protocol):
     """A training data source: one rank's batches, each a pure function of (seed, step, rank), so
     that a resumed run reads exactly the batches an uninterrupted one reads."""
 
-    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+    def train_batches(self, start_step: int = 0) -> Generator[Batch, None, None]:
         """This rank's training batches from ``start_step`` on, without end."""
         ...
 
-    def eval_batches(self, split: str, num_batches: int) -> Iterator[Batch]:
+    def eval_batches(self, split: str, num_batches: int) -> Generator[Batch, None, None]:
         """This rank's batches of ``split`` ("val" or "test"), as many on every rank."""
         ...
 

@@ -33,7 +33,7 @@ ready, so the training loop does not wait on page faults or disk reads.
 import itertools
 import logging
 import math
-from typing import Iterator
+from typing import Generator, Iterator
 
 import numpy as np
 import torch
@@ -80,14 +80,18 @@ class CriteoClickLogs:
         self._ids_per_feature = cfg.ids_per_feature
         self._multi_hot = None
         if max(self._ids_per_feature) > 1:
-            logger.info("criteo: drawing MLPerf's multi-hot lookup tables (%s ids per sample)",
-                        sum(self._ids_per_feature))
+            logger.info(
+                "criteo: drawing MLPerf's multi-hot lookup tables (%s ids per sample)", sum(self._ids_per_feature)
+            )
             self._multi_hot = multi_hot_tables(self._ids_per_feature, cfg.table_sizes)
         logger.info(
             "criteo %s: %d days, %s rows: train %s (%d steps per epoch), validation %s, test %s",
-            folder, len(self.days), f"{int(self._day_starts[-1]):,}", f"{train_rows:,}",
-            self.steps_per_epoch, *(f"{stop - start:,}" for start, stop in
-                                    (self.splits["val"], self.splits["test"])),
+            folder,
+            len(self.days),
+            f"{int(self._day_starts[-1]):,}",
+            f"{train_rows:,}",
+            self.steps_per_epoch,
+            *(f"{stop - start:,}" for start, stop in (self.splits["val"], self.splits["test"])),
         )
 
     # --- iteration -----------------------------------------------------------------------------
@@ -96,13 +100,16 @@ class CriteoClickLogs:
         """Real labels have no hidden teacher to compare with (no AUROC ceiling)."""
         return None
 
-    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+    def train_batches(self, start_step: int = 0) -> Generator[Batch, None, None]:
         """This rank's training batches from ``start_step`` on, without end."""
         order = _EpochOrder(self.splits["train"][1], self._block_rows, self.cfg.seed, self.cfg.shuffle)
-        return prefetched(lambda step: self._batch(order.ranges(*self._train_slice(step))),
-                          itertools.count(start_step), PREFETCH_THREAD)
+        return prefetched(
+            lambda step: self._batch(order.ranges(*self._train_slice(step))),
+            itertools.count(start_step),
+            PREFETCH_THREAD,
+        )
 
-    def eval_batches(self, split: str, num_batches: int) -> Iterator[Batch]:
+    def eval_batches(self, split: str, num_batches: int) -> Generator[Batch, None, None]:
         """This rank's batches of ``split`` ("val" or "test"); ``num_batches`` 0: all of it."""
         ranges = self._eval_ranges(split, num_batches)
         return prefetched(lambda i: self._batch([ranges[i]]), range(len(ranges)), PREFETCH_THREAD)
@@ -226,8 +233,14 @@ class _EpochOrder:
         return ranges
 
 
-def held_out_split(file_rows: list[int], eval_days: int, eval_fraction: float, where: str,
-                   files: str = "days", more: str = "preprocess more days") -> dict[str, Range]:
+def held_out_split(
+    file_rows: list[int],
+    eval_days: int,
+    eval_fraction: float,
+    where: str,
+    files: str = "days",
+    more: str = "preprocess more days",
+) -> dict[str, Range]:
     """The MLPerf-style splits of rows in file order (see the module docstring): of the last
     ``eval_days`` files' rows, the last ``eval_fraction`` are held out, the first half (rounded
     up) validating and the rest testing. Shared with the Parquet source, whose files are days."""

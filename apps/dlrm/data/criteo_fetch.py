@@ -23,6 +23,7 @@ file is in place: a restart after an interrupted copy checks (and copies) again 
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -97,8 +98,11 @@ def local_folder(data_path: str, cache_dir: str, copier: bool) -> str:
         folder = private_folder(cache_dir, "--data_cache_dir", "give another folder")
     else:
         digest = hashlib.sha256(data_path.rstrip("/").encode()).hexdigest()[:16]
-        folder = private_folder(os.path.join(_user_folder("criteo"), digest), "the Criteo cache folder",
-                                "remove it, or give --data_cache_dir")
+        folder = private_folder(
+            os.path.join(_user_folder("criteo"), digest),
+            "the Criteo cache folder",
+            "remove it, or give --data_cache_dir",
+        )
     cache = _Cache(folder, stamps=_user_folder("verified"))
     fs, root = fsspec.core.url_to_fs(data_path)
     remote = _Remote(fs, root.rstrip("/"), data_path)
@@ -130,8 +134,10 @@ class _Remote:
                 f"--data_path {self.url} has no {MANIFEST}: give the URL of a folder written by "
                 "`python -m apps.dlrm.preprocess --output` (and copied there)"
             ) from None
-        fix = ("rerun `python -m apps.dlrm.preprocess` with the same options on the folder it was "
-               "copied from (that records the checksums of its complete days), and copy it again")
+        fix = (
+            "rerun `python -m apps.dlrm.preprocess` with the same options on the folder it was "
+            "copied from (that records the checksums of its complete days), and copy it again"
+        )
         manifest = parse_manifest(text, f"{self.url}/{MANIFEST}", fix)
         require_npy_days(manifest, self.url)
         expected = {}
@@ -224,8 +230,13 @@ class _Cache:
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
-                "dev": st.st_dev, "ino": st.st_ino}
+        return {
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns,
+            "dev": st.st_dev,
+            "ino": st.st_ino,
+        }
 
     def _stamp_path(self, identity: dict) -> str:
         return os.path.join(self.stamps, f"{identity['dev']}-{identity['ino']}.json")
@@ -243,6 +254,7 @@ class _Cache:
 
     def _stamp(self, name: str, expected: dict) -> None:
         identity = self._identity(name)
+        assert identity is not None, f"{name} was just copied or checked, as a regular file"
         write_json(self._stamp_path(identity), {**identity, "sha256": expected["sha256"]})
 
     def _verify(self, name: str, expected: dict) -> bool:
@@ -257,6 +269,6 @@ class _Cache:
         return True
 
 
-def _create(path: str):
+def _create(path: str) -> io.BufferedWriter:
     """``path`` (a fresh temporary name) opened for writing as a new file: never through a link."""
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb")

@@ -28,7 +28,7 @@ and decoding row groups overlaps the batches of the window before.
 import itertools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterator
+from typing import Callable, Generator
 
 import numpy as np
 import torch
@@ -71,12 +71,25 @@ class ParquetClickLogs:
         id_dtype = np.dtype(np.int32 if int32_ids else np.int64)
         self._ids_dtype = torch.int32 if int32_ids else torch.int64
         self._reader = RowGroupReader(fs, self.files, self.spec, cfg.table_sizes, cfg.categorical_ids, id_dtype)
-        self.splits = held_out_split([file.rows for file in self.files], cfg.eval_days, cfg.eval_fraction,
-                                     cfg.data_path, files="files", more="add files")
+        self.splits = held_out_split(
+            [file.rows for file in self.files],
+            cfg.eval_days,
+            cfg.eval_fraction,
+            cfg.data_path,
+            files="files",
+            more="add files",
+        )
         self._groups = Pieces.of_groups([file.group_rows() for file in self.files])
         train_rows = self.splits["train"][1]
-        self._order = TrainOrder(self._groups.between(0, train_rows), rank, world_size, cfg.batch_size,
-                                 cfg.seed, cfg.shuffle, cfg.shuffle_buffer_rows)
+        self._order = TrainOrder(
+            self._groups.between(0, train_rows),
+            rank,
+            world_size,
+            cfg.batch_size,
+            cfg.seed,
+            cfg.shuffle,
+            cfg.shuffle_buffer_rows,
+        )
         self.steps_per_epoch = self._order.steps_per_epoch
         if not self.steps_per_epoch:
             raise ConfigError(
@@ -86,9 +99,16 @@ class ParquetClickLogs:
         logger.info(
             "parquet %s: %d files, %d row groups, %s rows: train %s (%d steps per epoch), validation %s, "
             "test %s; %d of %d sparse columns multi-hot; nulls (dense: 0, sparse: no id): %s",
-            cfg.data_path, len(self.files), len(self._groups.hi), f"{self._groups.rows:,}", f"{train_rows:,}",
-            self.steps_per_epoch, *(f"{stop - start:,}" for start, stop in (self.splits["val"], self.splits["test"])),
-            sum(self.spec.multi_hot), len(self.spec.sparse), null_report(self.null_counts),
+            cfg.data_path,
+            len(self.files),
+            len(self._groups.hi),
+            f"{self._groups.rows:,}",
+            f"{train_rows:,}",
+            self.steps_per_epoch,
+            *(f"{stop - start:,}" for start, stop in (self.splits["val"], self.splits["test"])),
+            sum(self.spec.multi_hot),
+            len(self.spec.sparse),
+            null_report(self.null_counts),
         )
 
     # --- iteration -----------------------------------------------------------------------------
@@ -97,22 +117,25 @@ class ParquetClickLogs:
         """Real labels have no hidden teacher to compare with (no AUROC ceiling)."""
         return None
 
-    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+    def train_batches(self, start_step: int = 0) -> Generator[Batch, None, None]:
         """This rank's training batches from ``start_step`` on, without end."""
         windows = _Windows(self._order, self._reader)
-        batches = prefetched(lambda step: self._train_batch(windows, step), itertools.count(start_step),
-                             PREFETCH_THREAD)
+        batches = prefetched(
+            lambda step: self._train_batch(windows, step), itertools.count(start_step), PREFETCH_THREAD
+        )
         return _closing(batches, windows.close)
 
-    def eval_batches(self, split: str, num_batches: int) -> Iterator[Batch]:
+    def eval_batches(self, split: str, num_batches: int) -> Generator[Batch, None, None]:
         """This rank's batches of ``split`` ("val" or "test"); ``num_batches`` 0: all of it."""
         start, stop = self.splits[split]
         runs = eval_runs(stop - start, start, self.rank, self.world_size, self.cfg.batch_size, num_batches)
         return prefetched(lambda i: self._batch(self._eval_parts(*runs[i])), range(len(runs)), PREFETCH_THREAD)
 
     def _eval_parts(self, first: int, last: int) -> list[Part]:
-        return [(self._reader.group(f, g), np.arange(lo, hi))
-                for f, g, lo, hi in self._groups.between(first, last).as_list()]
+        return [
+            (self._reader.group(f, g), np.arange(lo, hi))
+            for f, g, lo, hi in self._groups.between(first, last).as_list()
+        ]
 
     def _train_batch(self, windows: "_Windows", step: int) -> Batch:
         parts = []
@@ -137,8 +160,9 @@ class ParquetClickLogs:
             np.take(rows.labels, index, out=labels_np[at : at + len(index)])
             at += len(index)
         runs = [[rows.lengths(f, index) for rows, index in parts] for f in range(len(self.keys))]
-        per_key = [sum(len(index) if n is None else int(n.sum()) for (_, index), n in zip(parts, feature))
-                   for feature in runs]
+        per_key = [
+            sum(len(index) if n is None else int(n.sum()) for (_, index), n in zip(parts, feature)) for feature in runs
+        ]
         values = self._empty((sum(per_key),), self._ids_dtype)
         values_np = values.numpy()
         at, row = 0, 0
@@ -151,7 +175,11 @@ class ParquetClickLogs:
         return Batch(
             dense_features=dense,
             sparse_features=KeyedJaggedTensor(
-                keys=self.keys, values=values, lengths=lengths, stride=size, length_per_key=per_key,
+                keys=self.keys,
+                values=values,
+                lengths=lengths,
+                stride=size,
+                length_per_key=per_key,
                 offset_per_key=[0, *itertools.accumulate(per_key)],
                 index_per_key={key: f for f, key in enumerate(self.keys)},
             ),
@@ -172,14 +200,14 @@ class _Windows:
         self._reader = reader
         self._read_ahead = ThreadPoolExecutor(1, thread_name_prefix=READ_AHEAD_THREAD)
         self._current: tuple[tuple[int, int], tuple[Rows, np.ndarray | None]] | None = None
-        self._next: tuple[tuple[int, int], Future] | None = None
+        self._next: tuple[tuple[int, int], Future[tuple[Rows, np.ndarray | None]]] | None = None
 
     def get(self, epoch: int, index: int) -> tuple[Rows, np.ndarray | None]:
         """Window ``index`` of ``epoch``: its rows and their shuffled order (None: file order)."""
         key = (epoch, index)
         if self._current is None or self._current[0] != key:
-            ahead = self._next is not None and self._next[0] == key
-            self._current = key, (self._next[1].result() if ahead else self._read(*key))
+            ahead = self._next[1] if self._next is not None and self._next[0] == key else None
+            self._current = key, (ahead.result() if ahead is not None else self._read(*key))
             following = (epoch, index + 1) if index + 1 < len(self._order.windows(epoch)) else (epoch + 1, 0)
             # The window's pieces and order are found here: the order's per-epoch state is this thread's.
             self._next = following, self._read_ahead.submit(self._read_window, self._order.window(*following))
@@ -195,7 +223,7 @@ class _Windows:
         self._read_ahead.shutdown(wait=True, cancel_futures=True)
 
 
-def _closing(batches: Iterator[Batch], close: Callable[[], None]) -> Iterator[Batch]:
+def _closing(batches: Generator[Batch, None, None], close: Callable[[], None]) -> Generator[Batch, None, None]:
     """``batches``, then ``close()`` once they are closed (or exhausted)."""
     try:
         yield from batches

@@ -8,7 +8,7 @@ object-store reads that the thread could do while the model computes.
 
 import queue
 import threading
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Generator, Iterable
 
 from torchrec.datasets.utils import Batch
 
@@ -25,7 +25,7 @@ class _Failed:
         self.error = error
 
 
-def prefetched(make: Callable[[int], Batch], indices: Iterable[int], name: str) -> Iterator[Batch]:
+def prefetched(make: Callable[[int], Batch], indices: Iterable[int], name: str) -> Generator[Batch, None, None]:
     """``make(i)`` for every ``i``, computed by a background thread (named ``name``) a few
     batches ahead.
 
@@ -38,7 +38,7 @@ def prefetched(make: Callable[[int], Batch], indices: Iterable[int], name: str) 
     ready: queue.Queue = queue.Queue(maxsize=PREFETCH_BATCHES)
     stop = threading.Event()
 
-    def put(item) -> bool:
+    def put(item: object) -> bool:  # a batch, _END or a _Failed
         while not stop.is_set():
             try:
                 ready.put(item, timeout=0.1)

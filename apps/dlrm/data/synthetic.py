@@ -30,7 +30,7 @@ teacher's logits, which go through float64 ``log``/``exp``, up to rounding).
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -121,9 +121,7 @@ class GpuMadeBatch(Batch):
 class SyntheticClickLogs:
     """Deterministic, rank-partitioned synthetic batches and their teacher logits, made on ``device``."""
 
-    def __init__(
-        self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device = CPU
-    ) -> None:
+    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device = CPU) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
@@ -209,14 +207,14 @@ class SyntheticClickLogs:
 
     # --- iteration -----------------------------------------------------------------------------
 
-    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+    def train_batches(self, start_step: int = 0) -> Generator[Batch, None, None]:
         """This rank's training batches from ``start_step`` on, without end."""
         step = start_step
         while True:
             yield self.block("train", step * self.world_size + self.rank)
             step += 1
 
-    def eval_batches(self, split: str, num_batches: int) -> Iterator[Batch]:
+    def eval_batches(self, split: str, num_batches: int) -> Generator[Batch, None, None]:
         """This rank's ``num_batches`` batches of the ``val`` or ``test`` split."""
         for i in range(num_batches):
             yield self.block(split, i * self.world_size + self.rank)

@@ -96,14 +96,19 @@ def _list(fs: fsspec.AbstractFileSystem, root: str, data_path: str) -> list[tupl
     if is_pattern(root):
         found = fs.glob(root, detail=True)
     elif fs.isdir(root):
-        found = {path: info for path, info in fs.find(root, detail=True).items()
-                 if _is_data_file(path[len(root.rstrip("/")):])}
+        found = {
+            path: info
+            for path, info in fs.find(root, detail=True).items()
+            if _is_data_file(path[len(root.rstrip("/")) :])
+        }
     elif fs.exists(root):
         found = {root: fs.info(root)}
     else:
         raise ConfigError(f"--data_path {data_path} does not exist: give a folder, glob or URL of Parquet files")
-    files = sorted(((path, int(info["size"])) for path, info in found.items() if info["type"] == "file"),
-                   key=lambda entry: natural_key(entry[0]))
+    files = sorted(
+        ((path, int(info["size"])) for path, info in found.items() if info["type"] == "file"),
+        key=lambda entry: natural_key(entry[0]),
+    )
     if not files:
         raise ConfigError(
             f"--data_path {data_path} holds no Parquet file ({' or '.join(SUFFIXES)}, names not "
@@ -145,8 +150,10 @@ def resolve_columns(cfg: TrainConfig, files: list[DataFile]) -> ColumnSpec:
     first = files[0].metadata.schema.to_arrow_schema()
     dense = _match(cfg.dense_columns, first.names, "dense_columns", files[0].url)
     sparse = _match(cfg.sparse_columns, first.names, "sparse_columns", files[0].url)
-    for option, columns, count in (("dense_columns", dense, "num_dense_features"),
-                                   ("sparse_columns", sparse, "num_sparse_features")):
+    for option, columns, count in (
+        ("dense_columns", dense, "num_dense_features"),
+        ("sparse_columns", sparse, "num_sparse_features"),
+    ):
         if len(columns) != getattr(cfg, count):
             raise ConfigError(
                 f"--{option} {','.join(getattr(cfg, option))} matches {len(columns)} columns of "
@@ -160,11 +167,14 @@ def resolve_columns(cfg: TrainConfig, files: list[DataFile]) -> ColumnSpec:
             f"column(s) {', '.join(twice)} would be read twice (as label, dense or sparse feature): "
             "give each column one role in --label_column, --dense_columns and --sparse_columns"
         )
-    kinds = {}
+    kinds: dict[str, tuple[str, str]] = {}  # column -> (kind, URL of the first file that has it)
     for file in files:
         schema = file.metadata.schema.to_arrow_schema()
-        for name, option in [(cfg.label_column, "label_column"), *((n, "dense_columns") for n in dense),
-                             *((n, "sparse_columns") for n in sparse)]:
+        for name, option in [
+            (cfg.label_column, "label_column"),
+            *((n, "dense_columns") for n in dense),
+            *((n, "sparse_columns") for n in sparse),
+        ]:
             kind = _kind(schema, name, option, file.url)
             first_kind, first_url = kinds.setdefault(name, (kind, file.url))
             if kind != first_kind:
@@ -186,15 +196,14 @@ def _match(patterns: list[str], names: list[str], option: str, url: str) -> list
         matches = sorted((name for name in names if fnmatch.fnmatchcase(name, pattern)), key=natural_key)
         if not matches:
             raise ConfigError(
-                f"--{option} {pattern} matches no column of {url}, whose columns are "
-                f"{_listing(names)}: fix the pattern"
+                f"--{option} {pattern} matches no column of {url}, whose columns are {_listing(names)}: fix the pattern"
             )
         columns += matches
     return columns
 
 
 def _kind(schema: pa.Schema, name: str, option: str, url: str) -> str:
-    """"number", "int" or "list" (of integers): what column ``name`` is; else a ConfigError."""
+    """ "number", "int" or "list" (of integers): what column ``name`` is; else a ConfigError."""
     index = schema.get_field_index(name)
     if index < 0:
         raise ConfigError(
@@ -221,8 +230,9 @@ def _kind_of(arrow_type: pa.DataType) -> str | None:
         return "int"
     if pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type):
         return "number"
-    if (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
-            or pa.types.is_fixed_size_list(arrow_type)) and pa.types.is_integer(arrow_type.value_type):
+    if (
+        pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type)
+    ) and pa.types.is_integer(arrow_type.value_type):
         return "list"
     return None
 

@@ -83,8 +83,9 @@ class Window:
 class TrainOrder:
     """One rank's training rows of every epoch, in windows (see the module docstring)."""
 
-    def __init__(self, pieces: Pieces, rank: int, world_size: int, batch_size: int, seed: int,
-                 shuffle: bool, window_rows: int) -> None:
+    def __init__(
+        self, pieces: Pieces, rank: int, world_size: int, batch_size: int, seed: int, shuffle: bool, window_rows: int
+    ) -> None:
         self.pieces = pieces
         self.rank = rank
         self.world_size = world_size
@@ -145,7 +146,9 @@ def _group(pieces: list[Piece], window_rows: int) -> list[list[Piece]]:
     return windows if windows[0] else []
 
 
-def eval_runs(rows: int, start: int, rank: int, world_size: int, batch_size: int, num_batches: int) -> list[tuple[int, int]]:
+def eval_runs(
+    rows: int, start: int, rank: int, world_size: int, batch_size: int, num_batches: int
+) -> list[tuple[int, int]]:
     """This rank's evaluation batches of a split of ``rows`` rows from position ``start``, as
     [first, last) positions; ``num_batches`` 0: all of them, else at most that many."""
     per_rank = rows // world_size

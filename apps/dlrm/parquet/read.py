@@ -22,7 +22,7 @@ numbers, and only numbers reach training.
 
 import io
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import fsspec
 import numpy as np
@@ -33,6 +33,9 @@ import torch
 
 from apps.dlrm.parquet.files import ColumnSpec, DataFile, check_id, null_label_error
 from apps.dlrm.parquet.order import Piece
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer  # exists only for type checkers
 
 #: Column chunks closer than this are fetched in one request (the gap's bytes are cheaper than a request).
 MERGE_GAP = 1 << 16
@@ -63,6 +66,7 @@ class Rows:
         if offsets is None:
             np.take(ids, index, out=out)
             return
+        assert lengths is not None, "a feature with offsets has lengths (see lengths())"
         # Each row's run of ids, in turn: id k of the output is id (k - run start + row start).
         runs = np.cumsum(lengths) - lengths
         np.take(ids, np.repeat(offsets[index] - runs, lengths) + np.arange(len(out)), out=out)
@@ -102,9 +106,10 @@ class _FetchedParts(io.RawIOBase):
         self._pos += len(chunk)
         return chunk
 
-    def readinto(self, buffer) -> int:
-        chunk = self.read(len(buffer))
-        buffer[: len(chunk)] = chunk
+    def readinto(self, buffer: "WriteableBuffer") -> int:
+        with memoryview(buffer) as view:
+            chunk = self.read(len(view))
+            view[: len(chunk)] = chunk
         return len(chunk)
 
 
@@ -112,8 +117,15 @@ class RowGroupReader:
     """Reads pieces of row groups into :class:`Rows`: only the columns of ``spec``, ids made as
     ``categorical_ids`` says for tables of ``table_sizes``, as ``id_dtype``."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, files: list[DataFile], spec: ColumnSpec,
-                 table_sizes: list[int], categorical_ids: str, id_dtype: np.dtype) -> None:
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        files: list[DataFile],
+        spec: ColumnSpec,
+        table_sizes: list[int],
+        categorical_ids: str,
+        id_dtype: np.dtype,
+    ) -> None:
         self.fs = fs
         self.files = files
         self.spec = spec
@@ -138,14 +150,20 @@ class RowGroupReader:
 
     def _read_groups(self, groups: list[tuple[int, int]]) -> dict[tuple[int, int], pa.Table]:
         ranges = [(f, start, end) for f, g in groups for start, end in self._chunk_ranges(f, g)]
-        data = self.fs.cat_ranges([self.files[f].path for f, _, _ in ranges], [s for _, s, _ in ranges],
-                                  [e for _, _, e in ranges], on_error="raise")
+        data = self.fs.cat_ranges(
+            [self.files[f].path for f, _, _ in ranges],
+            [s for _, s, _ in ranges],
+            [e for _, _, e in ranges],
+            on_error="raise",
+        )
         parts: dict[int, dict[int, bytes]] = {}
         for (f, start, _), chunk in zip(ranges, data):
             parts.setdefault(f, {})[start] = chunk
         readers = {
-            f: pq.ParquetFile(pa.PythonFile(_FetchedParts(self.fs, self.files[f].path, self.files[f].size, file_parts),
-                                            mode="r"), metadata=self.files[f].metadata)
+            f: pq.ParquetFile(
+                pa.PythonFile(_FetchedParts(self.fs, self.files[f].path, self.files[f].size, file_parts), mode="r"),
+                metadata=self.files[f].metadata,
+            )
             for f, file_parts in parts.items()
         }
         return {(f, g): readers[f].read_row_group(g, columns=self.spec.names) for f, g in groups}
@@ -158,7 +176,7 @@ class RowGroupReader:
             column = group.column(leaf)
             start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
             spans.append((start, start + column.total_compressed_size))
-        merged = []
+        merged: list[tuple[int, int]] = []
         for start, end in sorted(spans):
             if merged and start - merged[-1][1] <= MERGE_GAP:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], end))
@@ -193,8 +211,14 @@ class RowGroupReader:
         _floats_into(labels, label_values)
         return Rows(np.ascontiguousarray(dense.T), label_values, ids, offsets)
 
-    def _ids(self, values: np.ndarray, size: int, column: str, offsets: np.ndarray | None,
-             where: Callable[[int], tuple[str, int]]) -> np.ndarray:
+    def _ids(
+        self,
+        values: np.ndarray,
+        size: int,
+        column: str,
+        offsets: np.ndarray | None,
+        where: Callable[[int], tuple[str, int]],
+    ) -> np.ndarray:
         """The embedding rows of a column's ``values`` (see the module docstring)."""
         if self.hash_ids:
             # Imported here, not at the top: apps.dlrm.data, whose synthetic source defines the
