@@ -15,6 +15,7 @@ from torchx import specs
 from torchx.specs.builders import materialize_appdef
 
 from apps.dlrm.config import TrainConfig, parse_train_config
+from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.options import ConfigError
 from apps.dlrm.plan import main as plan_app
 from apps.dlrm.plan import preview
@@ -28,34 +29,7 @@ from tests.conftest import BIN, assert_ok, run
 TIER = "integration"
 
 MLPERF = dict(
-    num_embeddings_per_feature=[
-        40000000,
-        39060,
-        17295,
-        7424,
-        20265,
-        3,
-        7122,
-        1543,
-        63,
-        40000000,
-        3067956,
-        405282,
-        10,
-        2209,
-        11938,
-        155,
-        4,
-        976,
-        14,
-        40000000,
-        40000000,
-        40000000,
-        590152,
-        12973,
-        108,
-        36,
-    ],
+    num_embeddings_per_feature=TABLE_SIZE_PRESETS["mlperf"],
     embedding_dim=128,
     dense_arch_layer_sizes=[512, 256, 128],
     over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
