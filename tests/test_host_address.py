@@ -77,7 +77,7 @@ def test_an_unknown_interface_or_endpoint_is_refused_with_the_fix(monkeypatch):
         network.host_address("no-such-host.invalid")
 
 
-def test_a_rendezvous_name_that_resolves_late_is_waited_for(monkeypatch):
+def test_a_rendezvous_name_that_resolves_late_is_waited_for(monkeypatch, caplog):
     answers = iter([socket.gaierror(socket.EAI_NONAME, "Name or service not known")] * 2 + ["10.0.0.9"])
 
     def lookup(host):
@@ -89,6 +89,8 @@ def test_a_rendezvous_name_that_resolves_late_is_waited_for(monkeypatch):
     monkeypatch.setattr(network, "_RESOLVE_RETRY_S", 0.0)
     monkeypatch.setattr(network.socket, "gethostbyname", lookup)
     assert network.resolve("dlrm-abc-node-0-0.dlrm-abc") == "10.0.0.9"
+    said = [r.getMessage() for r in caplog.records if "does not resolve yet" in r.getMessage()]
+    assert len(said) == 1 and "'dlrm-abc-node-0-0.dlrm-abc'" in said[0]  # once, naming the host
 
 
 def test_the_endpoint_named_by_loopback_uses_the_default_route_or_the_only_interface(monkeypatch, tmp_path):

@@ -11,12 +11,15 @@ default route).
 
 import fcntl
 import ipaddress
+import logging
 import socket
 import struct
 import time
 from dataclasses import dataclass
 
 from apps.dlrm.options import ConfigError
+
+logger = logging.getLogger(__name__)
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 _ROUTES = "/proc/net/route"
@@ -68,6 +71,7 @@ def resolve(host: str) -> str:
     after the other pods start, and nothing else makes them wait for it.
     """
     deadline = time.monotonic() + RESOLVE_WAIT_S
+    waited = False
     while True:
         try:
             return socket.gethostbyname(host)
@@ -78,6 +82,14 @@ def resolve(host: str) -> str:
             error = e
             if e.errno not in (socket.EAI_AGAIN, socket.EAI_NONAME) or time.monotonic() >= deadline:
                 break
+            if not waited:  # once: a mistyped name should not look like a hang
+                logger.warning(
+                    "the rendezvous host %r does not resolve yet (%s): asking again for up to %.0f s",
+                    host,
+                    e,
+                    RESOLVE_WAIT_S,
+                )
+                waited = True
             time.sleep(_RESOLVE_RETRY_S)
     raise ConfigError(
         f"the rendezvous host {host!r} does not resolve on host {socket.gethostname()} ({error}): "
