@@ -390,13 +390,7 @@ class TrainConfig:
             )
         self._check_table_bytes("--num_embeddings", self.num_embeddings)
         sizes = self.num_embeddings_per_feature
-        if sizes and len(sizes) != self.num_sparse_features:
-            raise ConfigError(
-                f"--num_embeddings_per_feature has {len(sizes)} entries "
-                f"({_fmt(sizes)}) but there are {self.num_sparse_features} sparse features: "
-                "give one size per feature, set --num_sparse_features to match, or leave it "
-                "empty to use --num_embeddings for every table"
-            )
+        self._check_one_per_feature("num_embeddings_per_feature", sizes, "to use --num_embeddings for every table")
         for i, size in enumerate(sizes):
             if size <= 0:
                 raise ConfigError(f"--num_embeddings_per_feature entry {i} is {size}: every table needs at least 1 row")
@@ -423,14 +417,18 @@ class TrainConfig:
             if all(getattr(self, n) == defaults[n] for n in presets.deciding_options(name)):
                 setattr(self, name, copy.copy(value))
 
-    def _check_multi_hot_sizes(self) -> None:
-        sizes = self.multi_hot_sizes
+    def _check_one_per_feature(self, option: str, sizes: list[int], when_empty: str) -> None:
+        """A per-feature list (``--option``) has one entry per sparse feature, or none."""
         if sizes and len(sizes) != self.num_sparse_features:
             raise ConfigError(
-                f"--multi_hot_sizes has {len(sizes)} entries ({_fmt(sizes)}) but there are "
-                f"{self.num_sparse_features} sparse features: give one size per feature, or leave "
-                "it empty for one id per feature"
+                f"--{option} has {len(sizes)} entries ({_fmt(sizes)}) but there are "
+                f"{self.num_sparse_features} sparse features: give one size per feature, set "
+                f"--num_sparse_features to match, or leave it empty {when_empty}"
             )
+
+    def _check_multi_hot_sizes(self) -> None:
+        sizes = self.multi_hot_sizes
+        self._check_one_per_feature("multi_hot_sizes", sizes, "for one id per feature")
         for i, size in enumerate(sizes):
             if not 1 <= size <= MAX_MULTI_HOT_SIZE:
                 raise ConfigError(
