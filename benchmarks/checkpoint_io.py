@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from apps.dlrm.config import SHARDING_TYPES  # noqa: E402  (light: the worker imports torch)
-from benchmarks.moto_s3 import TARGETS, s3_bucket, targets_arg  # noqa: E402
+from benchmarks.moto_s3 import add_targets_argument, s3_bucket  # noqa: E402
 
 SAVED_SHARDING = "table_wise"
 DEFAULT_RESHARD = "row_wise"  # planned by the app on CPUs and GPUs; keeps the optimizer state
@@ -393,13 +393,7 @@ def parse_args() -> argparse.Namespace:
         default=3,
         help="measurements of each side, alternating; medians are reported (default 3)",
     )
-    parser.add_argument(
-        "--targets",
-        type=targets_arg,
-        default=TARGETS,
-        help="where to checkpoint, comma-separated: local (a temporary folder under "
-        "$BENCH_DIR, default /var/tmp), s3 (moto on loopback). Default: local,s3",
-    )
+    add_targets_argument(parser)
     parser.add_argument(
         "--reshard_to",
         nargs="?",

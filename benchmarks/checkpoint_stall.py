@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.moto_s3 import TARGETS, s3_bucket, targets_arg  # noqa: E402
+from benchmarks.moto_s3 import add_targets_argument, s3_bucket  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = {"async": "true", "sync": "false"}
@@ -175,13 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--targets",
-        type=targets_arg,
-        default=TARGETS,
-        help="where to checkpoint, comma-separated: local (a temporary folder under "
-        "$BENCH_DIR, default /var/tmp), s3 (moto on loopback). Default: local,s3",
-    )
+    add_targets_argument(parser)
     parser.add_argument("--json", default="", help="also write the figures to this file")
     opts = parser.parse_args(argv)
     record = {"nproc": opts.nproc, "repeats": opts.repeats}

@@ -56,3 +56,14 @@ def targets_arg(value: str) -> tuple[str, ...]:
             f"{value!r}: {', '.join(unknown) or 'nothing'} is not a target; give local, s3 or local,s3"
         )
     return tuple(t for t in TARGETS if t in chosen)
+
+
+def add_targets_argument(parser: argparse.ArgumentParser) -> None:
+    """--targets: where a benchmark checkpoints (default: local,s3)."""
+    parser.add_argument(
+        "--targets",
+        type=targets_arg,
+        default=TARGETS,
+        help="where to checkpoint, comma-separated: local (a temporary folder under "
+        "$BENCH_DIR, default /var/tmp), s3 (moto on loopback). Default: local,s3",
+    )
