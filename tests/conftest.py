@@ -63,6 +63,11 @@ TINY = [
 ]
 
 
+#: The README's main job, ``torchx run -s local_cwd components.dlrm:train -j 1x2``, with this
+#: environment's torchx: tests append the component's arguments.
+LOCAL_TRAIN_1X2 = [os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2"]
+
+
 def tiny(**overrides) -> list[str]:
     """TINY with some options replaced (TorchX refuses an option given twice)."""
     values = dict(zip(TINY[::2], TINY[1::2]))

@@ -25,7 +25,7 @@ from apps.dlrm.checkpoint import (
 from apps.dlrm.config import SHARDING_TYPES, TrainConfig
 from apps.dlrm.distributed import DistEnv
 from apps.dlrm.reshard import column_map
-from tests.conftest import BIN, REPO, TINY, assert_ok, run, tiny, torchrun, trainer_pids
+from tests.conftest import BIN, LOCAL_TRAIN_1X2, REPO, TINY, assert_ok, run, tiny, torchrun, trainer_pids
 from tests.shards import assemble, saved_tensors
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
@@ -279,13 +279,7 @@ def test_a_killed_trainer_is_restarted_from_the_last_checkpoint(tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     job = subprocess.Popen(
         [
-            os.path.join(BIN, "torchx"),
-            "run",
-            "-s",
-            "local_cwd",
-            "components.dlrm:train",
-            "-j",
-            "1x2",
+            *LOCAL_TRAIN_1X2,
             "--max_retries",
             "1",
             *tiny(steps=400),

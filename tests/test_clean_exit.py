@@ -8,14 +8,13 @@ threads, before the process exits.
 """
 
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import BIN, REPO, assert_ok, process_env, run, tiny
+from tests.conftest import LOCAL_TRAIN_1X2, REPO, assert_ok, process_env, run, tiny
 from tests.test_criteo_data import write_folder
 
 # Tier (tests/conftest.py): real processes and servers.
@@ -46,13 +45,7 @@ def test_training_leaves_no_thread_running(criteo, tmp_path):
 def torchx_job(tmp_path, name: str, *args: str) -> subprocess.CompletedProcess:
     return run(
         [
-            os.path.join(BIN, "torchx"),
-            "run",
-            "-s",
-            "local_cwd",
-            "components.dlrm:train",
-            "-j",
-            "1x2",
+            *LOCAL_TRAIN_1X2,
             "--output_dir",
             str(tmp_path / name),
             *args,

@@ -4,7 +4,7 @@ import json
 import os
 
 from apps.dlrm.config import TrainConfig
-from tests.conftest import BIN, assert_ok, run
+from tests.conftest import LOCAL_TRAIN_1X2, assert_ok, run
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
@@ -14,13 +14,7 @@ def test_main_job_trains_a_sharded_dlrm_that_learns(tmp_path):
     out = tmp_path / "outputs"
     result = run(
         [
-            os.path.join(BIN, "torchx"),
-            "run",
-            "-s",
-            "local_cwd",
-            "components.dlrm:train",
-            "-j",
-            "1x2",
+            *LOCAL_TRAIN_1X2,
             "--output_dir",
             str(out),
         ],

@@ -18,7 +18,7 @@ from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.options import ConfigError, to_argv
 from benchmarks.equivalence import STEPS, TOLERANCE, compare
-from tests.conftest import assert_ok, run, torchrun
+from tests.conftest import TINY, assert_ok, run, torchrun
 from tests.test_criteo_data import TABLES, dataset, rows_of, write_folder
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
@@ -173,18 +173,7 @@ def test_dlrmv2_preset_trains_scaled_down_under_torchrun(tmp_path):
             "apps.dlrm.train",
             "--preset",
             "dlrmv2",
-            "--num_embeddings",
-            "2000",
-            "--batch_size",
-            "256",
-            "--steps",
-            "40",
-            "--log_every",
-            "20",
-            "--val_batches",
-            "4",
-            "--test_batches",
-            "4",
+            *TINY,
             "--output_dir",
             str(tmp_path),
         ]

@@ -24,6 +24,7 @@ from apps.dlrm.options import ConfigError
 from apps.dlrm.parquet.order import Pieces, eval_runs
 from tests.conftest import assert_ok, run, tiny
 from tests.moto_server import REGION
+from tests.test_criteo_data import rows_of, take
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"
@@ -72,16 +73,6 @@ def dataset(path, rank=0, world=1, **kwargs) -> ParquetClickLogs:
         **kwargs,
     }
     return ParquetClickLogs(TrainConfig(**options), rank, world, pin_memory=False)
-
-
-def rows_of(batch) -> list[int]:
-    return batch.dense_features[:, 0].long().tolist()
-
-
-def take(iterator, n):
-    batches = [next(iterator) for _ in range(n)]
-    iterator.close()
-    return batches
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from apps.dlrm.sharding import describe_plan
 from apps.dlrm.target import GiB, PlanTarget
 from components import dlrm
 from components.signature import InvalidComponentArgument
-from tests.conftest import BIN, assert_ok, run
+from tests.conftest import BIN, LOCAL_TRAIN_1X2, assert_ok, run
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"
@@ -321,13 +321,7 @@ def test_check_plan_launches_a_job_that_fits_with_the_plan_it_previewed(tmp_path
     ]
     result = run(
         [
-            os.path.join(BIN, "torchx"),
-            "run",
-            "-s",
-            "local_cwd",
-            "components.dlrm:train",
-            "-j",
-            "1x2",
+            *LOCAL_TRAIN_1X2,
             "--check_plan",
             "true",
             *args,
