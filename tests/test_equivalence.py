@@ -1,10 +1,11 @@
-"""Sharding changes where the tables live, not what is learned: 2 sharded ranks and one plain
-unsharded process, from the same weights on the same samples, follow the same loss trajectory
-(benchmarks/equivalence.py, which the GPU check also runs)."""
+"""Sharding changes where the tables live, not what is learned: 2 sharded ranks and one unsharded
+process, from the same weights on the same samples and through the same kernels, follow the same
+loss trajectory (benchmarks/equivalence.py, which the GPU check also runs). On a CPU it is the
+same to the last bit, on any CPU: a difference, however small, is a bug in one of the two sides."""
 
 import pytest
 
-from benchmarks.equivalence import STEPS, TOLERANCE, compare
+from benchmarks.equivalence import STEPS, compare
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
@@ -17,6 +18,6 @@ def test_sharded_training_matches_unsharded_reference(sharding_type, tmp_path):
     result = compare(sharding_type, WORLD, str(tmp_path))
     assert set(result.plan) == {sharding_type}
     assert len(result.sharded) == STEPS
-    assert result.sharded == pytest.approx(result.reference, abs=TOLERANCE), (result.sharded, result.reference)
-    assert result.reference[-1] < result.reference[0]  # and it is actually learning
+    assert result.sharded == result.reference, [a - b for a, b in zip(result.sharded, result.reference)]
+    assert result.learning
     assert result.equal
