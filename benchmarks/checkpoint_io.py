@@ -94,13 +94,10 @@ def evict(paths: list[str]) -> None:
 
 
 def checkpointer(cfg, run, env):
-    """Collective. The app's checkpointer of ``run`` (at ``cfg.checkpoint_dir``), as training builds it."""
-    from apps.dlrm.checkpoint import Checkpointer
-    from apps.dlrm.sharding import plan_tables
+    """Collective. The app's checkpointer of the trainer ``run`` at ``cfg.checkpoint_dir``, as training builds it."""
+    from apps.dlrm.checkpoint import Checkpointer, open_checkpoints
 
-    made = Checkpointer(cfg, env)
-    made.track(run.model, run.optimizer, plan_tables(run.plan))
-    return made
+    return Checkpointer(cfg, env, open_checkpoints(cfg, env), run.checkpointed)
 
 
 def step_files(store, step: int) -> list[str]:
@@ -213,11 +210,11 @@ class Resharded:
 def build_resharded(rows: int, sharding_type: str, env) -> Resharded:
     """Collective. The benchmark's model sharded ``sharding_type``, as the app builds it."""
     from apps.dlrm.options import ConfigError
-    from apps.dlrm.train import build_training
+    from apps.dlrm.trainer import Trainer
 
     try:
         cfg = bench_config(rows, sharding_type)
-        return Resharded(sharding_type, cfg, build_training(cfg, env))
+        return Resharded(sharding_type, cfg, Trainer(cfg, env))
     except ConfigError as e:
         return Resharded(sharding_type, error=str(e))
 
@@ -352,11 +349,11 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, res
     import torch.distributed as dist
 
     from apps.dlrm.distributed import init_distributed
-    from apps.dlrm.train import build_training
+    from apps.dlrm.trainer import Trainer
 
     env = init_distributed()
     cfg = bench_config(rows, SAVED_SHARDING)
-    run = build_training(cfg, env)
+    run = Trainer(cfg, env)
     target = None
     if reshard_to:
         scramble(run)

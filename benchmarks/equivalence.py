@@ -147,17 +147,18 @@ def worker(init_path: str, out_path: str, steps: str, *app_args: str) -> None:
     from apps.dlrm.config import parse_train_config
     from apps.dlrm.distributed import all_reduce_mean, init_distributed
     from apps.dlrm.model import EBC_PATH
-    from apps.dlrm.train import build_training
+    from apps.dlrm.trainer import Trainer
 
     cfg = parse_train_config(list(app_args))
     env = init_distributed()
-    run = build_training(cfg, env)
-    copy_into(run.model, torch.load(init_path, weights_only=True))
-    batches = run.data.train_batches()
-    losses = [all_reduce_mean(run.pipeline.progress(batches)[0].item(), env) for _ in range(int(steps))]
+    trainer = Trainer(cfg, env)
+    copy_into(trainer.model, torch.load(init_path, weights_only=True))
+    batches = trainer.data.train_batches()
+    losses = [all_reduce_mean(trainer.train_step(batches).item(), env) for _ in range(int(steps))]
     if env.is_main:
         with open(out_path, "w") as f:
-            json.dump({"losses": losses, "plan": [s.sharding_type for s in run.plan.plan[EBC_PATH].values()]}, f)
+            json.dump({"losses": losses, "plan": [s.sharding_type for s in trainer.plan.plan[EBC_PATH].values()]}, f)
+    trainer.close()
     dist.destroy_process_group()
 
 

@@ -18,33 +18,34 @@ import sys
 import torch
 import torch.distributed as dist
 
-from apps.dlrm.checkpoint import Checkpointer, TrainState
+from apps.dlrm.checkpoint import Checkpointer, TrainState, open_checkpoints
 from apps.dlrm.config import parse_train_config
 from apps.dlrm.distributed import DistEnv, init_distributed
-from apps.dlrm.sharding import plan_tables
-from apps.dlrm.train import build_training, train
+from apps.dlrm.train import train
+from apps.dlrm.trainer import Trainer
 from tests.shards import local_pieces
 
 
 def resume_each(args: list[str], checkpoint_dirs: list[str], out_prefix: str, env: DistEnv) -> None:
     """Builds the app's model for ``args``, then resumes it from each of ``checkpoint_dirs``."""
     cfg = parse_train_config(args)
-    run = build_training(cfg, env)
+    trainer = Trainer(cfg, env)
     for i, checkpoint_dir in enumerate(checkpoint_dirs):
-        checkpointer = Checkpointer(dataclasses.replace(cfg, checkpoint_dir=checkpoint_dir), env)
+        cfg_i = dataclasses.replace(cfg, checkpoint_dir=checkpoint_dir)
+        checkpointer = Checkpointer(cfg_i, env, open_checkpoints(cfg_i, env), trainer.checkpointed)
         assert checkpointer.resume_from is not None, f"no checkpoint to resume from in {checkpoint_dir}"
-        checkpointer.track(run.model, run.optimizer, plan_tables(run.plan))
         state = TrainState(env.rank)
         checkpointer.restore(state)
         torch.save(
             {
                 "progress": state.progress(),
                 "pieces": local_pieces(checkpointer.entries(state)),
-                "plan": plan_tables(run.plan),
+                "plan": trainer.checkpointed.plan,
             },
             f"{out_prefix}.{i}.rank{env.rank}.pt",
         )
         checkpointer.close()
+    trainer.close()
 
 
 def main() -> None:

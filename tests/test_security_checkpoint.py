@@ -16,7 +16,15 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-from apps.dlrm.checkpoint import COMMIT_MARKER, Checkpoint, Checkpointer, CheckpointStore, TrainState, open_checkpoints
+from apps.dlrm.checkpoint import (
+    COMMIT_MARKER,
+    Checkpoint,
+    Checkpointed,
+    Checkpointer,
+    CheckpointStore,
+    TrainState,
+    open_checkpoints,
+)
 from apps.dlrm.checkpoint_storage import CheckpointError, CheckpointReader
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.distributed import DistEnv, free_port
@@ -62,8 +70,7 @@ def save_tiny(cfg: TrainConfig, env: DistEnv, step: int) -> tuple[Checkpointer, 
     """A run's checkpointer, after the app's own save of a small model and optimizer."""
     model = torch.nn.Linear(2, 1)
     optimizer = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda p: torch.optim.SGD(p, lr=0.1))
-    checkpointer = Checkpointer(cfg, env)
-    checkpointer.track(model, optimizer, {})
+    checkpointer = Checkpointer(cfg, env, open_checkpoints(cfg, env), Checkpointed(model, optimizer, {}))
     url = checkpointer.save(TrainState(env.rank, step, 0.5))
     checkpointer.close()
     return checkpointer, url
@@ -140,7 +147,7 @@ def test_a_run_that_would_save_over_another_jobs_folder_is_refused_before_traini
     root = tmp_path / "ckpt"
     step_folder(root, "step_00000015", owner="theirs")  # a step this run never saves: no matter
     cfg = TrainConfig(checkpoint_dir=str(root), checkpoint_every=10, steps=40)
-    assert open_checkpoints(cfg, world_of_one)[1] is None
+    assert open_checkpoints(cfg, world_of_one).resume_from is None
     folder = step_folder(root, "step_00000030", owner="theirs")
     with pytest.raises(CheckpointError, match="step_00000030 exists already, written by run theirs"):
         open_checkpoints(cfg, world_of_one)

@@ -398,14 +398,22 @@ def _signature_value(value: Any) -> str:
 # --- the training run's checkpoints -------------------------------------------------------------
 
 
-def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> tuple[CheckpointStore | None, Checkpoint | None]:
+@dataclass
+class CheckpointFolder:
+    """``--checkpoint_dir`` opened: its store (None without one) and the checkpoint to resume from."""
+
+    store: CheckpointStore | None
+    resume_from: Checkpoint | None
+
+
+def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> CheckpointFolder:
     """Collective. The store of ``--checkpoint_dir`` and the checkpoint to resume from (if any).
 
     Rank 0 checks that the location is writable and picks the newest committed checkpoint;
     every rank gets the same answer or raises the same error, before any training step.
     """
     if not cfg.checkpoint_dir:
-        return None, None
+        return CheckpointFolder(None, None)
     if cfg.checkpoint_dir.startswith("memory://") and env.world_size > 1:
         raise CheckpointError(
             f"--checkpoint_dir {cfg.checkpoint_dir}: memory:// lives inside one process, so "
@@ -424,7 +432,7 @@ def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> tuple[CheckpointStore | 
 
     resume_from, store.run_id = decided_by_main(newest, env)
     check_shared(store, env)
-    return store, resume_from
+    return CheckpointFolder(store, resume_from)
 
 
 def is_checkpoint_step(cfg: TrainConfig, step: int) -> bool:
@@ -503,12 +511,23 @@ class TrainState:
         return {"step": self.step, "train_loss": self.train_loss}
 
 
-class Checkpointer:
-    """The checkpoints of one training run, built once with it (collective).
+@dataclass
+class Checkpointed:
+    """What a checkpoint holds beside the run's :class:`TrainState`: the sharded model, its
+    optimizers, and the plan they are sharded by (per table, as
+    :func:`apps.dlrm.sharding.plan_tables` gives it; written into the manifest)."""
 
-    It opens --checkpoint_dir and picks the checkpoint to resume from (before the model is
-    built, so that a bad location fails in seconds), then, given what to save (:meth:`track`),
-    says which steps save,
+    model: nn.Module
+    optimizer: CombinedOptimizer
+    plan: dict[str, dict[str, Any]]
+
+
+class Checkpointer:
+    """The checkpoints of one training run, built once with what they hold (collective).
+
+    Given ``--checkpoint_dir`` already opened (:func:`open_checkpoints`, which runs before the
+    model is built, so that a bad location fails in seconds) and what to save, it says which
+    steps save,
     saves (in the background with --checkpoint_async: the state is copied to host memory, then
     written while training goes on) and commits, restores, and has the store prune. At most one
     save is in flight: the next one, and :meth:`close`, wait for it. A save commits (its
@@ -516,13 +535,12 @@ class Checkpointer:
     ``.metadata`` are written, so a run that dies mid-save leaves nothing that counts.
     """
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
+    def __init__(self, cfg: TrainConfig, env: DistEnv, folder: CheckpointFolder, checkpointed: Checkpointed) -> None:
         self.cfg, self.env = cfg, env
-        self.store, self.resume_from = open_checkpoints(cfg, env)
+        self.store, self.resume_from = folder.store, folder.resume_from
+        self.checkpointed = checkpointed
         self.stalls: list[float] = []  # seconds each save blocked the training loop
         self.waits: list[float] = []  # of which waiting for the save before it to be written
-        self._parts: tuple[nn.Module, CombinedOptimizer] | None = None
-        self.plan: dict[str, dict[str, Any]] = {}
         self._in_flight: ConcurrentFuture | None = None
         # Async saves coordinate over a gloo group of their own: their collectives run in DCP's
         # writer thread while training's run on the default group.
@@ -530,11 +548,6 @@ class Checkpointer:
         if self.store is not None and cfg.checkpoint_async:
             group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
             self._async = group, HostStager(pinned=env.device.type == "cuda")
-
-    def track(self, model: nn.Module, optimizer: CombinedOptimizer, plan: dict[str, dict[str, Any]]) -> None:
-        """What the checkpoints hold: the sharded model, its optimizers, and the plan they are
-        sharded by (per table, as :func:`apps.dlrm.sharding.plan_tables` gives it)."""
-        self._parts, self.plan = (model, optimizer), plan
 
     def due(self, step: int) -> bool:
         """Whether a checkpoint is saved after ``step``."""
@@ -569,7 +582,7 @@ class Checkpointer:
         optimizer.load_state_dict(optimizer_state)
         state.load_state_dict(entries)
         if self.env.is_main and resharding.converted:
-            logger.info("%s", _describe_resharding(checkpoint, self.plan, resharding.converted))
+            logger.info("%s", _describe_resharding(checkpoint, self.checkpointed.plan, resharding.converted))
         return checkpoint
 
     def save(self, state: TrainState) -> str:
@@ -620,9 +633,8 @@ class Checkpointer:
         stateful parts. Tables and fused optimizer states are sharded tensors, each rank saving
         and loading its own shards; the model's state dict holds views of its weights, so DCP
         loads into them in place (no second copy through ``load_state_dict``)."""
-        assert self._parts is not None, "track() says what checkpoints hold, before any save or restore"
-        model, optimizer = self._parts
-        return {"model": model.state_dict(), "optimizer": optimizer, **state.state_dict()}
+        parts = self.checkpointed
+        return {"model": parts.model.state_dict(), "optimizer": parts.optimizer, **state.state_dict()}
 
     def _manifest(self, state: TrainState) -> dict[str, Any]:
         return {
@@ -630,7 +642,7 @@ class Checkpointer:
             "world_size": self.env.world_size,
             "progress": state.progress(),
             "model": model_signature(self.cfg),
-            "sharding_plan": self.plan,
+            "sharding_plan": self.checkpointed.plan,
             "config": config_record(self.cfg),
             "versions": package_versions(),
             "run_id": self._store().run_id,

@@ -1,0 +1,271 @@
+"""The owner of a training run: :class:`Trainer`.
+
+The recipe: build the model on the meta device, fuse the embedding optimizer into backward,
+plan and shard the tables across ranks, then step TorchRec's training pipeline, validate and
+test with metrics synced across ranks, checkpoint on the way, and write summary.json.
+"""
+
+import contextlib
+import logging
+from typing import Any, Callable, Generator, Iterator
+
+import torch
+import torch.distributed as dist
+import torchrec
+from torch import nn
+from torchrec.datasets.utils import Batch
+from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSparseDist, train_pipelines
+
+from apps.dlrm.checkpoint import Checkpoint, Checkpointed, Checkpointer, TrainState, open_checkpoints
+from apps.dlrm.config import TrainConfig
+from apps.dlrm.data import make_dataset
+from apps.dlrm.device_support import check_device_support
+from apps.dlrm.distributed import DistEnv, all_reduce_mean
+from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
+from apps.dlrm.model import speed_up_dense
+from apps.dlrm.optim import LRSchedule, training_optimizer
+from apps.dlrm.options import ConfigError
+from apps.dlrm.report import Reporter
+from apps.dlrm.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
+from apps.dlrm.urls import config_record
+
+logger = logging.getLogger("apps.dlrm")
+
+#: --pipeline -> TorchRec's class of that name (torchrec.distributed.train_pipeline).
+PIPELINE_CLASSES = {
+    "sparse_dist": "TrainPipelineSparseDist",
+    "base": "TrainPipelineBase",
+    "semi_sync": "TrainPipelineSemiSync",
+    "fused_sparse_dist": "TrainPipelineFusedSparseDist",
+    "sparse_dist_lite": "TrainPipelineSparseDistLite",
+    "prefetch": "PrefetchTrainPipelineSparseDist",
+}
+
+
+def pipeline_class(cfg: TrainConfig) -> type[TrainPipeline]:
+    """TorchRec's pipeline class that --pipeline names, if this TorchRec has it."""
+    name = PIPELINE_CLASSES[cfg.pipeline]
+    cls = getattr(train_pipelines, name, None)
+    if cls is None:
+        raise ConfigError(
+            f"--pipeline {cfg.pipeline} needs TorchRec's {name}, which torchrec "
+            f"{torchrec.__version__} does not have: upgrade torchrec or use --pipeline sparse_dist"
+        )
+    return cls
+
+
+class Trainer:
+    """One training run, built once (collective) from its config and process group: it owns the
+    data, the sharded model, its optimizers and learning-rate schedule, TorchRec's pipeline, the
+    checkpointer, the reporter and where the run is (:class:`TrainState`).
+
+    ``fit()`` resumes, trains, validates and tests, and writes summary.json; ``evaluate()``
+    measures a split; ``close()`` must follow (it waits for a checkpoint still being written).
+    """
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
+        check_device_support(cfg, env.device)
+        self.cfg, self.env = cfg, env
+        self.reporter = Reporter(cfg.output_dir, enabled=env.is_main)
+        folder = open_checkpoints(cfg, env)  # before the model: a bad --checkpoint_dir fails in seconds
+        pipeline_cls = pipeline_class(cfg)
+        self.data = make_dataset(cfg, env)  # so does a bad --data_path
+        if env.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
+            torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
+        # Same seed on every rank: DDP needs identical dense weights to start from.
+        torch.manual_seed(cfg.seed)
+        model, sharder = model_to_shard(cfg, env.device, dense_device=env.device)
+        speed_up_dense(cfg, model, env.device)
+        self.plan = build_plan(cfg, model, sharder, env)
+        self.model = shard_model(model, self.plan, sharder, env)
+        self.optimizer = training_optimizer(cfg, self.model)
+        self.schedule = LRSchedule(cfg, self.optimizer)
+        self.pipeline = pipeline_cls(self.model, self.optimizer, env.device)
+        self.checkpointer = Checkpointer(cfg, env, folder, self.checkpointed)
+        self.state = TrainState(env.rank)
+
+    @property
+    def checkpointed(self) -> Checkpointed:
+        """What this run's checkpoints hold."""
+        return Checkpointed(self.model, self.optimizer, plan_tables(self.plan))
+
+    def fit(self) -> dict[str, Any]:
+        """The whole run: resume or start, train to --steps, validate and test, and write
+        summary.json; returns the summary."""
+        cfg, env = self.cfg, self.env
+        self.reporter.log("sharding plan (%s):\n%s", cfg.sharding_type, describe_plan(self.plan))
+        resumed = self.restore()
+        self.reporter.log(
+            "training steps %d..%d of %d samples x %d ranks on %s (%s)",
+            self.state.step + 1,
+            cfg.steps,
+            cfg.batch_size,
+            env.world_size,
+            env.device.type,
+            env.backend,
+        )
+        throughput = self._train()
+        val = self.evaluate("val", cfg.val_batches)
+        test = self.evaluate("test", cfg.test_batches)
+        self.reporter.scalars("val", val, cfg.steps)
+        self.reporter.scalars("test", test, cfg.steps)
+        self.reporter.log("validation: %s", _fmt_metrics(val))
+        self.reporter.log("test: %s", _fmt_metrics(test))
+        self.checkpointer.wait()
+        summary = self._summary(val, test, resumed, throughput)
+        path = self.reporter.write_summary(summary)
+        if path:
+            self.reporter.log("wrote %s", path)
+        self.reporter.close()
+        return summary
+
+    def restore(self) -> Checkpoint | None:
+        """Collective. Resumes from the newest committed checkpoint of --checkpoint_dir, if any."""
+        resumed = self.checkpointer.restore(self.state)
+        if resumed is not None:
+            self.reporter.log("resumed from %s (step %d)", resumed.url, self.state.step)
+        return resumed
+
+    def train_step(self, batches: Iterator[Batch]) -> torch.Tensor:
+        """Trains on the next batch at the scheduled learning rate; returns its loss (on the device)."""
+        self.schedule.apply(self.state.step)
+        loss, _, _ = self.pipeline.progress(batches)
+        self.state.step += 1
+        return loss
+
+    def evaluate(self, split: str, num_batches: int) -> dict[str, float]:
+        """Metrics on ``split`` over all ranks (with the teacher's ceiling on validation data
+        that has one); the pipeline's batches in flight wait meanwhile."""
+        teacher = self.data.teacher() if split == "val" else None
+        with self._pipeline_paused() as model:
+            return evaluate(model, self.data.eval_batches(split, num_batches), self.env, teacher)
+
+    def close(self) -> None:
+        """Waits for the last save, still being written, to commit: before the process group goes."""
+        self.checkpointer.close()
+
+    def _train(self) -> Throughput:
+        """Trains from ``state.step`` to --steps, logging, validating and checkpointing on the way."""
+        cfg, env, state, reporter = self.cfg, self.env, self.state, self.reporter
+        global_batch = cfg.batch_size * env.world_size
+        throughput, window_meter = Throughput(), Throughput()
+        window: list[torch.Tensor] = []
+        reporter.progress(total=cfg.steps, initial=state.step)
+        stopwatch = Stopwatch()
+        # Closed when training ends or fails: a data loader's threads must not outlive it.
+        with contextlib.closing(self.data.train_batches(start_step=state.step)) as batches:
+            while state.step < cfg.steps:
+                window.append(self.train_step(batches))
+                step = state.step
+                checkpoint_due = self.checkpointer.due(step)
+                log_due = step % cfg.log_every == 0 or step == cfg.steps or checkpoint_due
+                # The only host sync of a training step, on log steps: it waits for the device to
+                # finish, so that the lap below times work done, not work queued.
+                window_losses = torch.stack(window).tolist() if log_due else []
+                elapsed = stopwatch.lap()
+                throughput.add(elapsed, global_batch)
+                window_meter.add(elapsed, global_batch)
+                if log_due:
+                    state.train_loss = all_reduce_mean(window_losses[-1], env)
+                    window_loss = all_reduce_mean(sum(window_losses) / len(window_losses), env)
+                    reporter.scalars(
+                        "train", {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}, step
+                    )
+                    reporter.log(
+                        "step %d/%d  loss %.4f  %.0f samples/s",
+                        step,
+                        cfg.steps,
+                        window_loss,
+                        window_meter.samples_per_sec,
+                    )
+                    window, window_meter = [], Throughput()
+                    reporter.step(loss=window_loss)
+                else:
+                    reporter.step()
+                if cfg.validate_every and step % cfg.validate_every == 0 and step < cfg.steps:
+                    val = self.evaluate("val", cfg.val_batches)
+                    reporter.scalars("val", val, step)
+                    reporter.log("step %d validation: %s", step, _fmt_metrics(val))
+                if checkpoint_due:
+                    url = self.checkpointer.save(state)
+                    reporter.log(
+                        "step %d: checkpoint taken for %s (training stopped %.2f s)",
+                        step,
+                        url,
+                        self.checkpointer.stalls[-1],
+                    )
+                stopwatch.lap()  # validation and checkpoint time is not training time
+        reporter.close_progress()
+        return throughput
+
+    @contextlib.contextmanager
+    def _pipeline_paused(self) -> Iterator[nn.Module]:
+        """The plain model, while the pipeline's in-flight batches wait: a sparse-dist pipeline
+        swaps the model's forward for its own and must give it back first."""
+        if isinstance(self.pipeline, TrainPipelineSparseDist):
+            yield self.pipeline.detach()
+            self.pipeline.attach()
+        else:
+            yield self.model
+
+    def _summary(
+        self, val: dict[str, float], test: dict[str, float], resumed: Checkpoint | None, throughput: Throughput
+    ) -> dict[str, Any]:
+        cfg, env = self.cfg, self.env
+        return {
+            "val_auroc": val["auroc"],
+            "val_log_loss": val["log_loss"],
+            "val_accuracy": val["accuracy"],
+            "auroc_ceiling": val.get("auroc_ceiling"),
+            "test_auroc": test["auroc"],
+            "test_log_loss": test["log_loss"],
+            "test_accuracy": test["accuracy"],
+            "final_train_loss": self.state.train_loss,
+            "resumed_from_step": resumed.step if resumed else None,
+            "samples_per_sec": throughput.samples_per_sec,
+            "train_seconds": throughput.seconds,
+            "steps": self.state.step,
+            "world_size": env.world_size,
+            "global_batch_size": cfg.batch_size * env.world_size,
+            "device": env.device.type,
+            "backend": env.backend,
+            "peak_hbm_bytes": peak_hbm_bytes(env),
+            "checkpoint_stall_seconds": self.checkpointer.stalls,
+            "checkpoint_wait_seconds": self.checkpointer.waits,
+            "sharding_plan": describe_plan(self.plan).splitlines(),
+            "config": config_record(cfg),
+        }
+
+
+def evaluate(
+    model: nn.Module,
+    batches: Generator[Batch, None, None],
+    env: DistEnv,
+    teacher: Callable[[Batch], torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """Metrics of ``model`` over this rank's ``batches``, gathered over all ranks."""
+    metrics = EvalMetrics(env.device, with_teacher=teacher is not None)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), contextlib.closing(batches):
+        for batch in batches:
+            teacher_logits = teacher(batch) if teacher is not None else None
+            _, (_, logits, labels) = model(batch.to(env.device))
+            metrics.update(logits, labels, teacher_logits)
+    model.train(was_training)
+    return metrics.compute()
+
+
+def peak_hbm_bytes(env: DistEnv) -> int | None:
+    """The most GPU memory any rank's tensors took at once (None on CPU ranks): what to set
+    against the planner's estimate (``components.dlrm:plan``)."""
+    if env.device.type != "cuda":
+        return None
+    peak = torch.tensor([torch.cuda.max_memory_allocated(env.device)], dtype=torch.int64, device=env.device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return int(peak.item())
+
+
+def _fmt_metrics(values: dict[str, float]) -> str:
+    return "  ".join(f"{name} {value:.4f}" for name, value in sorted(values.items()))
