@@ -57,9 +57,9 @@ DEFAULT_RESHARD = "row_wise"  # planned by the app on CPUs and GPUs; keeps the o
 def bench_config(rows: int, sharding_type: str):
     """The benchmark's model: 8 tables of ``rows`` x 32, sharded ``sharding_type``, saved
     synchronously (the save's own throughput is measured, not the training's stall)."""
-    from apps.dlrm.config import TrainConfig
+    from apps.dlrm.config import train_config
 
-    return TrainConfig(
+    return train_config(
         num_sparse_features=8,
         num_embeddings=rows,
         embedding_dim=32,
@@ -94,7 +94,7 @@ def evict(paths: list[str]) -> None:
 
 
 def checkpointer(cfg, run, env):
-    """Collective. The app's checkpointer of the trainer ``run`` at ``cfg.checkpoint_dir``, as training builds it."""
+    """Collective. The app's checkpointer of the trainer ``run`` at ``cfg.checkpoint.checkpoint_dir``, as training builds it."""
     from apps.dlrm.checkpoint import Checkpointer, open_checkpoints
 
     return Checkpointer(cfg, env, open_checkpoints(cfg, env), run.checkpointed)
@@ -295,7 +295,7 @@ def measure(url: str, run, cfg, target: Resharded | None, repeats: int, env) -> 
     """Collective. The figures of one location (the --json report's entry for it)."""
     # Every save and raw write makes new files, and none is deleted while measuring (a save
     # beyond --keep_last would also time the deletion of the oldest checkpoint).
-    cfg.checkpoint_dir, cfg.keep_last = url, repeats
+    cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_last = url, repeats
     app = checkpointer(cfg, run, env)
     local = "://" not in url
     seconds: dict[str, list[float]] = {name: [] for name in RATES}

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from apps.dlrm.config import TrainConfig  # noqa: E402
+from apps.dlrm.config import train_config  # noqa: E402
 from apps.dlrm.criteo.layout import ARRAYS, FORMAT, FORMAT_VERSION, array_file, day_report_file, write_json  # noqa: E402
 from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
 from apps.dlrm.data.criteo import CriteoClickLogs  # noqa: E402
@@ -175,7 +175,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         write_folder(folder, args.rows)
         warm(folder)
-        cfg = TrainConfig(
+        cfg = train_config(
             data="criteo",
             data_path=folder,
             table_size_preset="mlperf",

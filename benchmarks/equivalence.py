@@ -28,7 +28,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from apps.dlrm.config import POOLINGS, SHARDING_TYPES, TrainConfig  # noqa: E402
+from apps.dlrm.config import POOLINGS, SHARDING_TYPES, train_config  # noqa: E402
 from apps.dlrm.model import build_model  # noqa: E402
 from apps.dlrm.options import to_argv  # noqa: E402
 from benchmarks.unsharded_reference import reference_losses  # noqa: E402
@@ -95,11 +95,11 @@ def compare(sharding_type: str, world_size: int, workdir: str, steps: int = STEP
     ``options`` are other TrainConfig fields, the same on both sides (e.g. ``multi_hot_sizes``
     and ``pooling``: the sharded tables' pooling against EmbeddingBagCollection's own).
     """
-    cfg = TrainConfig(
+    cfg = train_config(
         num_embeddings=500, batch_size=64, sharding_type=sharding_type, allow_tf32=False, output_dir="", **options
     )
     torch.manual_seed(1234)
-    init = build_model(cfg, torch.device("cpu"), table_device=torch.device("cpu")).state_dict()
+    init = build_model(cfg.model, torch.device("cpu"), table_device=torch.device("cpu")).state_dict()
     init_path, out_path = os.path.join(workdir, "init.pt"), os.path.join(workdir, "losses.json")
     torch.save(init, init_path)
     cmd = [

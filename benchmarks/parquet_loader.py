@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from apps.dlrm.config import TrainConfig  # noqa: E402
+from apps.dlrm.config import train_config  # noqa: E402
 from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES  # noqa: E402
 from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
 from apps.dlrm.data.parquet import ParquetClickLogs  # noqa: E402
@@ -86,7 +86,7 @@ def timed(start: Callable[[], tuple[Iterator, int | None]]) -> tuple[float, floa
 
 def ours(data_path: str, batch_size: int) -> Callable[[], tuple[Iterator, int | None]]:
     """One epoch's worth of one rank's training batches."""
-    cfg = TrainConfig(
+    cfg = train_config(
         data="parquet",
         data_path=data_path,
         table_size_preset="mlperf",

@@ -37,33 +37,37 @@ def main() -> None:
     )
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
-        torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
-    torch.manual_seed(cfg.seed)
+        torch.backends.cuda.matmul.allow_tf32 = cfg.launch.allow_tf32
+        torch.backends.cudnn.allow_tf32 = cfg.launch.allow_tf32
+    torch.manual_seed(cfg.training.seed)
     model = DLRMTrain(
         DLRM(
-            embedding_bag_collection=EmbeddingBagCollection(tables=table_configs(cfg), device=torch.device("meta")),
-            dense_in_features=cfg.num_dense_features,
-            dense_arch_layer_sizes=cfg.dense_arch_layer_sizes,
-            over_arch_layer_sizes=cfg.over_arch_layer_sizes,
+            embedding_bag_collection=EmbeddingBagCollection(
+                tables=table_configs(cfg.model), device=torch.device("meta")
+            ),
+            dense_in_features=cfg.model.num_dense_features,
+            dense_arch_layer_sizes=cfg.model.dense_arch_layer_sizes,
+            over_arch_layer_sizes=cfg.model.over_arch_layer_sizes,
             dense_device=device,
         )
     )
-    apply_optimizer_in_backward(RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": cfg.learning_rate})
+    apply_optimizer_in_backward(
+        RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": cfg.training.learning_rate}
+    )
     model = DistributedModelParallel(module=model, device=device, sharders=[EmbeddingBagCollectionSharder()])
     optimizer = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
-        lambda params: torch.optim.Adagrad(params, lr=cfg.dense_lr),
+        lambda params: torch.optim.Adagrad(params, lr=cfg.training.dense_lr),
     )
     pipeline = TrainPipelineSparseDist(model, optimizer, device)
     batches = SyntheticClickLogs(cfg, rank, world, device).train_batches()
     start = time.perf_counter()
-    for _ in range(cfg.steps):
+    for _ in range(cfg.training.steps):
         loss, _, _ = pipeline.progress(batches)
     loss.item()  # wait for the last step
     seconds = time.perf_counter() - start
     if rank == 0:
-        print(json.dumps({"samples_per_sec": cfg.steps * cfg.batch_size * world / seconds}))
+        print(json.dumps({"samples_per_sec": cfg.training.steps * cfg.training.batch_size * world / seconds}))
     dist.destroy_process_group()
 
 

@@ -79,7 +79,7 @@ LEVERS = {
     "prefetch": ["--pipeline", "prefetch"],
     "bf16_compile": ["--dense_precision", "bf16", "--compile_dense", "default"],
     # Twice the preset's batch per rank (the AUROC at a larger batch is the main job's to show).
-    "batch_x2": lambda cfg: ["--batch_size", str(2 * cfg.batch_size)],
+    "batch_x2": lambda cfg: ["--batch_size", str(2 * cfg.training.batch_size)],
 }
 #: Levers that only run on GPUs.
 GPU_LEVERS = {"cuda_graphs", "semi_sync", "fused_sparse_dist", "prefetch"}

@@ -57,23 +57,23 @@ class UnshardedReference:
     """The model, its optimizers and its data, stepped one global batch at a time."""
 
     def __init__(self, cfg: TrainConfig, init: dict[str, torch.Tensor], world_size: int) -> None:
-        if cfg.sharding_type not in ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"):
-            raise ValueError(f"no reference for --sharding_type {cfg.sharding_type}: name one sharding type")
+        if cfg.launch.sharding_type not in ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"):
+            raise ValueError(f"no reference for --sharding_type {cfg.launch.sharding_type}: name one sharding type")
         self.world_size = world_size
-        self.train_module: DLRMTrain = build_model(cfg, dense_device=CPU, table_device=CPU)
+        self.train_module: DLRMTrain = build_model(cfg.model, dense_device=CPU, table_device=CPU)
         self.train_module.load_state_dict(init)
-        self.per_block_tables = cfg.sharding_type == "data_parallel"
-        dense_cls, dense_kwargs = optimizer_class(cfg.dense_optimizer, cfg.dense_lr)
+        self.per_block_tables = cfg.launch.sharding_type == "data_parallel"
+        dense_cls, dense_kwargs = optimizer_class(cfg.training.dense_optimizer, cfg.training.dense_lr)
         dense = [p for name, p in self.train_module.named_parameters() if "sparse_arch" not in name]
         self.optimizers: list[torch.optim.Optimizer] = [dense_cls(dense, **dense_kwargs)]
-        table_cls, table_kwargs = optimizer_class(cfg.embedding_optimizer, cfg.learning_rate)
+        table_cls, table_kwargs = optimizer_class(cfg.training.embedding_optimizer, cfg.training.learning_rate)
         sparse_arch = self.train_module.model.sparse_arch
         if self.per_block_tables:
             order_tables_as_fbgemm(sparse_arch)
             self.optimizers.append(table_cls(list(sparse_arch.parameters()), **table_kwargs))
         else:
             fused = FusedEmbeddingBagCollection(
-                tables=table_configs(cfg), optimizer_type=table_cls, optimizer_kwargs=table_kwargs, device=CPU
+                tables=table_configs(cfg.model), optimizer_type=table_cls, optimizer_kwargs=table_kwargs, device=CPU
             )
             fused.load_state_dict(sparse_arch.embedding_bag_collection.state_dict())
             sparse_arch.embedding_bag_collection = fused

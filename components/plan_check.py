@@ -38,7 +38,9 @@ class PlanCheck:
             _check_hbm_gb(launch, cfg)
             return
         try:
-            target = PlanTarget(j=launch.j, h=launch.h or "", gpu=launch.gpu, memMB=launch.memMB, hbm_gb=cfg.hbm_gb)
+            target = PlanTarget(
+                j=launch.j, h=launch.h or "", gpu=launch.gpu, memMB=launch.memMB, hbm_gb=cfg.launch.hbm_gb
+            )
             with _info_logs_off():
                 # Imported only when asked: planning loads torch and torchrec, building a job does not.
                 from apps.dlrm.plan import check_plan_fits
@@ -52,7 +54,7 @@ class PlanCheck:
 def _check_hbm_gb(launch: Launch, cfg: TrainConfig) -> None:
     resource = launch.resource or specs.Resource(cpu=launch.cpu, gpu=launch.gpu, memMB=launch.memMB)
     try:
-        check_hbm_gb(cfg.hbm_gb, resource, launch.h)
+        check_hbm_gb(cfg.launch.hbm_gb, resource, launch.h)
     except ConfigError as e:
         raise InvalidComponentArgument(str(e)) from None
 

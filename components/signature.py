@@ -22,7 +22,16 @@ from torchx import specs
 from torchx.specs.finder import ComponentValidationException
 from torchx.util.types import to_dict
 
-from apps.dlrm.options import ConfigError, field_default, help_text, options_of, value_parser
+from apps.dlrm.options import (
+    ConfigError,
+    Options,
+    field_default,
+    given_options,
+    help_text,
+    option_types,
+    options_of,
+    value_parser,
+)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance  # exists only for type checkers
@@ -48,7 +57,7 @@ def component_args(*configs: type) -> Callable[[F], F]:
         parameters = []
         args_doc = []
         for cls in configs:
-            hints = typing.get_type_hints(cls)
+            hints = option_types(cls)
             for field in options_of(cls):
                 parameters.append(
                     inspect.Parameter(
@@ -72,16 +81,23 @@ def component_args(*configs: type) -> Callable[[F], F]:
 
 
 def take(cls: type[D], kwargs: dict[str, Any]) -> D:
-    """Builds ``cls`` from the arguments in ``kwargs`` that are its fields (defaults for the rest).
+    """Builds ``cls`` from the arguments in ``kwargs`` that are its options (defaults for the rest).
 
     Arguments still in their text form (from TorchX's CLI or a .torchxconfig) are parsed here.
+    TorchX hands every argument over, given or not; for a configuration of sections
+    (:class:`~apps.dlrm.options.Options`) those that differ from their default count as given,
+    so a --preset fills the others (an argument given at its default value cannot be told apart
+    here, unlike on the app's own command line).
     """
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints = option_types(cls)
+    names = {f.name for f in options_of(cls)} if issubclass(cls, Options) else {f.name for f in dataclasses.fields(cls)}
     try:
         for name in names & set(kwargs):
             _refuse_macros(name, kwargs[name])
-        return cls(**{k: _from_text(k, hints[k], v) for k, v in kwargs.items() if k in names})
+        values = {k: _from_text(k, hints[k], v) for k, v in kwargs.items() if k in names}
+        if issubclass(cls, Options):
+            return cls.from_options(given_options(cls, values))
+        return cls(**values)
     except ConfigError as e:
         raise InvalidComponentArgument(str(e)) from None
 
@@ -129,7 +145,9 @@ def _parse_dict(text: str) -> dict[str, str]:
 
 
 def reject_unknown(kwargs: dict[str, Any], *configs: type) -> None:
-    known = {f.name for cls in configs for f in dataclasses.fields(cls)}
+    known = {f.name for cls in configs for f in dataclasses.fields(cls)} | {
+        f.name for cls in configs for f in options_of(cls)
+    }
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise InvalidComponentArgument(f"unknown component arguments: {', '.join(unknown)}")

@@ -11,7 +11,6 @@ state, as the pieces (offsets, values) the rank holds under its own sharding. On
 many runs: starting torchrun and importing TorchRec take most of a small run's time.
 """
 
-import dataclasses
 import json
 import sys
 
@@ -31,7 +30,7 @@ def resume_each(args: list[str], checkpoint_dirs: list[str], out_prefix: str, en
     cfg = parse_train_config(args)
     trainer = Trainer(cfg, env)
     for i, checkpoint_dir in enumerate(checkpoint_dirs):
-        cfg_i = dataclasses.replace(cfg, checkpoint_dir=checkpoint_dir)
+        cfg_i = cfg.replace(checkpoint_dir=checkpoint_dir)
         checkpointer = Checkpointer(cfg_i, env, open_checkpoints(cfg_i, env), trainer.checkpointed)
         assert checkpointer.resume_from is not None, f"no checkpoint to resume from in {checkpoint_dir}"
         state = TrainState(env.rank)

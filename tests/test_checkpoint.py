@@ -22,7 +22,7 @@ from apps.dlrm.checkpoint import (
     model_signature,
     open_checkpoints,
 )
-from apps.dlrm.config import SHARDING_TYPES, TrainConfig
+from apps.dlrm.config import SHARDING_TYPES, train_config
 from apps.dlrm.distributed import DistEnv
 from apps.dlrm.reshard import column_map
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, REPO, TINY, assert_ok, run, tiny, torchrun, trainer_pids
@@ -347,7 +347,7 @@ def test_which_sharding_changes_keep_the_optimizer_state(saved, current):
     """All of them: a checkpoint of the same model resumes under any sharding, and its
     optimizer state comes along (tests/test_reshard.py resumes each pair). Row-wise state is
     exact but where whole rows become column shards: each shard then gets the row's mean."""
-    cfg = TrainConfig(embedding_dim=256, dense_arch_layer_sizes=[64, 256])
+    cfg = train_config(embedding_dim=256, dense_arch_layer_sizes=[64, 256])
     manifest = {"model": model_signature(cfg), "sharding_plan": {"t_cat_0": {"type": saved, "ranks": [0, 1]}}}
     check_compatible(Checkpoint("file:///ckpt/step_00000010", 10, manifest), cfg)
     whole = ((0, 256),)
@@ -359,4 +359,4 @@ def test_which_sharding_changes_keep_the_optimizer_state(saved, current):
 def test_memory_urls_are_refused_for_several_ranks():
     env = DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, device=torch.device("cpu"), backend="gloo")
     with pytest.raises(CheckpointError, match="memory:// lives inside one process"):
-        open_checkpoints(TrainConfig(checkpoint_dir="memory://x"), env)
+        open_checkpoints(train_config(checkpoint_dir="memory://x"), env)

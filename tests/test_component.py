@@ -10,8 +10,9 @@ import pytest
 from torchx import specs
 from torchx.specs.builders import materialize_appdef
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import TrainConfig, train_config
 from apps.dlrm.job_shape import parse_job_size
+from apps.dlrm.options import options_of
 from components import dlrm
 from components.launch import DEFAULT_ENV
 from components.signature import InvalidComponentArgument
@@ -54,7 +55,7 @@ def test_training_arguments_reach_the_app_unchanged():
     app_args = cmd[cmd.index("apps.dlrm.train") + 1 :]
     from apps.dlrm.config import parse_train_config
 
-    assert parse_train_config(app_args) == TrainConfig(
+    assert parse_train_config(app_args) == train_config(
         batch_size=4096,
         sharding_type="row_wise",
         num_sparse_features=3,
@@ -155,7 +156,7 @@ def torchx(*args: str, cwd: str) -> subprocess.CompletedProcess:
 def test_torchx_help_is_a_complete_manual(tmp_path):
     result = torchx("run", "components.dlrm:train", "--help", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    for name in list(TrainConfig.__dataclass_fields__) + ["max_retries", "mounts", "memMB"]:
+    for name in [field.name for field in options_of(TrainConfig)] + ["max_retries", "mounts", "memMB"]:
         assert f"--{name}" in result.stdout, name
     text = " ".join(result.stdout.split())
     assert "TrainPipelineSparseDist" in text

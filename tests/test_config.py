@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from apps.dlrm.config import TrainConfig, parse_train_config
-from apps.dlrm.options import ConfigError, to_argv
+from apps.dlrm.config import TrainConfig, parse_train_config, train_config
+from apps.dlrm.options import ConfigError, options_of, to_argv
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"
@@ -15,10 +15,10 @@ TIER = "integration"
 @pytest.mark.unit
 def test_defaults_are_valid_and_consistent():
     cfg = TrainConfig()
-    assert cfg.table_sizes == [cfg.num_embeddings] * cfg.num_sparse_features
-    assert cfg.dense_arch_layer_sizes[-1] == cfg.embedding_dim
-    assert cfg.over_arch_layer_sizes[-1] == 1
-    assert TrainConfig(dense_learning_rate=0).dense_lr == cfg.learning_rate
+    assert cfg.model.table_sizes == [cfg.model.num_embeddings] * cfg.model.num_sparse_features
+    assert cfg.model.dense_arch_layer_sizes[-1] == cfg.model.embedding_dim
+    assert cfg.model.over_arch_layer_sizes[-1] == 1
+    assert train_config(dense_learning_rate=0).training.dense_lr == cfg.training.learning_rate
 
 
 @pytest.mark.unit
@@ -48,20 +48,20 @@ def test_defaults_are_valid_and_consistent():
 )
 def test_bad_values_name_the_value_and_the_fix(overrides, names):
     with pytest.raises(ConfigError) as error:
-        TrainConfig(**overrides)
+        train_config(**overrides)
     for name in names:
         assert name in str(error.value)
 
 
 @pytest.mark.unit
 def test_per_feature_sizes_follow_the_feature_count():
-    cfg = TrainConfig(num_sparse_features=3, num_embeddings_per_feature=[10, 20, 30])
-    assert cfg.table_sizes == [10, 20, 30]
+    cfg = train_config(num_sparse_features=3, num_embeddings_per_feature=[10, 20, 30])
+    assert cfg.model.table_sizes == [10, 20, 30]
 
 
 @pytest.mark.unit
 def test_argv_round_trips_every_kind_of_value():
-    cfg = TrainConfig(
+    cfg = train_config(
         num_sparse_features=2,
         num_embeddings_per_feature=[5, 7],
         embedding_dim=8,
@@ -106,5 +106,18 @@ def test_app_help_documents_every_option():
         [sys.executable, "-m", "apps.dlrm.train", "--help"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0
-    for name in TrainConfig.__dataclass_fields__:
+    for name in (field.name for field in options_of(TrainConfig)):
         assert f"--{name}" in result.stdout
+
+
+@pytest.mark.unit
+def test_sections_flatten_to_unique_option_names_and_back():
+    """The command line names an option without its section: no two sections may share a name,
+    and building from the flat names puts every value back in its section."""
+    names = [field.name for field in options_of(TrainConfig)]
+    assert len(names) == len(set(names)) == 56
+    cfg = train_config(batch_size=64, embedding_dim=8, dense_arch_layer_sizes=[8], keep_last=3, hbm_gb=0.0)
+    assert (cfg.training.batch_size, cfg.model.embedding_dim, cfg.checkpoint.keep_last) == (64, 8, 3)
+    assert cfg.replace(batch_size=32).training.batch_size == 32 and cfg.training.batch_size == 64
+    with pytest.raises(ConfigError, match="unknown options: batch"):
+        train_config(batch=64)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import train_config
 from apps.dlrm.criteo.layout import FORMAT, FORMAT_VERSION, array_file, checksums, day_report_file, write_json
 from apps.dlrm.data.criteo import CriteoClickLogs
 from apps.dlrm.data.criteo_fetch import local_folder
@@ -54,7 +54,7 @@ def write_folder(folder, rows_per_day: list[int], sizes: int = TABLES) -> str:
 
 
 def dataset(folder, rank=0, world=1, **kwargs) -> CriteoClickLogs:
-    cfg = TrainConfig(**{"data": "criteo", "data_path": folder, "num_embeddings": TABLES, "batch_size": 100, **kwargs})
+    cfg = train_config(**{"data": "criteo", "data_path": folder, "num_embeddings": TABLES, "batch_size": 100, **kwargs})
     return CriteoClickLogs(cfg, folder, rank, world, pin_memory=False)
 
 
@@ -191,12 +191,12 @@ def test_folders_that_do_not_fit_are_refused_with_the_fix(folder, tmp_path):
 )
 def test_bad_data_options_name_the_value(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
-        TrainConfig(**kwargs)
+        train_config(**kwargs)
 
 
 def test_table_size_preset_survives_the_command_line():
-    cfg = TrainConfig(data="criteo", data_path="/x", table_size_preset="mlperf")
-    assert cfg.table_sizes[0] == 40_000_000 and len(cfg.table_sizes) == 26
+    cfg = train_config(data="criteo", data_path="/x", table_size_preset="mlperf")
+    assert cfg.model.table_sizes[0] == 40_000_000 and len(cfg.model.table_sizes) == 26
     from apps.dlrm.config import parse_train_config
 
     assert parse_train_config(to_argv(cfg)) == cfg

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torchrec.datasets.criteo import BinaryCriteoUtils, InMemoryBinaryCriteoIterDataPipe
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import train_config
 from apps.dlrm.criteo.config import PreprocessConfig
 from apps.dlrm.criteo.pipeline import preprocess
 from apps.dlrm.data.criteo import CriteoClickLogs
@@ -86,7 +86,7 @@ def test_torchrec_binary_loader_reads_our_files_as_our_loader_does(torchrec_npys
     _, raw, _ = torchrec_npys
     out = ours(raw, tmp_path / "out")
     paths = {part: [str(out / f"day_{d}_{part}.npy") for d in range(DAYS)] for part in ("dense", "sparse", "labels")}
-    cfg = TrainConfig(data="criteo", data_path=str(out), num_embeddings_per_feature=SIZES, batch_size=128)
+    cfg = train_config(data="criteo", data_path=str(out), num_embeddings_per_feature=SIZES, batch_size=128)
     mine = CriteoClickLogs(cfg, str(out), rank=0, world_size=1, pin_memory=False)
     for split in ("val", "test"):
         # TorchRec's val and test: the halves of the last day, as ours with --eval_days 1.

@@ -24,7 +24,7 @@ def test_main_job_trains_a_sharded_dlrm_that_learns(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     defaults = TrainConfig()
     assert summary["world_size"] == 2
-    assert summary["steps"] == defaults.steps
+    assert summary["steps"] == defaults.training.steps
     # The defaults learn the hidden teacher to within 0.05 AUROC of the best possible.
     ceiling = summary["auroc_ceiling"]
     assert 0.75 < ceiling < 0.9

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchmetrics.classification import BinaryAUROC
 
-from apps.dlrm.config import TrainConfig, parse_train_config
+from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.criteo.multi_hot import MLPERF_MULTI_HOT_SIZES, expand, multi_hot_tables
 from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.data.synthetic import SyntheticClickLogs
@@ -26,7 +26,7 @@ TIER = "integration"
 
 ROWS = [1000, 50, 100_000, 7]
 SIZES = [1, 3, 5, 2]
-CFG = TrainConfig(num_sparse_features=4, num_embeddings_per_feature=ROWS, multi_hot_sizes=SIZES, batch_size=128)
+CFG = train_config(num_sparse_features=4, num_embeddings_per_feature=ROWS, multi_hot_sizes=SIZES, batch_size=128)
 
 
 # --- synthetic data --------------------------------------------------------------------------
@@ -54,8 +54,8 @@ def test_synthetic_multi_hot_batches_have_the_sizes_ranges_and_determinism():
 
 @pytest.mark.unit
 def test_one_id_per_feature_gives_the_one_hot_batches():
-    one_hot = TrainConfig(num_sparse_features=4, num_embeddings_per_feature=ROWS, batch_size=128)
-    ones = TrainConfig(**{**one_hot.__dict__, "multi_hot_sizes": [1, 1, 1, 1], "pooling": "mean"})
+    one_hot = train_config(num_sparse_features=4, num_embeddings_per_feature=ROWS, batch_size=128)
+    ones = one_hot.replace(multi_hot_sizes=[1, 1, 1, 1], pooling="mean")
     a, b = SyntheticClickLogs(one_hot, 0, 1).block("val", 2), SyntheticClickLogs(ones, 0, 1).block("val", 2)
     assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
     assert torch.equal(a.labels, b.labels) and torch.equal(a.dense_features, b.dense_features)
@@ -64,7 +64,7 @@ def test_one_id_per_feature_gives_the_one_hot_batches():
 @pytest.mark.unit
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
 def test_teacher_pools_like_the_model_and_sets_a_ceiling(pooling):
-    cfg = TrainConfig(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling=pooling)
+    cfg = train_config(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling=pooling)
     data = SyntheticClickLogs(cfg, 0, 1)
     auroc = BinaryAUROC()
     for batch in data.eval_batches("val", 10):
@@ -72,7 +72,7 @@ def test_teacher_pools_like_the_model_and_sets_a_ceiling(pooling):
     assert 0.72 < auroc.compute().item() < 0.9
     # the teacher's logit of a sample is its pooled per-id weights: mean != sum with several ids
     other = SyntheticClickLogs(
-        TrainConfig(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling="sum" if pooling == "mean" else "mean"), 0, 1
+        train_config(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling="sum" if pooling == "mean" else "mean"), 0, 1
     )
     assert not torch.allclose(data.teacher_logits(batch), other.teacher_logits(batch))
 
@@ -135,21 +135,31 @@ def test_multi_hot_sharded_training_matches_unsharded_reference(sharding_type, p
 
 @pytest.mark.unit
 def test_preset_fills_defaults_and_explicit_options_win():
-    cfg = TrainConfig(preset="dlrmv2")
-    assert (cfg.interaction_type, cfg.dcn_num_layers, cfg.dcn_low_rank_dim) == ("dcn", 3, 512)
-    assert cfg.dense_arch_layer_sizes == [512, 256, 128] and cfg.over_arch_layer_sizes == [1024, 1024, 512, 256, 1]
-    assert cfg.table_sizes == TABLE_SIZE_PRESETS["mlperf"] and cfg.multi_hot_sizes == MLPERF_MULTI_HOT_SIZES
-    assert (cfg.embedding_optimizer, cfg.dense_optimizer, cfg.learning_rate, cfg.dense_lr) == (
-        "adagrad",
-        "adagrad",
-        0.005,
-        0.005,
-    )
-    assert (cfg.batch_size, cfg.lr_warmup_steps, cfg.lr_decay_steps) == (8192, 0, 0)
+    cfg = train_config(preset="dlrmv2")
+    model, training = cfg.model, cfg.training
+    assert (model.interaction_type, model.dcn_num_layers, model.dcn_low_rank_dim) == ("dcn", 3, 512)
+    assert model.dense_arch_layer_sizes == [512, 256, 128]
+    assert model.over_arch_layer_sizes == [1024, 1024, 512, 256, 1]
+    assert model.table_sizes == TABLE_SIZE_PRESETS["mlperf"] and model.multi_hot_sizes == MLPERF_MULTI_HOT_SIZES
+    assert (training.embedding_optimizer, training.dense_optimizer) == ("adagrad", "adagrad")
+    assert (training.learning_rate, training.dense_lr) == (0.005, 0.005)
+    assert (training.batch_size, training.lr_warmup_steps, training.lr_decay_steps) == (8192, 0, 0)
     assert parse_train_config(to_argv(cfg)) == cfg  # what the component hands the app
-    small = TrainConfig(preset="dlrmv2", num_embeddings=2000, batch_size=256, learning_rate=0.01)
-    assert small.table_sizes == [2000] * 26 and small.batch_size == 256 and small.dense_lr == 0.01
-    assert small.interaction_type == "dcn"
+    small = train_config(preset="dlrmv2", num_embeddings=2000, batch_size=256, learning_rate=0.01)
+    assert small.model.table_sizes == [2000] * 26
+    assert (small.training.batch_size, small.training.dense_lr) == (256, 0.01)
+    assert small.model.interaction_type == "dcn"
+
+
+@pytest.mark.unit
+def test_an_option_given_at_its_default_value_wins_over_the_preset():
+    """The app's parser knows what was given: --batch_size 512 (the default) is not 8192."""
+    given = parse_train_config(["--preset", "dlrmv2", "--batch_size", "512", "--num_embeddings", "20000"])
+    assert given.training.batch_size == 512
+    assert given.model.table_sizes == [20000] * 26  # a table size given keeps the preset's out
+    assert given.model.embedding_dim == 128  # the options not given are the preset's
+    assert parse_train_config(to_argv(given)) == given  # the component hands the app the same run
+    assert parse_train_config(["--preset", "dlrmv2"]).training.batch_size == 8192
 
 
 @pytest.mark.unit
@@ -164,7 +174,7 @@ def test_preset_fills_defaults_and_explicit_options_win():
 )
 def test_bad_multi_hot_options_name_the_value_and_the_fix(kwargs, fragment):
     with pytest.raises(ConfigError) as error:
-        TrainConfig(**kwargs)
+        train_config(**kwargs)
     assert fragment in str(error.value)
 
 

@@ -11,6 +11,7 @@ import pytest
 from torchx import specs
 
 from apps.dlrm.config import parse_train_config
+from apps.dlrm.options import option_values
 from components import dlrm
 from tests.conftest import TINY, assert_ok, torchrun
 from tests.hosts import DISK, wait_all
@@ -22,7 +23,7 @@ TIER = "integration"
 
 # Data depends on the global rank only: 2 hosts x 1 trainer and 1 host x 2 trainers see the
 # same batches, so they must end with the same loss.
-TRAIN = {name: getattr(parse_train_config(TINY), name) for name in (flag[2:] for flag in TINY[::2])}
+TRAIN = {name: option_values(parse_train_config(TINY))[name] for name in (flag[2:] for flag in TINY[::2])}
 
 
 def one_host_loss(out, *args: str) -> float:

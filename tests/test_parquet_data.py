@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import train_config
 from apps.dlrm.data.parquet import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
 from apps.dlrm.options import ConfigError
 from apps.dlrm.parquet.order import Pieces, eval_runs
@@ -72,7 +72,7 @@ def dataset(path, rank=0, world=1, **kwargs) -> ParquetClickLogs:
         "shuffle_buffer_rows": 300,
         **kwargs,
     }
-    return ParquetClickLogs(TrainConfig(**options), rank, world, pin_memory=False)
+    return ParquetClickLogs(train_config(**options), rank, world, pin_memory=False)
 
 
 @pytest.fixture(scope="module")
@@ -280,10 +280,10 @@ def test_a_glob_selects_files_and_the_feature_counts_follow_the_columns(folder):
     data = dataset(f"{folder}/day_[0-2].parquet", eval_fraction=0.5)
     assert [os.path.basename(f.url) for f in data.files] == ["day_0.parquet", "day_1.parquet", "day_2.parquet"]
     assert data.splits["test"][1] == 2150
-    cfg = TrainConfig(data="parquet", data_path=folder, dense_columns=["int_0"], sparse_columns=["cat_0", "cat_1"])
-    assert (cfg.num_dense_features, cfg.num_sparse_features) == (1, 2)
+    cfg = train_config(data="parquet", data_path=folder, dense_columns=["int_0"], sparse_columns=["cat_0", "cat_1"])
+    assert (cfg.model.num_dense_features, cfg.model.num_sparse_features) == (1, 2)
     with pytest.raises(ConfigError, match="--sparse_columns names 2 columns but --num_sparse_features is 5"):
-        TrainConfig(data="parquet", data_path=folder, sparse_columns=["cat_0", "cat_1"], num_sparse_features=5)
+        train_config(data="parquet", data_path=folder, sparse_columns=["cat_0", "cat_1"], num_sparse_features=5)
 
 
 def make_bucket(name: str) -> None:

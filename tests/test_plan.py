@@ -14,7 +14,7 @@ import pytest
 from torchx import specs
 from torchx.specs.builders import materialize_appdef
 
-from apps.dlrm.config import TrainConfig, parse_train_config
+from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.options import ConfigError
 from apps.dlrm.plan import main as plan_app
@@ -75,7 +75,7 @@ def _ranks(option) -> list[int]:
 
 
 def test_mlperf_fits_one_p4d_node_with_each_big_table_on_its_own_gpu():
-    result = preview(TrainConfig(**MLPERF), PlanTarget(j="1x8", h="aws_p4d.24xlarge").cluster)
+    result = preview(train_config(**MLPERF), PlanTarget(j="1x8", h="aws_p4d.24xlarge").cluster)
     cluster = result.cluster
     assert (cluster.world_size, cluster.device, cluster.hbm_per_rank) == (8, "cuda", 40 * GiB)
     assert cluster.ddr_per_rank == specs.resource(h="aws_p4d.24xlarge").memMB * 1024**2 // 8
@@ -99,7 +99,7 @@ def test_mlperf_fits_one_p4d_node_with_each_big_table_on_its_own_gpu():
 
 
 def test_tables_too_big_for_hbm_are_cached_from_host_memory():
-    result = preview(TrainConfig(**MLPERF), PlanTarget(j="1x2", h="aws_p4d.24xlarge").cluster)
+    result = preview(train_config(**MLPERF), PlanTarget(j="1x2", h="aws_p4d.24xlarge").cluster)
     assert result.fits
     assert any(option.compute_kernel == "fused_uvm_caching" for option in result.tables)
     assert max(result.ddr_used) > 10 * GiB
@@ -119,7 +119,7 @@ def test_one_gpu_with_little_hbm_caches_the_tables_that_do_not_fit_from_host_mem
 
 
 def test_a_plan_that_does_not_fit_says_how_much_it_needs_where():
-    result = preview(TrainConfig(**MLPERF), PlanTarget(j="1", h="aws_g5.xlarge").cluster)
+    result = preview(train_config(**MLPERF), PlanTarget(j="1", h="aws_g5.xlarge").cluster)
     assert not result.fits
     verdict = result.verdict()
     needed = re.match(
@@ -132,7 +132,7 @@ def test_a_plan_that_does_not_fit_says_how_much_it_needs_where():
 
 
 def test_row_wise_is_planned_for_gpus_on_this_cpu_machine():
-    cfg = TrainConfig(sharding_type="row_wise")
+    cfg = train_config(sharding_type="row_wise")
     result = preview(cfg, PlanTarget(j="2x8", h="aws_p4d.24xlarge").cluster)
     assert result.fits
     assert {(o.sharding_type, tuple(_ranks(o))) for o in result.tables} == {("row_wise", tuple(range(16)))}
@@ -187,7 +187,7 @@ def test_a_bad_target_is_refused_naming_the_value(target, fragment):
 )
 def test_what_a_cpu_job_cannot_run_is_refused_as_the_job_would(cfg, fragment):
     with pytest.raises(ConfigError) as error:
-        preview(TrainConfig(**cfg), PlanTarget().cluster)
+        preview(train_config(**cfg), PlanTarget().cluster)
     assert fragment in str(error.value)
 
 
@@ -239,7 +239,7 @@ def test_train_passes_hbm_gb_to_the_app_and_refuses_what_the_app_would():
     cmd = shlex.split(app.roles[0].args[1])
     app_args = cmd[cmd.index("apps.dlrm.train") + 1 :]
     assert app_args == ["--hbm_gb", "40.0"]
-    assert parse_train_config(app_args) == TrainConfig(hbm_gb=40)
+    assert parse_train_config(app_args) == train_config(hbm_gb=40)
     with pytest.raises(
         InvalidComponentArgument, match="--hbm_gb 40 is for GPU nodes, but the job's nodes have no GPUs"
     ):
@@ -333,5 +333,5 @@ def test_check_plan_launches_a_job_that_fits_with_the_plan_it_previewed(tmp_path
     assert_ok(result)
     assert "--check_plan: fits: at most " in result.stderr
     summary = json.loads((out / "summary.json").read_text())
-    previewed = preview(TrainConfig(**summary["config"]), PlanTarget(j="1x2").cluster)
+    previewed = preview(train_config(**summary["config"]), PlanTarget(j="1x2").cluster)
     assert summary["sharding_plan"] == describe_plan(previewed.plan).splitlines()

@@ -26,7 +26,7 @@ from apps.dlrm.checkpoint import (
     open_checkpoints,
 )
 from apps.dlrm.checkpoint_storage import CheckpointError, CheckpointReader
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import TrainConfig, train_config
 from apps.dlrm.distributed import DistEnv, free_port
 from apps.dlrm.report import Reporter
 from apps.dlrm.urls import redact_urls
@@ -146,7 +146,7 @@ def test_a_run_that_would_save_over_another_jobs_folder_is_refused_before_traini
     """Not after training up to that step: the folder is found at start-up."""
     root = tmp_path / "ckpt"
     step_folder(root, "step_00000015", owner="theirs")  # a step this run never saves: no matter
-    cfg = TrainConfig(checkpoint_dir=str(root), checkpoint_every=10, steps=40)
+    cfg = train_config(checkpoint_dir=str(root), checkpoint_every=10, steps=40)
     assert open_checkpoints(cfg, world_of_one).resume_from is None
     folder = step_folder(root, "step_00000030", owner="theirs")
     with pytest.raises(CheckpointError, match="step_00000030 exists already, written by run theirs"):
@@ -156,7 +156,7 @@ def test_a_run_that_would_save_over_another_jobs_folder_is_refused_before_traini
 
 @pytest.mark.unit
 def test_a_resumed_run_keeps_its_run_id_and_prunes_what_it_wrote_before(tmp_path, world_of_one):
-    cfg = TrainConfig(checkpoint_dir=str(tmp_path / "ckpt"), keep_last=1)
+    cfg = train_config(checkpoint_dir=str(tmp_path / "ckpt"), keep_last=1)
     first, _ = save_tiny(cfg, world_of_one, step=10)
     assert first.resume_from is None and first.store.run_id
     # a restart: a new process, the same command
@@ -207,7 +207,7 @@ def test_credentials_in_urls_are_redacted(text, redacted):
 @pytest.mark.unit
 def test_a_checkpoint_records_its_url_without_credentials(tmp_path, world_of_one):
     url = f"memory://AKIAKEY:SeCrEt@{tmp_path.name}/ckpt"
-    cfg = TrainConfig(checkpoint_dir=url)
+    cfg = train_config(checkpoint_dir=url)
     _, step_url = save_tiny(cfg, world_of_one, step=10)
     with fsspec.open(f"{step_url}/manifest.json", "r") as f:
         manifest = f.read()

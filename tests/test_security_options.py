@@ -14,7 +14,7 @@ from torch.distributed._shard._utils import DEPRECATE_MSG
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchx.specs.builders import materialize_appdef
 
-from apps.dlrm.config import TrainConfig, parse_train_config
+from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.report import filter_library_warnings
 from apps.dlrm.sharding import make_planner, make_topology, model_to_shard
 from components import dlrm
@@ -34,9 +34,9 @@ def app_args(*component_args: str) -> list[str]:
 @pytest.mark.parametrize("text", ["yes", "1", "on"])
 def test_a_boolean_means_the_same_to_torchx_and_to_the_app(text):
     """TorchX turned every text but "true" into false; the app read these as true."""
-    assert parse_train_config(["--shuffle", "false", "--allow_tf32", text]).allow_tf32 is True
+    assert parse_train_config(["--shuffle", "false", "--allow_tf32", text]).launch.allow_tf32 is True
     cfg = parse_train_config(app_args("--shuffle", "false", "--allow_tf32", text))
-    assert (cfg.shuffle, cfg.allow_tf32) == (False, True)
+    assert (cfg.data.shuffle, cfg.launch.allow_tf32) == (False, True)
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_bad_component_arguments_fail_before_anything_is_built(args, fragment):
 
 def test_dollar_text_that_torchx_leaves_alone_reaches_the_app_unchanged():
     cfg = parse_train_config(app_args("--checkpoint_dir", "/ckpt/${RUN}/$HOME"))
-    assert cfg.checkpoint_dir == "/ckpt/${RUN}/$HOME"
+    assert cfg.checkpoint.checkpoint_dir == "/ckpt/${RUN}/$HOME"
 
 
 @pytest.mark.parametrize("args", [["--learning_rate", "inf"], ["--num_sparse_features", "5000"]])
@@ -109,7 +109,7 @@ def test_torchx_prints_one_line_not_a_traceback(args, fragment, tmp_path):
 
 
 def test_the_planner_warns_about_nothing_and_reserves_what_torchrec_would(caplog):
-    cfg = TrainConfig(num_sparse_features=2, num_embeddings=100)
+    cfg = train_config(num_sparse_features=2, num_embeddings=100)
     model, sharder = model_to_shard(cfg, torch.device("cuda"), dense_device=torch.device("meta"))
     topology = make_topology(4, 2, "cuda", hbm_cap_bytes=2**30)
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
@@ -120,7 +120,7 @@ def test_the_planner_warns_about_nothing_and_reserves_what_torchrec_would(caplog
     assert "dense tensor size calculation" not in caplog.text
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        default = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.batch_size)
+        default = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.training.batch_size)
         assert str(default.plan(model, [sharder])) == str(plan)
     reserved = [r.last_reserved_topology.devices for r in (ours._storage_reservation, default._storage_reservation)]
     assert reserved[0] == reserved[1]

@@ -7,7 +7,7 @@ TorchRec's planner plans for cuda ranks without a GPU, so these run on this CPU 
 import pytest
 import torch
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import TrainConfig, train_config
 from apps.dlrm.device_support import check_device_support
 from apps.dlrm.distributed import DistEnv
 from apps.dlrm.model import EBC_PATH
@@ -42,14 +42,14 @@ def test_the_app_plans_with_hbm_gb_when_given():
     env = DistEnv(
         rank=3, world_size=16, local_rank=3, local_world_size=8, device=torch.device("cuda", 3), backend="nccl"
     )
-    topology = training_topology(TrainConfig(hbm_gb=8.5), env, GPU_BYTES)
+    topology = training_topology(train_config(hbm_gb=8.5), env, GPU_BYTES)
     assert (topology.world_size, topology.local_world_size, topology.compute_device) == (16, 8, "cuda")
     assert _hbm(topology) == [int(8.5 * GiB)] * 16
 
 
 def test_hbm_gb_larger_than_the_gpu_is_refused_in_one_line():
     with pytest.raises(ConfigError) as error:
-        training_topology(TrainConfig(hbm_gb=80), ONE_GPU, GPU_BYTES)
+        training_topology(train_config(hbm_gb=80), ONE_GPU, GPU_BYTES)
     assert str(error.value) == (
         "--hbm_gb 80 is more than this GPU's 74.51 GiB: give at most that, or 0 to plan with the whole GPU"
     )
@@ -57,12 +57,12 @@ def test_hbm_gb_larger_than_the_gpu_is_refused_in_one_line():
 
 def test_hbm_gb_on_cpu_ranks_is_refused_not_ignored():
     with pytest.raises(ConfigError, match=r"--hbm_gb 8 is for GPU ranks, but this job runs on cpu"):
-        check_device_support(TrainConfig(hbm_gb=8), torch.device("cpu"))
+        check_device_support(train_config(hbm_gb=8), torch.device("cpu"))
 
 
 def test_the_app_plans_the_tables_and_kernels_the_preview_predicts():
-    cfg = TrainConfig(**BIG_TABLES, hbm_gb=8)
-    predicted = preview(cfg, PlanTarget(j="1x1", gpu=1, memMB=65536, hbm_gb=cfg.hbm_gb).cluster)
+    cfg = train_config(**BIG_TABLES, hbm_gb=8)
+    predicted = preview(cfg, PlanTarget(j="1x1", gpu=1, memMB=65536, hbm_gb=cfg.launch.hbm_gb).cluster)
     model, sharder = model_to_shard(cfg, ONE_GPU.device, dense_device=torch.device("meta"))
     planned = make_planner(cfg, model, training_topology(cfg, ONE_GPU, GPU_BYTES)).plan(model, [sharder])
     assert plan_tables(planned) == plan_tables(predicted.plan)

@@ -4,13 +4,13 @@ import numpy as np
 import torch
 from torchmetrics.classification import BinaryAUROC
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import TrainConfig, train_config
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
 
-CFG = TrainConfig(num_sparse_features=4, num_embeddings_per_feature=[1000, 50, 100_000, 7], batch_size=256)
+CFG = train_config(num_sparse_features=4, num_embeddings_per_feature=[1000, 50, 100_000, 7], batch_size=256)
 
 
 def ids_of(batch, num_features):
@@ -20,7 +20,7 @@ def ids_of(batch, num_features):
 def test_same_seed_same_data_other_seed_other_data():
     a = SyntheticClickLogs(CFG, 0, 1).block("train", 5)
     b = SyntheticClickLogs(CFG, 0, 1).block("train", 5)
-    c = SyntheticClickLogs(TrainConfig(**{**CFG.__dict__, "seed": 1}), 0, 1).block("train", 5)
+    c = SyntheticClickLogs(CFG.replace(seed=1), 0, 1).block("train", 5)
     assert torch.equal(a.dense_features, b.dense_features)
     assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
     assert torch.equal(a.labels, b.labels)
@@ -46,7 +46,7 @@ def test_ranks_split_each_global_batch_without_overlap():
 def test_ids_are_in_range_and_heavy_tailed():
     data = SyntheticClickLogs(CFG, 0, 1)
     ids = np.concatenate([ids_of(data.block("train", i), 4) for i in range(40)], axis=1)
-    for t, rows in enumerate(CFG.table_sizes):
+    for t, rows in enumerate(CFG.model.table_sizes):
         assert ids[t].min() >= 0 and ids[t].max() < rows
     # table 2 has 100k rows: the hottest 1% of its rows take most of the traffic
     _, counts = np.unique(ids[2], return_counts=True)

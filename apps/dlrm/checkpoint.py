@@ -325,21 +325,21 @@ def _storage_hint(url: str, error: Exception) -> str:
 def model_signature(cfg: TrainConfig) -> dict[str, Any]:
     """The options that fix the shapes of the saved tensors (and of the optimizer states)."""
     signature = {
-        "num_dense_features": cfg.num_dense_features,
-        "table_sizes": cfg.table_sizes,
-        "embedding_dim": cfg.embedding_dim,
-        "dense_arch_layer_sizes": cfg.dense_arch_layer_sizes,
-        "over_arch_layer_sizes": cfg.over_arch_layer_sizes,
-        "interaction_type": cfg.interaction_type,
-        "embedding_optimizer": cfg.embedding_optimizer,
-        "dense_optimizer": cfg.dense_optimizer,
+        "num_dense_features": cfg.model.num_dense_features,
+        "table_sizes": cfg.model.table_sizes,
+        "embedding_dim": cfg.model.embedding_dim,
+        "dense_arch_layer_sizes": cfg.model.dense_arch_layer_sizes,
+        "over_arch_layer_sizes": cfg.model.over_arch_layer_sizes,
+        "interaction_type": cfg.model.interaction_type,
+        "embedding_optimizer": cfg.training.embedding_optimizer,
+        "dense_optimizer": cfg.training.dense_optimizer,
     }
-    if cfg.interaction_type == "dcn":
-        signature.update(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim)
-    if cfg.interaction_type == "projection":
+    if cfg.model.interaction_type == "dcn":
+        signature.update(dcn_num_layers=cfg.model.dcn_num_layers, dcn_low_rank_dim=cfg.model.dcn_low_rank_dim)
+    if cfg.model.interaction_type == "projection":
         signature.update(
-            interaction_branch1_layer_sizes=cfg.interaction_branch1_layer_sizes,
-            interaction_branch2_layer_sizes=cfg.interaction_branch2_layer_sizes,
+            interaction_branch1_layer_sizes=cfg.model.interaction_branch1_layer_sizes,
+            interaction_branch2_layer_sizes=cfg.model.interaction_branch2_layer_sizes,
         )
     return signature
 
@@ -412,14 +412,14 @@ def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> CheckpointFolder:
     Rank 0 checks that the location is writable and picks the newest committed checkpoint;
     every rank gets the same answer or raises the same error, before any training step.
     """
-    if not cfg.checkpoint_dir:
+    if not cfg.checkpoint.checkpoint_dir:
         return CheckpointFolder(None, None)
-    if cfg.checkpoint_dir.startswith("memory://") and env.world_size > 1:
+    if cfg.checkpoint.checkpoint_dir.startswith("memory://") and env.world_size > 1:
         raise CheckpointError(
-            f"--checkpoint_dir {cfg.checkpoint_dir}: memory:// lives inside one process, so "
+            f"--checkpoint_dir {cfg.checkpoint.checkpoint_dir}: memory:// lives inside one process, so "
             f"{env.world_size} ranks cannot share it; use a directory or an s3:// / gs:// URL"
         )
-    store = CheckpointStore(cfg.checkpoint_dir, cfg.keep_last)
+    store = CheckpointStore(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_last)
 
     def newest() -> tuple[Checkpoint | None, str]:
         store.check_writable()
@@ -437,7 +437,9 @@ def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> CheckpointFolder:
 
 def is_checkpoint_step(cfg: TrainConfig, step: int) -> bool:
     """Whether training saves a checkpoint after ``step`` (every --checkpoint_every, and the last)."""
-    return step == cfg.steps or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+    return step == cfg.training.steps or bool(
+        cfg.checkpoint.checkpoint_every and step % cfg.checkpoint.checkpoint_every == 0
+    )
 
 
 def _new_run_id() -> str:
@@ -545,7 +547,7 @@ class Checkpointer:
         # Async saves coordinate over a gloo group of their own: their collectives run in DCP's
         # writer thread while training's run on the default group.
         self._async: tuple[dist.ProcessGroup, HostStager] | None = None
-        if self.store is not None and cfg.checkpoint_async:
+        if self.store is not None and cfg.checkpoint.checkpoint_async:
             group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
             self._async = group, HostStager(pinned=env.device.type == "cuda")
 
@@ -574,7 +576,7 @@ class Checkpointer:
             below(saved, "optimizer"),
             entries["model"],
             below(saved, "model"),
-            self.cfg.embedding_optimizer,
+            self.cfg.training.embedding_optimizer,
             loaded.step,
         )
         self._store().load(checkpoint, {**entries, "optimizer": resharding.destinations})
@@ -610,7 +612,7 @@ class Checkpointer:
                 "training does not wait",
                 step,
                 self.waits[-1],
-                self.cfg.checkpoint_every,
+                self.cfg.checkpoint.checkpoint_every,
             )
 
     def wait(self) -> None:

@@ -5,14 +5,13 @@
 (``torchx run components.dlrm:train --help``), whose arguments are these same fields.
 """
 
-import copy
-import dataclasses
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from apps.dlrm import presets
 from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES
 from apps.dlrm.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
-from apps.dlrm.options import ConfigError, check_choices, field_default, option, parse_config
+from apps.dlrm.options import ConfigError, Options, check_choices, field_default, option, parse_config, section
 
 SHARDING_TYPES = (
     "auto",
@@ -54,8 +53,9 @@ MAX_MULTI_HOT_SIZE = 1024
 
 
 @dataclass
-class TrainConfig:
-    # --- model -------------------------------------------------------------------------------
+class ModelConfig:
+    """The model: features, tables, MLPs, interaction, pooling."""
+
     num_dense_features: int = option(13, "Number of dense (float) input features.")
     num_sparse_features: int = option(26, "Number of sparse (categorical) features; each has its own embedding table.")
     num_embeddings: int = option(
@@ -67,6 +67,7 @@ class TrainConfig:
         "Rows of each embedding table, one comma-separated entry per sparse feature "
         "(e.g. the Criteo sizes). Empty: --num_embeddings for every table.",
     )
+    table_size_preset: str = option("none", PRESET_HELP, choices=PRESET_CHOICES)
     embedding_dim: int = option(16, "Width of every embedding vector.")
     dense_arch_layer_sizes: list[int] = option([64, 16], "Bottom MLP layer sizes; the last must equal --embedding_dim.")
     over_arch_layer_sizes: list[int] = option([64, 32, 1], "Top MLP layer sizes; the last must be 1 (the click logit).")
@@ -99,286 +100,17 @@ class TrainConfig:
         "How a feature's embedding vectors are pooled into one: sum or mean (the same for one id).",
         choices=POOLINGS,
     )
-    preset: str = option(
-        "none",
-        "A whole recipe: dlrmv2 is MLPerf's DLRMv2 (DCNv2 interaction, layers 512,256,128 and "
-        "1024,1024,512,256,1, dim 128, --table_size_preset mlperf, its multi-hot sizes, Adagrad "
-        "at 0.005 without warmup or decay, 8192 samples per rank). It sets only the options left "
-        "at their defaults: options given with other values win.",
-        choices=presets.PRESET_CHOICES,
-    )
-    # --- data --------------------------------------------------------------------------------
-    data: str = option(
-        "synthetic",
-        "Training data. synthetic: generated on the fly, heavy-tailed ids and labels from a "
-        "hidden teacher model. criteo: Criteo click logs preprocessed by "
-        "`python -m apps.dlrm.preprocess` (see --data_path). parquet: click logs in Parquet files "
-        "(Spark, BigQuery, `python -m apps.dlrm.preprocess --output_format parquet`), streamed "
-        "from a folder or an object store (see --data_path and --label_column).",
-        choices=DATASETS,
-    )
-    seed: int = option(
-        0, "Seed of the model initialisation, of the synthetic data and of the Criteo and Parquet shuffling."
-    )
-    zipf_exponent: float = option(1.1, "Synthetic data: exponent of the power law that ids are drawn from (> 0).")
-    data_path: str = option(
-        "",
-        "Criteo: the folder (or fsspec URL, e.g. s3://bucket/criteo_npy) that "
-        "`python -m apps.dlrm.preprocess --output` wrote. Its files are memory-mapped; a URL is "
-        "first copied to --data_cache_dir. Parquet: a folder (every .parquet file under it, "
-        "names starting with _ or . left out), a glob or a single file, local or a URL "
-        "(s3://bucket/clicks/, gs://...); files are streamed where they are, each rank reading "
-        "only its share of the row groups; files in natural name order are the days of "
-        "--eval_days.",
-    )
-    data_cache_dir: str = option(
-        "",
-        "Criteo with a URL --data_path: the node-local folder it is copied to, a private folder "
-        "of this user (created with mode 0700); files already there are reused only if their "
-        "SHA-256 matches the manifest's. Empty: torchrec-dlrm-<uid>/criteo/<hash of the URL> in "
-        "the system's temporary folder.",
-    )
-    table_size_preset: str = option("none", PRESET_HELP, choices=PRESET_CHOICES)
-    label_column: str = option("label", "Parquet: the click label's column (0/1, any integer, float or boolean type).")
-    dense_columns: list[str] = option(
-        ["int_*"],
-        "Parquet: the dense features' columns (integer, float or boolean), comma separated; a "
-        "name with * or ? stands for every matching column, in natural order (int_2 before "
-        "int_10). Named one by one, their count sets --num_dense_features; with a pattern, "
-        "--num_dense_features must equal the number of matches. Nulls count as 0.",
-    )
-    sparse_columns: list[str] = option(
-        ["cat_*"],
-        "Parquet: the sparse features' columns, comma separated, patterns as in --dense_columns "
-        "(whose count rule --num_sparse_features follows). An integer column is one id per "
-        "sample, a list<integer> column a multi-hot feature (its lists, of any length, are the "
-        "ids); a null is an empty bag. The k-th column feeds embedding table cat_k.",
-    )
-    categorical_ids: str = option(
-        "hash",
-        "Parquet: how a sparse column's integer becomes an embedding row. hash: a fixed 64-bit "
-        "mix (SplitMix64) of the value, modulo the table's size; as_is: the value itself, which "
-        "must be in [0, table size) (Categorify'd ids, e.g. from `python -m apps.dlrm.preprocess "
-        "--output_format parquet`).",
-        choices=CATEGORICAL_IDS,
-    )
-    eval_days: int = option(
-        1,
-        "Criteo and Parquet: the last N days (files) are held out, MLPerf style: the first half "
-        "of the held-out rows validates, the second half tests; the other days train.",
-    )
-    eval_fraction: float = option(
-        1.0,
-        "Criteo and Parquet: the fraction of the rows of the --eval_days days that is held out (their last "
-        "rows; the others train), e.g. 0.1 to hold out the last tenth of a single file such as "
-        "Kaggle's train.txt.",
-    )
-    shuffle: bool = option(
-        True,
-        "Criteo: shuffle the training rows every epoch, deterministically from --seed, in "
-        "blocks of --shuffle_block_rows consecutive rows; Parquet: permute the row groups every "
-        "epoch and the rows within --shuffle_buffer_rows. false: file order.",
-    )
-    shuffle_block_rows: int = option(
-        1024,
-        "Criteo: consecutive rows that stay together when shuffling; smaller blocks mix "
-        "better, larger blocks read faster.",
-    )
-    shuffle_buffer_rows: int = option(
-        262_144,
-        "Parquet: rows of a rank's consecutive row groups that are read and shuffled together in "
-        "memory (a shuffle window; it holds them decoded). Larger mixes better and takes more memory.",
-    )
-    # --- training ----------------------------------------------------------------------------
-    batch_size: int = option(512, "Training samples per rank per step.")
-    steps: int = option(1500, "Training steps (batches per rank).")
-    learning_rate: float = option(0.05, "Learning rate of the embedding tables.")
-    dense_learning_rate: float = option(0.01, "Learning rate of the dense MLPs; 0 uses --learning_rate.")
-    lr_warmup_steps: int = option(0, "Steps over which the learning rates ramp up linearly from 0; 0: no warmup.")
-    lr_decay_start: int = option(0, "Step at which the learning rates start to decay (with --lr_decay_steps > 0).")
-    lr_decay_steps: int = option(
-        0,
-        "Steps of polynomial (power 2) decay of the learning rates, as in TorchRec's DLRM "
-        "example (MLPerf: --lr_warmup_steps 2750 --lr_decay_start 49315 --lr_decay_steps 27772); "
-        "0: no decay.",
-    )
-    embedding_optimizer: str = option(
-        "rowwise_adagrad",
-        "Optimizer of the embedding tables, fused into the backward pass (adam: GPU only).",
-        choices=EMBEDDING_OPTIMIZERS,
-    )
-    dense_optimizer: str = option("adagrad", "Optimizer of the dense MLPs.", choices=DENSE_OPTIMIZERS)
-    pipeline: str = option(
-        "sparse_dist",
-        "Training loop, one of TorchRec's train pipelines: sparse_dist (TrainPipelineSparseDist: "
-        "the next batch's copy and input all-to-all overlap this batch's compute), base (a plain "
-        "loop, TrainPipelineBase), sparse_dist_lite (TrainPipelineSparseDistLite: fewer streams "
-        "and events per step), and on GPUs only: semi_sync (TrainPipelineSemiSync: after 900 "
-        "batches the embedding lookup also overlaps, one step stale), fused_sparse_dist "
-        "(TrainPipelineFusedSparseDist: the lookup runs on the input all-to-all's stream) or "
-        "prefetch (PrefetchTrainPipelineSparseDist: also prefetches UVM-cached rows).",
-        choices=PIPELINES,
-    )
-    sharding_type: str = option(
-        "auto",
-        "How embedding tables are split across ranks; auto lets TorchRec's planner choose.",
-        choices=SHARDING_TYPES,
-    )
-    qcomm_forward_precision: str = option(
-        "fp32",
-        "Precision of the embedding all-to-all in the forward pass (fp8: GPU only).",
-        choices=COMM_PRECISIONS,
-    )
-    qcomm_backward_precision: str = option(
-        "fp32",
-        "Precision of the embedding gradient all-to-all in the backward pass (fp8: GPU only).",
-        choices=COMM_PRECISIONS,
-    )
-    allow_tf32: bool = option(True, "On GPUs, let float32 matmuls use TF32 tensor cores (faster, ~1e-3 precision).")
-    dense_precision: str = option(
-        "fp32",
-        "Precision of the dense part's compute (bottom MLP, interaction, top MLP). bf16: under "
-        "bf16 autocast, its weights and optimizer state staying fp32; the tables, their fused "
-        "optimizer and all-to-all are not affected (see --qcomm_*_precision).",
-        choices=DENSE_PRECISIONS,
-    )
-    compile_dense: str = option(
-        "none",
-        "torch.compile the dense part (bottom MLP, interaction, top MLP) in this mode: fewer, "
-        "fused kernels. reduce-overhead also replays them as CUDA graphs (GPU only). The first "
-        "steps take longer while it compiles; parameter names, hence checkpoints, do not change.",
-        choices=COMPILE_MODES,
-    )
-    hbm_gb: float = option(
-        0.0,
-        "GPU memory per rank, in GiB, that TorchRec's planner places tables in. 0: the GPU's "
-        "own (training), or the GPU of the instance type of -h (plan preview, --check_plan). "
-        "Less than the GPU has makes the planner keep the tables that do not fit in host memory, "
-        "cached in HBM (fused_uvm_caching).",
-    )
-    # --- evaluation and output ---------------------------------------------------------------
-    validate_every: int = option(0, "Validate every N training steps; 0 validates only after training.")
-    val_batches: int = option(
-        40, "Validation batches per rank; 0: none with synthetic data, the whole split with criteo and parquet."
-    )
-    test_batches: int = option(
-        40,
-        "Test batches per rank, run once after training; 0: none with synthetic data, the whole "
-        "split with criteo and parquet.",
-    )
-    log_every: int = option(100, "Log the training loss and throughput every N steps.")
-    output_dir: str = option(
-        "outputs",
-        "Directory that receives summary.json and TensorBoard event files; empty: none.",
-    )
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    checkpoint_dir: str = option(
-        "",
-        "Where checkpoints go: a directory or fsspec URL (file://, s3://, gs://; memory:// "
-        "for one process). A run resumes from the newest committed checkpoint there, without "
-        "any other flag. Empty: no checkpoints.",
-    )
-    checkpoint_every: int = option(
-        500, "Save a checkpoint every N steps (and always after the last); 0: only after the last."
-    )
-    keep_last: int = option(2, "Committed checkpoints to keep; older ones are deleted.")
-    checkpoint_async: bool = option(
-        True,
-        "Save checkpoints in the background: training stops only while the state is copied to "
-        "host memory (pinned on GPUs), then goes on while it is written; a checkpoint counts "
-        "only once every rank's part is written. false: training waits for every save.",
-    )
-
-    def __post_init__(self) -> None:
-        check_choices(self)
-        self._apply_preset()
-        for name in (
-            "num_dense_features",
-            "num_sparse_features",
-            "num_embeddings",
-            "embedding_dim",
-            "batch_size",
-            "steps",
-            "log_every",
-            "keep_last",
-            "dcn_num_layers",
-            "dcn_low_rank_dim",
-        ):
+    def check(self) -> None:
+        """Refuses a model that cannot be built, naming the option (once the data has set the
+        feature counts it decides)."""
+        for name in ("num_dense_features", "num_sparse_features", "num_embeddings", "embedding_dim"):
             _require_positive(name, getattr(self, name))
-        for name in (
-            "validate_every",
-            "val_batches",
-            "test_batches",
-            "lr_warmup_steps",
-            "lr_decay_start",
-            "lr_decay_steps",
-            "checkpoint_every",
-        ):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name} {getattr(self, name)} must be 0 or more")
-        for name in ("learning_rate", "zipf_exponent"):
+        for name in ("dcn_num_layers", "dcn_low_rank_dim"):
             _require_positive(name, getattr(self, name))
-        if self.hbm_gb < 0:
-            raise ConfigError(f"--hbm_gb {self.hbm_gb} must be 0 or more (0: the GPU's own memory)")
-        if self.dense_learning_rate < 0:
-            raise ConfigError(
-                f"--dense_learning_rate {self.dense_learning_rate} must be positive (or 0 to use --learning_rate)"
-            )
-        if self.lr_decay_steps and self.lr_decay_start < self.lr_warmup_steps:
-            raise ConfigError(
-                f"--lr_decay_start {self.lr_decay_start} is inside the warmup "
-                f"(--lr_warmup_steps {self.lr_warmup_steps}): warmup must finish before decay starts"
-            )
-        self._check_data()
         self._check_table_sizes()
         self._check_multi_hot_sizes()
         self._check_layer_sizes()
-        if self.sharding_type in ROW_WISE_KINDS:
-            check_int8_comms(self, [self.sharding_type])
-
-    def _check_data(self) -> None:
-        self.num_embeddings_per_feature = preset_table_sizes(self.table_size_preset, self.num_embeddings_per_feature)
-        if self.data in DATA_PATH_HELP and not self.data_path:
-            raise ConfigError(f"--data {self.data} needs --data_path: {DATA_PATH_HELP[self.data]}")
-        if self.data == "criteo":
-            if (self.num_dense_features, self.num_sparse_features) != (INT_FEATURES, CAT_FEATURES):
-                raise ConfigError(
-                    f"--data criteo has {INT_FEATURES} dense and {CAT_FEATURES} sparse features: "
-                    f"--num_dense_features {self.num_dense_features} and --num_sparse_features "
-                    f"{self.num_sparse_features} must be {INT_FEATURES} and {CAT_FEATURES}"
-                )
-        elif self.data == "parquet":
-            self._count_parquet_columns("dense_columns", "num_dense_features")
-            self._count_parquet_columns("sparse_columns", "num_sparse_features")
-        elif self.data_path:
-            raise ConfigError(f"--data_path {self.data_path} is read only with --data criteo or parquet")
-        for name in ("eval_days", "shuffle_block_rows", "shuffle_buffer_rows"):
-            _require_positive(name, getattr(self, name))
-        if not 0 < self.eval_fraction <= 1:
-            raise ConfigError(
-                f"--eval_fraction {self.eval_fraction} must be in (0, 1]: the share of the "
-                "--eval_days days' rows held out for validation and test"
-            )
-
-    def _count_parquet_columns(self, option: str, count: str) -> None:
-        """Columns named one by one set their feature count (a different count given too is
-        refused); patterns are matched, and their count checked, when the files are opened."""
-        columns = getattr(self, option)
-        if not columns or len(set(columns)) != len(columns):
-            raise ConfigError(
-                f"--{option} {_fmt(columns)!r} must name each column once, at least one: e.g. "
-                f"--{option} {field_default(self.__dataclass_fields__[option])[0]}"
-            )
-        if any(is_pattern(column) for column in columns):
-            return
-        given = getattr(self, count)
-        if given not in (len(columns), field_default(self.__dataclass_fields__[count])):
-            raise ConfigError(
-                f"--{option} names {len(columns)} columns but --{count} is {given}: drop --{count} "
-                f"(the columns set it) or name {given} columns"
-            )
-        setattr(self, count, len(columns))
 
     def _check_table_sizes(self) -> None:
         if self.num_sparse_features > MAX_SPARSE_FEATURES:
@@ -389,33 +121,12 @@ class TrainConfig:
                 "features into fewer tables"
             )
         self._check_table_bytes("--num_embeddings", self.num_embeddings)
-        sizes = self.num_embeddings_per_feature
+        sizes = self._sizes_per_feature()
         self._check_one_per_feature("num_embeddings_per_feature", sizes, "to use --num_embeddings for every table")
         for i, size in enumerate(sizes):
             if size <= 0:
                 raise ConfigError(f"--num_embeddings_per_feature entry {i} is {size}: every table needs at least 1 row")
             self._check_table_bytes(f"--num_embeddings_per_feature entry {i}", size)
-
-    def _apply_preset(self) -> None:
-        """Gives the options that are still at their defaults the --preset's values.
-
-        The rule (apps/dlrm/presets.py): an option with a value other than its default was given
-        and wins; one at its default takes the preset's value.
-        """
-        values = presets.preset_values(self.preset)
-        if not values:
-            return
-        if (self.num_dense_features, self.num_sparse_features) != (INT_FEATURES, CAT_FEATURES):
-            raise ConfigError(
-                f"--preset {self.preset} is a model of Criteo's {INT_FEATURES} dense and "
-                f"{CAT_FEATURES} sparse features: drop --num_dense_features "
-                f"{self.num_dense_features} and --num_sparse_features {self.num_sparse_features}, "
-                "or drop --preset and give the model's options one by one"
-            )
-        defaults = {f.name: field_default(f) for f in dataclasses.fields(self)}
-        for name, value in values.items():
-            if all(getattr(self, n) == defaults[n] for n in presets.deciding_options(name)):
-                setattr(self, name, copy.copy(value))
 
     def _check_one_per_feature(self, option: str, sizes: list[int], when_empty: str) -> None:
         """A per-feature list (``--option``) has one entry per sparse feature, or none."""
@@ -477,19 +188,366 @@ class TrainConfig:
     @property
     def table_sizes(self) -> list[int]:
         """Rows of each embedding table, one per sparse feature."""
-        return self.num_embeddings_per_feature or [self.num_embeddings] * self.num_sparse_features
+        return self._sizes_per_feature() or [self.num_embeddings] * self.num_sparse_features
+
+    def _sizes_per_feature(self) -> list[int]:
+        """The per-feature sizes given, one by one or as --table_size_preset (derived, not
+        stored: a configuration written back to a command line reads back the same)."""
+        return preset_table_sizes(self.table_size_preset, self.num_embeddings_per_feature)
 
     @property
     def ids_per_feature(self) -> list[int]:
         """Ids per sample of each sparse feature."""
         return self.multi_hot_sizes or [1] * self.num_sparse_features
 
+
+@dataclass
+class DataConfig:
+    """Where the click logs come from and how they are split and shuffled."""
+
+    data: str = option(
+        "synthetic",
+        "Training data. synthetic: generated on the fly, heavy-tailed ids and labels from a "
+        "hidden teacher model. criteo: Criteo click logs preprocessed by "
+        "`python -m apps.dlrm.preprocess` (see --data_path). parquet: click logs in Parquet files "
+        "(Spark, BigQuery, `python -m apps.dlrm.preprocess --output_format parquet`), streamed "
+        "from a folder or an object store (see --data_path and --label_column).",
+        choices=DATASETS,
+    )
+    zipf_exponent: float = option(1.1, "Synthetic data: exponent of the power law that ids are drawn from (> 0).")
+    data_path: str = option(
+        "",
+        "Criteo: the folder (or fsspec URL, e.g. s3://bucket/criteo_npy) that "
+        "`python -m apps.dlrm.preprocess --output` wrote. Its files are memory-mapped; a URL is "
+        "first copied to --data_cache_dir. Parquet: a folder (every .parquet file under it, "
+        "names starting with _ or . left out), a glob or a single file, local or a URL "
+        "(s3://bucket/clicks/, gs://...); files are streamed where they are, each rank reading "
+        "only its share of the row groups; files in natural name order are the days of "
+        "--eval_days.",
+    )
+    data_cache_dir: str = option(
+        "",
+        "Criteo with a URL --data_path: the node-local folder it is copied to, a private folder "
+        "of this user (created with mode 0700); files already there are reused only if their "
+        "SHA-256 matches the manifest's. Empty: torchrec-dlrm-<uid>/criteo/<hash of the URL> in "
+        "the system's temporary folder.",
+    )
+    label_column: str = option("label", "Parquet: the click label's column (0/1, any integer, float or boolean type).")
+    dense_columns: list[str] = option(
+        ["int_*"],
+        "Parquet: the dense features' columns (integer, float or boolean), comma separated; a "
+        "name with * or ? stands for every matching column, in natural order (int_2 before "
+        "int_10). Named one by one, their count sets --num_dense_features; with a pattern, "
+        "--num_dense_features must equal the number of matches. Nulls count as 0.",
+    )
+    sparse_columns: list[str] = option(
+        ["cat_*"],
+        "Parquet: the sparse features' columns, comma separated, patterns as in --dense_columns "
+        "(whose count rule --num_sparse_features follows). An integer column is one id per "
+        "sample, a list<integer> column a multi-hot feature (its lists, of any length, are the "
+        "ids); a null is an empty bag. The k-th column feeds embedding table cat_k.",
+    )
+    categorical_ids: str = option(
+        "hash",
+        "Parquet: how a sparse column's integer becomes an embedding row. hash: a fixed 64-bit "
+        "mix (SplitMix64) of the value, modulo the table's size; as_is: the value itself, which "
+        "must be in [0, table size) (Categorify'd ids, e.g. from `python -m apps.dlrm.preprocess "
+        "--output_format parquet`).",
+        choices=CATEGORICAL_IDS,
+    )
+    eval_days: int = option(
+        1,
+        "Criteo and Parquet: the last N days (files) are held out, MLPerf style: the first half "
+        "of the held-out rows validates, the second half tests; the other days train.",
+    )
+    eval_fraction: float = option(
+        1.0,
+        "Criteo and Parquet: the fraction of the rows of the --eval_days days that is held out (their last "
+        "rows; the others train), e.g. 0.1 to hold out the last tenth of a single file such as "
+        "Kaggle's train.txt.",
+    )
+    shuffle: bool = option(
+        True,
+        "Criteo: shuffle the training rows every epoch, deterministically from --seed, in "
+        "blocks of --shuffle_block_rows consecutive rows; Parquet: permute the row groups every "
+        "epoch and the rows within --shuffle_buffer_rows. false: file order.",
+    )
+    shuffle_block_rows: int = option(
+        1024,
+        "Criteo: consecutive rows that stay together when shuffling; smaller blocks mix "
+        "better, larger blocks read faster.",
+    )
+    shuffle_buffer_rows: int = option(
+        262_144,
+        "Parquet: rows of a rank's consecutive row groups that are read and shuffled together in "
+        "memory (a shuffle window; it holds them decoded). Larger mixes better and takes more memory.",
+    )
+
+    def check(self) -> None:
+        if self.data in DATA_PATH_HELP and not self.data_path:
+            raise ConfigError(f"--data {self.data} needs --data_path: {DATA_PATH_HELP[self.data]}")
+        if self.data not in DATA_PATH_HELP and self.data_path:
+            raise ConfigError(f"--data_path {self.data_path} is read only with --data criteo or parquet")
+        for name in ("eval_days", "shuffle_block_rows", "shuffle_buffer_rows"):
+            _require_positive(name, getattr(self, name))
+        _require_positive("zipf_exponent", self.zipf_exponent)
+        if not 0 < self.eval_fraction <= 1:
+            raise ConfigError(
+                f"--eval_fraction {self.eval_fraction} must be in (0, 1]: the share of the "
+                "--eval_days days' rows held out for validation and test"
+            )
+
+
+@dataclass
+class TrainingConfig:
+    """How long and how the model learns: batches, steps, optimizers, learning rates, seed."""
+
+    seed: int = option(
+        0, "Seed of the model initialisation, of the synthetic data and of the Criteo and Parquet shuffling."
+    )
+    batch_size: int = option(512, "Training samples per rank per step.")
+    steps: int = option(1500, "Training steps (batches per rank).")
+    learning_rate: float = option(0.05, "Learning rate of the embedding tables.")
+    dense_learning_rate: float = option(0.01, "Learning rate of the dense MLPs; 0 uses --learning_rate.")
+    lr_warmup_steps: int = option(0, "Steps over which the learning rates ramp up linearly from 0; 0: no warmup.")
+    lr_decay_start: int = option(0, "Step at which the learning rates start to decay (with --lr_decay_steps > 0).")
+    lr_decay_steps: int = option(
+        0,
+        "Steps of polynomial (power 2) decay of the learning rates, as in TorchRec's DLRM "
+        "example (MLPerf: --lr_warmup_steps 2750 --lr_decay_start 49315 --lr_decay_steps 27772); "
+        "0: no decay.",
+    )
+    embedding_optimizer: str = option(
+        "rowwise_adagrad",
+        "Optimizer of the embedding tables, fused into the backward pass (adam: GPU only).",
+        choices=EMBEDDING_OPTIMIZERS,
+    )
+    dense_optimizer: str = option("adagrad", "Optimizer of the dense MLPs.", choices=DENSE_OPTIMIZERS)
+
+    def check(self) -> None:
+        for name in ("batch_size", "steps"):
+            _require_positive(name, getattr(self, name))
+        for name in ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps"):
+            _require_not_negative(name, getattr(self, name))
+        _require_positive("learning_rate", self.learning_rate)
+        if self.dense_learning_rate < 0:
+            raise ConfigError(
+                f"--dense_learning_rate {self.dense_learning_rate} must be positive (or 0 to use --learning_rate)"
+            )
+        if self.lr_decay_steps and self.lr_decay_start < self.lr_warmup_steps:
+            raise ConfigError(
+                f"--lr_decay_start {self.lr_decay_start} is inside the warmup "
+                f"(--lr_warmup_steps {self.lr_warmup_steps}): warmup must finish before decay starts"
+            )
+
     @property
     def dense_lr(self) -> float:
         return self.dense_learning_rate or self.learning_rate
 
 
-def check_int8_comms(cfg: TrainConfig, sharding_types: list[str]) -> None:
+@dataclass
+class LaunchConfig:
+    """How the run is laid out on its ranks and devices: sharding, comms, pipeline, precision."""
+
+    pipeline: str = option(
+        "sparse_dist",
+        "Training loop, one of TorchRec's train pipelines: sparse_dist (TrainPipelineSparseDist: "
+        "the next batch's copy and input all-to-all overlap this batch's compute), base (a plain "
+        "loop, TrainPipelineBase), sparse_dist_lite (TrainPipelineSparseDistLite: fewer streams "
+        "and events per step), and on GPUs only: semi_sync (TrainPipelineSemiSync: after 900 "
+        "batches the embedding lookup also overlaps, one step stale), fused_sparse_dist "
+        "(TrainPipelineFusedSparseDist: the lookup runs on the input all-to-all's stream) or "
+        "prefetch (PrefetchTrainPipelineSparseDist: also prefetches UVM-cached rows).",
+        choices=PIPELINES,
+    )
+    sharding_type: str = option(
+        "auto",
+        "How embedding tables are split across ranks; auto lets TorchRec's planner choose.",
+        choices=SHARDING_TYPES,
+    )
+    qcomm_forward_precision: str = option(
+        "fp32",
+        "Precision of the embedding all-to-all in the forward pass (fp8: GPU only).",
+        choices=COMM_PRECISIONS,
+    )
+    qcomm_backward_precision: str = option(
+        "fp32",
+        "Precision of the embedding gradient all-to-all in the backward pass (fp8: GPU only).",
+        choices=COMM_PRECISIONS,
+    )
+    allow_tf32: bool = option(True, "On GPUs, let float32 matmuls use TF32 tensor cores (faster, ~1e-3 precision).")
+    dense_precision: str = option(
+        "fp32",
+        "Precision of the dense part's compute (bottom MLP, interaction, top MLP). bf16: under "
+        "bf16 autocast, its weights and optimizer state staying fp32; the tables, their fused "
+        "optimizer and all-to-all are not affected (see --qcomm_*_precision).",
+        choices=DENSE_PRECISIONS,
+    )
+    compile_dense: str = option(
+        "none",
+        "torch.compile the dense part (bottom MLP, interaction, top MLP) in this mode: fewer, "
+        "fused kernels. reduce-overhead also replays them as CUDA graphs (GPU only). The first "
+        "steps take longer while it compiles; parameter names, hence checkpoints, do not change.",
+        choices=COMPILE_MODES,
+    )
+    hbm_gb: float = option(
+        0.0,
+        "GPU memory per rank, in GiB, that TorchRec's planner places tables in. 0: the GPU's "
+        "own (training), or the GPU of the instance type of -h (plan preview, --check_plan). "
+        "Less than the GPU has makes the planner keep the tables that do not fit in host memory, "
+        "cached in HBM (fused_uvm_caching).",
+    )
+
+    def check(self) -> None:
+        if self.hbm_gb < 0:
+            raise ConfigError(f"--hbm_gb {self.hbm_gb} must be 0 or more (0: the GPU's own memory)")
+        if self.sharding_type in ROW_WISE_KINDS:
+            check_int8_comms(self, [self.sharding_type])
+
+
+@dataclass
+class EvaluationConfig:
+    """Validation, test, logging and where the results go."""
+
+    validate_every: int = option(0, "Validate every N training steps; 0 validates only after training.")
+    val_batches: int = option(
+        40, "Validation batches per rank; 0: none with synthetic data, the whole split with criteo and parquet."
+    )
+    test_batches: int = option(
+        40,
+        "Test batches per rank, run once after training; 0: none with synthetic data, the whole "
+        "split with criteo and parquet.",
+    )
+    log_every: int = option(100, "Log the training loss and throughput every N steps.")
+    output_dir: str = option(
+        "outputs",
+        "Directory that receives summary.json and TensorBoard event files; empty: none.",
+    )
+
+    def check(self) -> None:
+        _require_positive("log_every", self.log_every)
+        for name in ("validate_every", "val_batches", "test_batches"):
+            _require_not_negative(name, getattr(self, name))
+
+
+@dataclass
+class CheckpointConfig:
+    """Where and how often the run checkpoints, and how many it keeps."""
+
+    checkpoint_dir: str = option(
+        "",
+        "Where checkpoints go: a directory or fsspec URL (file://, s3://, gs://; memory:// "
+        "for one process). A run resumes from the newest committed checkpoint there, without "
+        "any other flag. Empty: no checkpoints.",
+    )
+    checkpoint_every: int = option(
+        500, "Save a checkpoint every N steps (and always after the last); 0: only after the last."
+    )
+    keep_last: int = option(2, "Committed checkpoints to keep; older ones are deleted.")
+    checkpoint_async: bool = option(
+        True,
+        "Save checkpoints in the background: training stops only while the state is copied to "
+        "host memory (pinned on GPUs), then goes on while it is written; a checkpoint counts "
+        "only once every rank's part is written. false: training waits for every save.",
+    )
+
+    def check(self) -> None:
+        _require_positive("keep_last", self.keep_last)
+        _require_not_negative("checkpoint_every", self.checkpoint_every)
+
+
+@dataclass
+class TrainConfig(Options):
+    """A training run's configuration, in sections; the command line and the TorchX component
+    flatten them (``--batch_size``, not ``--training.batch_size``). Build it with
+    :meth:`from_options` (flat names, a preset filling the options not given) or
+    :func:`parse_train_config`."""
+
+    preset: str = option(
+        "none",
+        "A whole recipe: dlrmv2 is MLPerf's DLRMv2 (DCNv2 interaction, layers 512,256,128 and "
+        "1024,1024,512,256,1, dim 128, --table_size_preset mlperf, its multi-hot sizes, Adagrad "
+        "at 0.005 without warmup or decay, 8192 samples per rank). It sets only the options left "
+        "at their defaults: options given with other values win.",
+        choices=presets.PRESET_CHOICES,
+    )
+    model: ModelConfig = section(ModelConfig)
+    data: DataConfig = section(DataConfig)
+    training: TrainingConfig = section(TrainingConfig)
+    launch: LaunchConfig = section(LaunchConfig)
+    evaluation: EvaluationConfig = section(EvaluationConfig)
+    checkpoint: CheckpointConfig = section(CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        self._check_preset()
+        self.data.check()
+        self._count_features()
+        self.model.check()
+        self.training.check()
+        self.launch.check()
+        self.evaluation.check()
+        self.checkpoint.check()
+
+    @classmethod
+    def preset_defaults(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The --preset's values of the options not in ``given`` (presets.py: the rule)."""
+        values = presets.preset_values(given.get("preset", "none"))
+        return {
+            name: value
+            for name, value in values.items()
+            if not any(option in given for option in presets.deciding_options(name))
+        }
+
+    def _check_preset(self) -> None:
+        model = self.model
+        if self.preset != "none" and (model.num_dense_features, model.num_sparse_features) != (
+            INT_FEATURES,
+            CAT_FEATURES,
+        ):
+            raise ConfigError(
+                f"--preset {self.preset} is a model of Criteo's {INT_FEATURES} dense and "
+                f"{CAT_FEATURES} sparse features: drop --num_dense_features "
+                f"{model.num_dense_features} and --num_sparse_features {model.num_sparse_features}, "
+                "or drop --preset and give the model's options one by one"
+            )
+
+    def _count_features(self) -> None:
+        """The data decides the feature counts: Criteo's are fixed, Parquet columns named one by
+        one set them."""
+        model = self.model
+        if self.data.data == "criteo":
+            if (model.num_dense_features, model.num_sparse_features) != (INT_FEATURES, CAT_FEATURES):
+                raise ConfigError(
+                    f"--data criteo has {INT_FEATURES} dense and {CAT_FEATURES} sparse features: "
+                    f"--num_dense_features {model.num_dense_features} and --num_sparse_features "
+                    f"{model.num_sparse_features} must be {INT_FEATURES} and {CAT_FEATURES}"
+                )
+        elif self.data.data == "parquet":
+            self._count_parquet_columns("dense_columns", "num_dense_features")
+            self._count_parquet_columns("sparse_columns", "num_sparse_features")
+
+    def _count_parquet_columns(self, option: str, count: str) -> None:
+        """Columns named one by one set their feature count (a different count given too is
+        refused); patterns are matched, and their count checked, when the files are opened."""
+        columns = getattr(self.data, option)
+        if not columns or len(set(columns)) != len(columns):
+            raise ConfigError(
+                f"--{option} {_fmt(columns)!r} must name each column once, at least one: e.g. "
+                f"--{option} {field_default(DataConfig.__dataclass_fields__[option])[0]}"
+            )
+        if any(is_pattern(column) for column in columns):
+            return
+        given = getattr(self.model, count)
+        if given not in (len(columns), field_default(ModelConfig.__dataclass_fields__[count])):
+            raise ConfigError(
+                f"--{option} names {len(columns)} columns but --{count} is {given}: drop --{count} "
+                f"(the columns set it) or name {given} columns"
+            )
+        setattr(self.model, count, len(columns))
+
+
+def check_int8_comms(cfg: LaunchConfig, sharding_types: list[str]) -> None:
     """int8 comms need all-to-all: TorchRec's int8 codec fails in row-wise reduce-scatters."""
     row_wise = sorted(set(sharding_types) & set(ROW_WISE_KINDS))
     for name in ("qcomm_forward_precision", "qcomm_backward_precision"):
@@ -510,6 +568,11 @@ def _require_positive(name: str, value: float) -> None:
         raise ConfigError(f"--{name} {value} must be positive")
 
 
+def _require_not_negative(name: str, value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"--{name} {value} must be 0 or more")
+
+
 def _fmt(sizes: list[int]) -> str:
     return ",".join(str(size) for size in sizes)
 
@@ -522,3 +585,9 @@ def parse_train_config(argv: list[str] | None = None) -> TrainConfig:
         description="Train, validate and test a sharded DLRM with TorchRec. Run it under "
         "torchrun (or `torchx run components.dlrm:train`); alone it trains on one process.",
     )
+
+
+def train_config(**options: Any) -> TrainConfig:
+    """The configuration of ``options`` (flat names, as on the command line), the others at
+    their defaults or their --preset's values: the form for code and tests."""
+    return TrainConfig.from_options(options)

@@ -28,23 +28,23 @@ def check_device_support(cfg: TrainConfig, device: torch.device) -> None:
 
 
 def _gpu_only_options(cfg: TrainConfig, device_type: str) -> Iterator[str]:
-    if cfg.embedding_optimizer == "adam":
+    if cfg.training.embedding_optimizer == "adam":
         yield (
             "--embedding_optimizer adam needs GPUs: FBGEMM's fused Adam has no CPU kernel; "
             "use rowwise_adagrad, adagrad or sgd on CPU"
         )
     for name in ("qcomm_forward_precision", "qcomm_backward_precision"):
-        if getattr(cfg, name) == "fp8":
+        if getattr(cfg.launch, name) == "fp8":
             yield f"--{name} fp8 needs GPUs: FBGEMM's fp8 codec has no CPU kernel; use fp16, bf16 or int8 on CPU"
-    if cfg.hbm_gb:
+    if cfg.launch.hbm_gb:
         yield (
-            f"--hbm_gb {cfg.hbm_gb:g} is for GPU ranks, but this job runs on {device_type}: "
+            f"--hbm_gb {cfg.launch.hbm_gb:g} is for GPU ranks, but this job runs on {device_type}: "
             "drop it, or run the job on GPUs (-h, or --gpu)"
         )
-    if cfg.pipeline in GPU_PIPELINES:
+    if cfg.launch.pipeline in GPU_PIPELINES:
         yield (
-            f"--pipeline {cfg.pipeline} needs GPUs: it {GPU_PIPELINES[cfg.pipeline]}; "
+            f"--pipeline {cfg.launch.pipeline} needs GPUs: it {GPU_PIPELINES[cfg.launch.pipeline]}; "
             "use sparse_dist or sparse_dist_lite on CPU"
         )
-    if cfg.compile_dense == "reduce-overhead":
+    if cfg.launch.compile_dense == "reduce-overhead":
         yield "--compile_dense reduce-overhead replays CUDA graphs, which needs GPUs: use default or none on CPU"

@@ -8,7 +8,7 @@ from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import LaunchConfig, ModelConfig
 
 #: Where the tables live inside ``DLRMTrain``: the key of the module in a sharding plan.
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
@@ -19,7 +19,7 @@ def feature_names(num_sparse_features: int) -> list[str]:
     return [f"cat_{i}" for i in range(num_sparse_features)]
 
 
-def table_configs(cfg: TrainConfig) -> list[EmbeddingBagConfig]:
+def table_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
     """One table per feature; a feature's ids in a sample are pooled by ``--pooling``."""
     return [
         EmbeddingBagConfig(
@@ -33,7 +33,7 @@ def table_configs(cfg: TrainConfig) -> list[EmbeddingBagConfig]:
     ]
 
 
-def build_model(cfg: TrainConfig, dense_device: torch.device, table_device: torch.device | None = None) -> DLRMTrain:
+def build_model(cfg: ModelConfig, dense_device: torch.device, table_device: torch.device | None = None) -> DLRMTrain:
     """The training module (model + BCE loss).
 
     Tables are built on the meta device by default so that no rank ever allocates a whole
@@ -69,7 +69,7 @@ def build_model(cfg: TrainConfig, dense_device: torch.device, table_device: torc
 DENSE_PARTS = ("dense_arch", "inter_arch", "over_arch")
 
 
-def speed_up_dense(cfg: TrainConfig, model: DLRMTrain, device: torch.device) -> None:
+def speed_up_dense(cfg: LaunchConfig, model: DLRMTrain, device: torch.device) -> None:
     """Applies --dense_precision and --compile_dense to the dense part, in place.
 
     Each part keeps its module and parameter names (its ``forward`` is wrapped, and

@@ -16,7 +16,7 @@ from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import TrainingConfig
 
 # Parameters of the embedding tables have this in their names.
 TABLES = "embedding_bag_collection"
@@ -38,13 +38,13 @@ def optimizer_class(name: str, lr: float) -> tuple[type[torch.optim.Optimizer], 
     return cls, {"lr": lr, **kwargs}
 
 
-def fuse_embedding_optimizer(cfg: TrainConfig, tables: Iterable[nn.Parameter]) -> None:
+def fuse_embedding_optimizer(cfg: TrainingConfig, tables: Iterable[nn.Parameter]) -> None:
     """Marks the table parameters so that sharding fuses their optimizer into backward."""
     cls, kwargs = optimizer_class(cfg.embedding_optimizer, cfg.learning_rate)
     apply_optimizer_in_backward(cls, tables, kwargs)
 
 
-def dense_optimizer(cfg: TrainConfig, model: nn.Module) -> CombinedOptimizer:
+def dense_optimizer(cfg: TrainingConfig, model: nn.Module) -> CombinedOptimizer:
     """The optimizer of every parameter whose optimizer is not fused into backward.
 
     Data-parallel tables are among them: sharding replaces them with plain replicated weights
@@ -53,7 +53,11 @@ def dense_optimizer(cfg: TrainConfig, model: nn.Module) -> CombinedOptimizer:
     """
     params = dict(in_backward_optimizer_filter(model.named_parameters()))
     groups = {
-        "dense": ({n: p for n, p in params.items() if TABLES not in n}, cfg.dense_optimizer, cfg.dense_lr),
+        "dense": (
+            {n: p for n, p in params.items() if TABLES not in n},
+            cfg.dense_optimizer,
+            cfg.dense_lr,
+        ),
         "data_parallel_tables": (
             {n: p for n, p in params.items() if TABLES in n},
             cfg.embedding_optimizer,
@@ -68,7 +72,7 @@ def dense_optimizer(cfg: TrainConfig, model: nn.Module) -> CombinedOptimizer:
     return CombinedOptimizer(optimizers)
 
 
-def training_optimizer(cfg: TrainConfig, model: DistributedModelParallel) -> CombinedOptimizer:
+def training_optimizer(cfg: TrainingConfig, model: DistributedModelParallel) -> CombinedOptimizer:
     """Every optimizer of the sharded model in one.
 
     The fused optimizer's update happens inside backward; it is here so that the pipeline's
@@ -91,7 +95,7 @@ def make_lazy_state(optimizer: CombinedOptimizer) -> None:
             part.zero_grad(set_to_none=True)
 
 
-def lr_scale(cfg: TrainConfig, step: int) -> float:
+def lr_scale(cfg: TrainingConfig, step: int) -> float:
     """The factor on the learning rates at 0-based ``step``, as in TorchRec's DLRM example.
 
     Linear warmup over ``lr_warmup_steps``; from ``lr_decay_start`` a polynomial (power 2)
@@ -110,7 +114,7 @@ class LRSchedule:
     """Sets every param group's learning rate from the step: a pure function, so resuming at a
     step restores the schedule exactly without any saved scheduler state."""
 
-    def __init__(self, cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, cfg: TrainingConfig, optimizer: torch.optim.Optimizer) -> None:
         self._cfg = cfg
         self._groups = optimizer.param_groups
         self._base = [group["lr"] for group in self._groups]

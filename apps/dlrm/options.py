@@ -3,7 +3,10 @@
 A field declared with :func:`option` carries its help text and allowed choices. The same field
 then builds the app's ``argparse`` parser (:func:`build_parser`) and the TorchX component's
 signature (``components/signature.py``), and :func:`to_argv` turns a dataclass back into the
-command line the app parses. Values use one text form everywhere, the one TorchX's CLI already
+command line the app parses. A configuration may group its options in sections (:func:`section`:
+a field holding a dataclass of options); the command line flattens them, so an option's name is
+the same wherever it lives, and :meth:`Options.from_options` builds the sections back from the
+flat names. Values use one text form everywhere, the one TorchX's CLI already
 uses: lists are comma separated (``64,32,1``), booleans are ``true``/``false``. The app's parser
 and the component (``components/signature.py``) read that text with the same :func:`value_parser`,
 so a value one accepts the other accepts too, and one refuses the other refuses.
@@ -14,9 +17,10 @@ import copy
 import dataclasses
 import math
 import typing
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 T = TypeVar("T")
+C = TypeVar("C", bound="Options")
 
 
 class ConfigError(ValueError):
@@ -31,6 +35,58 @@ def option(default: Any, help: str, *, choices: Sequence[str] | None = None) -> 
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def section(cls: type) -> Any:
+    """A dataclass field holding a section: the dataclass ``cls`` of options, whose names the
+    command line flattens (they must differ from every other option's)."""
+    return dataclasses.field(default_factory=cls, metadata={"section": cls})
+
+
+class Options:
+    """Base of a dataclass of options and sections of options, built from flat option values."""
+
+    @classmethod
+    def preset_defaults(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults other than the fields' own for the options not in ``given`` (a preset's
+        values); none here."""
+        return {}
+
+    @classmethod
+    def from_options(cls: type[C], given: Mapping[str, Any]) -> C:
+        """The configuration of the options in ``given`` (flat names), the others at their
+        defaults (:meth:`preset_defaults`, else the field's); validated."""
+        unknown = sorted(set(given) - {field.name for field in options_of(cls)})
+        if unknown:
+            raise ConfigError(f"unknown options: {', '.join(unknown)}")
+        return _build(cls, {**cls.preset_defaults(given), **given})
+
+    def replace(self: C, **changes: Any) -> C:
+        """A copy with the options in ``changes`` changed (flat names), validated anew."""
+        return type(self).from_options({**option_values(self), **changes})
+
+
+def option_values(config: Any) -> dict[str, Any]:
+    """Every option's value in the dataclass ``config`` and its sections, by its flat name."""
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if "section" in field.metadata:
+            values.update(option_values(value))
+        elif "help" in field.metadata:
+            values[field.name] = value
+    return values
+
+
+def _build(cls: type[T], values: Mapping[str, Any]) -> T:
+    """``cls`` with each section built from its own options in ``values``."""
+    kwargs = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if "section" in field.metadata:
+            kwargs[field.name] = _build(field.metadata["section"], values)
+        elif field.name in values:
+            kwargs[field.name] = copy.copy(values[field.name])
+    return cls(**kwargs)
+
+
 def field_default(field: dataclasses.Field) -> Any:
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
@@ -43,9 +99,10 @@ def check_choices(config: Any) -> None:
     argparse checks choices on the app's command line; this also covers a dataclass built
     from TorchX component arguments or in code.
     """
+    values = option_values(config)
     for field in options_of(type(config)):
         choices = field.metadata.get("choices")
-        value = getattr(config, field.name)
+        value = values[field.name]
         if choices and value not in choices:
             raise ConfigError(f"--{field.name} {value!r} is not supported: use one of {', '.join(choices)}")
 
@@ -116,7 +173,23 @@ def format_value(value: Any) -> str:
 
 
 def options_of(cls: type) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+    """Every option of the dataclass ``cls``, its sections' included, in declaration order."""
+    options = []
+    for field in dataclasses.fields(cls):
+        if "section" in field.metadata:
+            options += options_of(field.metadata["section"])
+        elif "help" in field.metadata:
+            options.append(field)
+    return options
+
+
+def option_types(cls: type) -> dict[str, Any]:
+    """Each option's annotation, by its flat name."""
+    types = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if "section" in field.metadata:
+            types.update(option_types(field.metadata["section"]))
+    return types
 
 
 def help_text(field: dataclasses.Field) -> str:
@@ -126,14 +199,19 @@ def help_text(field: dataclasses.Field) -> str:
 
 
 def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Adds one ``--name`` option per field of the dataclass ``cls`` to ``parser``."""
-    hints = typing.get_type_hints(cls)
+    """Adds one ``--name`` option per option of the dataclass ``cls`` to ``parser``.
+
+    Options not given are left out of the parsed namespace (their default is shown in the help):
+    an option given at its default value is told apart from one not given, so that a preset
+    fills only the options not given.
+    """
+    hints = option_types(cls)
     for field in options_of(cls):
         annotation = hints[field.name]
         kwargs: dict[str, Any] = {
             "type": value_parser(annotation),
-            "default": field_default(field),
-            "help": help_text(field),
+            "default": argparse.SUPPRESS,
+            "help": f"{help_text(field)} (default: {format_value(field_default(field)) or 'empty'})",
             "metavar": field.name.upper() if annotation is not bool else "true|false",
         }
         if annotation is bool:
@@ -146,31 +224,38 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=description,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     add_options(parser, cls)
     return parser
 
 
-def parse_config(cls: type[T], argv: Sequence[str] | None, prog: str, description: str) -> T:
+def parse_config(cls: type[C], argv: Sequence[str] | None, prog: str, description: str) -> C:
     """Parses ``argv`` into a validated ``cls``; a bad value exits with a message naming it."""
     parser = build_parser(cls, prog, description)
-    namespace = parser.parse_args(argv)
+    given = vars(parser.parse_args(argv))
     try:
-        return cls(**vars(namespace))
+        return cls.from_options(given)
     except ConfigError as e:
         parser.error(str(e))
 
 
-def to_argv(config: Any, only_changed: bool = True) -> list[str]:
-    """The command line that :func:`parse_config` turns back into ``config``."""
-    argv: list[str] = []
-    for field in options_of(type(config)):
-        value = getattr(config, field.name)
-        if only_changed and value == field_default(field):
-            continue
-        argv += [f"--{field.name}", format_value(value)]
-    return argv
+def to_argv(config: Any) -> list[str]:
+    """The command line that :func:`parse_config` turns back into ``config``: the options whose
+    value is not the one they would get when not given (the preset's, else the field's)."""
+    values = option_values(config)
+    defaults = {field.name: field_default(field) for field in options_of(type(config))}
+    if isinstance(config, Options):
+        defaults.update(type(config).preset_defaults({name: values[name] for name in ("preset",) if name in values}))
+    return [
+        token
+        for name, value in values.items()
+        if value != defaults[name]
+        for token in (f"--{name}", format_value(value))
+    ]
+
+
+def given_options(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The options among ``values`` that differ from their field's default: what a caller that
+    hands every option over, given or not (TorchX's components), can be taken to have given."""
+    defaults = {field.name: field_default(field) for field in options_of(cls)}
+    return {name: value for name, value in values.items() if name in defaults and value != defaults[name]}

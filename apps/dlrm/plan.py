@@ -165,9 +165,9 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
     """
     check_device_support(cfg, torch.device(cluster.device))
     model, sharder = model_to_shard(cfg, torch.device(cluster.device), dense_device=torch.device("meta"))
-    if not planner_offers(cfg, sharder, cluster.device):
+    if not planner_offers(cfg.launch, sharder, cluster.device):
         raise ConfigError(
-            f"--sharding_type {cfg.sharding_type}: TorchRec's planner offers no row-wise kinds for "
+            f"--sharding_type {cfg.launch.sharding_type}: TorchRec's planner offers no row-wise kinds for "
             "CPU ranks (the app builds that plan itself at start-up), so it cannot estimate this "
             "plan; preview the job on GPUs (-h, or --gpu with --hbm_gb) or use another sharding type"
         )
@@ -182,13 +182,13 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
             plan = _offline_plan(cfg, model, sharder, _topology(cluster, unlimited=True), report)
         except PlannerError as unlimited:
             raise ConfigError(f"TorchRec's planner found no plan: {_first_line(unlimited)}") from None
-    check_int8_comms(cfg, [option.sharding_type for option in report.best_plan])
+    check_int8_comms(cfg.launch, [option.sharding_type for option in report.best_plan])
     reserve, dense, kjt = _compute_storage(report.storage_reservation, report.topology)
     _, hbm_used, ddr_used, _ = _compute_mem_usage_and_perf(report.topology, report.best_plan, dense, kjt)
-    order = {table.name: i for i, table in enumerate(table_configs(cfg))}
+    order = {table.name: i for i, table in enumerate(table_configs(cfg.model))}
     return Preview(
         cluster=cluster,
-        batch_size=cfg.batch_size,
+        batch_size=cfg.training.batch_size,
         plan=plan,
         tables=sorted(report.best_plan, key=lambda option: order[option.name]),
         hbm_used=hbm_used,
@@ -271,10 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     add_options(parser, TrainConfig)
     args = vars(parser.parse_args(argv))
     try:
-        target_args = {field.name: args.pop(field.name) for field in options_of(PlanTarget)}
-        cfg = TrainConfig(**args)
+        target_names = {field.name for field in options_of(PlanTarget)}
+        target_args = {name: args.pop(name) for name in target_names & set(args)}
+        cfg = TrainConfig.from_options(args)
         # The job's --hbm_gb, which its training app plans with too (apps/dlrm/sharding.py).
-        target = PlanTarget(**target_args, hbm_gb=cfg.hbm_gb)
+        target = PlanTarget(**target_args, hbm_gb=cfg.launch.hbm_gb)
         result = preview(cfg, target.cluster)
     except ConfigError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)  # a value's fault: no usage dump

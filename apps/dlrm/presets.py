@@ -1,11 +1,13 @@
 """Whole training recipes by name: ``--preset``.
 
-A preset is a set of option values. It fills only the options a run leaves at their defaults:
-an option given with another value wins over the preset (``--preset dlrmv2 --batch_size 256``
-trains MLPerf's model with batches of 256). An option given with its default value cannot be
-told from one not given, so it takes the preset's value. The table sizes are one choice made by
-three options: the preset's ``--table_size_preset`` applies only when none of
-``--num_embeddings``, ``--num_embeddings_per_feature`` and ``--table_size_preset`` is given.
+A preset is a set of option values. It fills only the options a run does not give: an option
+given wins over the preset (``--preset dlrmv2 --batch_size 256`` trains MLPerf's model with
+batches of 256), even when given at its default value (``--preset dlrmv2 --batch_size 512``
+trains with 512: the app's parser knows what was given, :func:`apps.dlrm.options.add_options`).
+The TorchX component cannot tell: TorchX hands it every argument, given or not, so there an
+argument at its default value counts as not given and takes the preset's value. The table sizes
+are one choice made by three options: the preset's ``--table_size_preset`` applies only when none
+of ``--num_embeddings``, ``--num_embeddings_per_feature`` and ``--table_size_preset`` is given.
 """
 
 from typing import Any

@@ -32,7 +32,7 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.distributed.types import ShardingPlan
 
-from apps.dlrm.config import TrainConfig, check_int8_comms
+from apps.dlrm.config import LaunchConfig, TrainConfig, check_int8_comms
 from apps.dlrm.distributed import DistEnv
 from apps.dlrm.model import EBC_PATH, build_model
 from apps.dlrm.optim import fuse_embedding_optimizer
@@ -65,12 +65,12 @@ def model_to_shard(
     What the training app shards on ``device`` and what the plan preview plans for it: one
     recipe, so the preview's planner sees the tables and storage the job will have.
     """
-    model = build_model(cfg, dense_device=dense_device)
-    fuse_embedding_optimizer(cfg, model.model.sparse_arch.parameters())
-    return model, make_sharder(cfg)
+    model = build_model(cfg.model, dense_device=dense_device)
+    fuse_embedding_optimizer(cfg.training, model.model.sparse_arch.parameters())
+    return model, make_sharder(cfg.launch)
 
 
-def make_sharder(cfg: TrainConfig) -> EmbeddingBagCollectionSharder:
+def make_sharder(cfg: LaunchConfig) -> EmbeddingBagCollectionSharder:
     """TorchRec's table sharder, with quantized all-to-all comms when asked for."""
     forward = _COMM_TYPES[cfg.qcomm_forward_precision]
     backward = _COMM_TYPES[cfg.qcomm_backward_precision]
@@ -103,11 +103,11 @@ def training_topology(cfg: TrainConfig, env: DistEnv, gpu_bytes: int = 0) -> Top
     plan preview (apps/dlrm/plan.py) and the job agree on the HBM per rank: --hbm_gb when set.
     """
     device_type = env.device.type
-    hbm = hbm_per_rank(cfg, gpu_bytes) if device_type == "cuda" else None
+    hbm = hbm_per_rank(cfg.launch, gpu_bytes) if device_type == "cuda" else None
     return make_topology(env.world_size, env.local_world_size, device_type, hbm)
 
 
-def hbm_per_rank(cfg: TrainConfig, gpu_bytes: int) -> int:
+def hbm_per_rank(cfg: LaunchConfig, gpu_bytes: int) -> int:
     """Bytes of HBM the planner may place tables in: --hbm_gb GiB, or 0 for the whole GPU.
 
     Less than the GPU has is how a user makes the planner cache tables from host memory
@@ -154,7 +154,7 @@ def make_planner(
     """
     return EmbeddingShardingPlanner(
         topology=topology,
-        batch_size=cfg.batch_size,
+        batch_size=cfg.training.batch_size,
         storage_reservation=storage_reservation(model),
         constraints=table_constraints(cfg),
         stats=stats,
@@ -166,18 +166,18 @@ def table_constraints(cfg: TrainConfig) -> dict[str, ParameterConstraints] | Non
     --multi_hot_sizes the ids per sample (its pooling factor), which its estimates of input
     size, comms and compute scale with (TorchRec assumes one otherwise)."""
     constraints = {}
-    for i in range(cfg.num_sparse_features):
+    for i in range(cfg.model.num_sparse_features):
         kwargs: dict[str, list[str] | list[float]] = {}
-        if cfg.sharding_type != "auto":
-            kwargs["sharding_types"] = [cfg.sharding_type]
-        if cfg.multi_hot_sizes:
-            kwargs["pooling_factors"] = [float(cfg.multi_hot_sizes[i])]
+        if cfg.launch.sharding_type != "auto":
+            kwargs["sharding_types"] = [cfg.launch.sharding_type]
+        if cfg.model.multi_hot_sizes:
+            kwargs["pooling_factors"] = [float(cfg.model.multi_hot_sizes[i])]
         if kwargs:
             constraints[f"t_cat_{i}"] = ParameterConstraints(**kwargs)
     return constraints or None
 
 
-def planner_offers(cfg: TrainConfig, sharder: EmbeddingBagCollectionSharder, device_type: str) -> bool:
+def planner_offers(cfg: LaunchConfig, sharder: EmbeddingBagCollectionSharder, device_type: str) -> bool:
     return cfg.sharding_type == "auto" or cfg.sharding_type in sharder.sharding_types(device_type)
 
 
@@ -193,7 +193,7 @@ def build_plan(
     this device. On CPUs it offers no row-wise kinds, so those plans are built directly.
     """
     plan = _rank_plan(cfg, model, sharder, env)
-    check_int8_comms(cfg, [s.sharding_type for s in plan.plan[EBC_PATH].values()])
+    check_int8_comms(cfg.launch, [s.sharding_type for s in plan.plan[EBC_PATH].values()])
     return plan
 
 
@@ -205,15 +205,17 @@ def _rank_plan(
 ) -> ShardingPlan:
     """Collective. The planner's plan, agreed by every rank, or the row-wise plan built directly."""
     device_type = env.device.type
-    if planner_offers(cfg, sharder, device_type):
+    if planner_offers(cfg.launch, sharder, device_type):
         gpu_bytes = torch.cuda.get_device_properties(env.device).total_memory if device_type == "cuda" else 0
         topology = training_topology(cfg, env, gpu_bytes)
         return make_planner(cfg, model, topology).collective_plan(model, [sharder], dist.group.WORLD)
     tables = model.get_submodule(EBC_PATH)
-    if cfg.sharding_type == "row_wise":
-        per_table = {f"t_cat_{i}": row_wise() for i in range(cfg.num_sparse_features)}
+    if cfg.launch.sharding_type == "row_wise":
+        per_table = {f"t_cat_{i}": row_wise() for i in range(cfg.model.num_sparse_features)}
     else:  # table_row_wise: each table row-wise inside one node, tables spread over nodes
-        per_table = {f"t_cat_{i}": table_row_wise(host_index=i % env.num_nodes) for i in range(cfg.num_sparse_features)}
+        per_table = {
+            f"t_cat_{i}": table_row_wise(host_index=i % env.num_nodes) for i in range(cfg.model.num_sparse_features)
+        }
     module_plan = construct_module_sharding_plan(
         tables,
         per_table,

@@ -17,7 +17,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSparseDist, train_pipelines
 
 from apps.dlrm.checkpoint import Checkpoint, Checkpointed, Checkpointer, TrainState, open_checkpoints
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import LaunchConfig, TrainConfig
 from apps.dlrm.data import make_dataset
 from apps.dlrm.device_support import check_device_support
 from apps.dlrm.distributed import DistEnv, all_reduce_mean
@@ -42,7 +42,7 @@ PIPELINE_CLASSES = {
 }
 
 
-def pipeline_class(cfg: TrainConfig) -> type[TrainPipeline]:
+def pipeline_class(cfg: LaunchConfig) -> type[TrainPipeline]:
     """TorchRec's pipeline class that --pipeline names, if this TorchRec has it."""
     name = PIPELINE_CLASSES[cfg.pipeline]
     cls = getattr(train_pipelines, name, None)
@@ -66,21 +66,21 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
         check_device_support(cfg, env.device)
         self.cfg, self.env = cfg, env
-        self.reporter = Reporter(cfg.output_dir, enabled=env.is_main)
+        self.reporter = Reporter(cfg.evaluation.output_dir, enabled=env.is_main)
         folder = open_checkpoints(cfg, env)  # before the model: a bad --checkpoint_dir fails in seconds
-        pipeline_cls = pipeline_class(cfg)
+        pipeline_cls = pipeline_class(cfg.launch)
         self.data = make_dataset(cfg, env)  # so does a bad --data_path
         if env.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
-            torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = cfg.launch.allow_tf32
+            torch.backends.cudnn.allow_tf32 = cfg.launch.allow_tf32
         # Same seed on every rank: DDP needs identical dense weights to start from.
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.training.seed)
         model, sharder = model_to_shard(cfg, env.device, dense_device=env.device)
-        speed_up_dense(cfg, model, env.device)
+        speed_up_dense(cfg.launch, model, env.device)
         self.plan = build_plan(cfg, model, sharder, env)
         self.model = shard_model(model, self.plan, sharder, env)
-        self.optimizer = training_optimizer(cfg, self.model)
-        self.schedule = LRSchedule(cfg, self.optimizer)
+        self.optimizer = training_optimizer(cfg.training, self.model)
+        self.schedule = LRSchedule(cfg.training, self.optimizer)
         self.pipeline = pipeline_cls(self.model, self.optimizer, env.device)
         self.checkpointer = Checkpointer(cfg, env, folder, self.checkpointed)
         self.state = TrainState(env.rank)
@@ -94,22 +94,22 @@ class Trainer:
         """The whole run: resume or start, train to --steps, validate and test, and write
         summary.json; returns the summary."""
         cfg, env = self.cfg, self.env
-        self.reporter.log("sharding plan (%s):\n%s", cfg.sharding_type, describe_plan(self.plan))
+        self.reporter.log("sharding plan (%s):\n%s", cfg.launch.sharding_type, describe_plan(self.plan))
         resumed = self.restore()
         self.reporter.log(
             "training steps %d..%d of %d samples x %d ranks on %s (%s)",
             self.state.step + 1,
-            cfg.steps,
-            cfg.batch_size,
+            cfg.training.steps,
+            cfg.training.batch_size,
             env.world_size,
             env.device.type,
             env.backend,
         )
         throughput = self._train()
-        val = self.evaluate("val", cfg.val_batches)
-        test = self.evaluate("test", cfg.test_batches)
-        self.reporter.scalars("val", val, cfg.steps)
-        self.reporter.scalars("test", test, cfg.steps)
+        val = self.evaluate("val", cfg.evaluation.val_batches)
+        test = self.evaluate("test", cfg.evaluation.test_batches)
+        self.reporter.scalars("val", val, cfg.training.steps)
+        self.reporter.scalars("test", test, cfg.training.steps)
         self.reporter.log("validation: %s", _fmt_metrics(val))
         self.reporter.log("test: %s", _fmt_metrics(test))
         self.checkpointer.wait()
@@ -148,18 +148,18 @@ class Trainer:
     def _train(self) -> Throughput:
         """Trains from ``state.step`` to --steps, logging, validating and checkpointing on the way."""
         cfg, env, state, reporter = self.cfg, self.env, self.state, self.reporter
-        global_batch = cfg.batch_size * env.world_size
+        global_batch = cfg.training.batch_size * env.world_size
         throughput, window_meter = Throughput(), Throughput()
         window: list[torch.Tensor] = []
-        reporter.progress(total=cfg.steps, initial=state.step)
+        reporter.progress(total=cfg.training.steps, initial=state.step)
         stopwatch = Stopwatch()
         # Closed when training ends or fails: a data loader's threads must not outlive it.
         with contextlib.closing(self.data.train_batches(start_step=state.step)) as batches:
-            while state.step < cfg.steps:
+            while state.step < cfg.training.steps:
                 window.append(self.train_step(batches))
                 step = state.step
                 checkpoint_due = self.checkpointer.due(step)
-                log_due = step % cfg.log_every == 0 or step == cfg.steps or checkpoint_due
+                log_due = step % cfg.evaluation.log_every == 0 or step == cfg.training.steps or checkpoint_due
                 # The only host sync of a training step, on log steps: it waits for the device to
                 # finish, so that the lap below times work done, not work queued.
                 window_losses = torch.stack(window).tolist() if log_due else []
@@ -175,7 +175,7 @@ class Trainer:
                     reporter.log(
                         "step %d/%d  loss %.4f  %.0f samples/s",
                         step,
-                        cfg.steps,
+                        cfg.training.steps,
                         window_loss,
                         window_meter.samples_per_sec,
                     )
@@ -183,8 +183,12 @@ class Trainer:
                     reporter.step(loss=window_loss)
                 else:
                     reporter.step()
-                if cfg.validate_every and step % cfg.validate_every == 0 and step < cfg.steps:
-                    val = self.evaluate("val", cfg.val_batches)
+                if (
+                    cfg.evaluation.validate_every
+                    and step % cfg.evaluation.validate_every == 0
+                    and step < cfg.training.steps
+                ):
+                    val = self.evaluate("val", cfg.evaluation.val_batches)
                     reporter.scalars("val", val, step)
                     reporter.log("step %d validation: %s", step, _fmt_metrics(val))
                 if checkpoint_due:
@@ -227,7 +231,7 @@ class Trainer:
             "train_seconds": throughput.seconds,
             "steps": self.state.step,
             "world_size": env.world_size,
-            "global_batch_size": cfg.batch_size * env.world_size,
+            "global_batch_size": cfg.training.batch_size * env.world_size,
             "device": env.device.type,
             "backend": env.backend,
             "peak_hbm_bytes": peak_hbm_bytes(env),

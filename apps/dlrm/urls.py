@@ -3,9 +3,10 @@
 records passes through here.
 """
 
-import dataclasses
 import re
 from typing import Any
+
+from apps.dlrm.options import option_values
 
 # A URL's scheme and user info: everything between "://" and the last "@" before the host's end
 # (a "/" or whitespace), so that a password with an unescaped "@" is hidden whole.
@@ -30,6 +31,5 @@ def config_record(config: Any) -> dict[str, Any]:
     """The dataclass ``config`` as summary.json and manifest.json record it: every option as
     given, but with the credentials of URL options (--data_path, --checkpoint_dir) redacted."""
     return {
-        name: redact_urls(value) if isinstance(value, str) else value
-        for name, value in dataclasses.asdict(config).items()
+        name: redact_urls(value) if isinstance(value, str) else value for name, value in option_values(config).items()
     }

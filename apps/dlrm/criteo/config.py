@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from apps.dlrm.criteo.layout import CAT_FEATURES, OUTPUT_FORMATS
 from apps.dlrm.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
-from apps.dlrm.options import ConfigError, check_choices, option, parse_config
+from apps.dlrm.options import ConfigError, Options, check_choices, option, parse_config
 
 CATEGORICAL_IDS = ("hash", "vocabulary")
 
@@ -17,7 +17,7 @@ MAX_TABLE_SIZE = 2**31 - 1
 
 
 @dataclass
-class PreprocessConfig:
+class PreprocessConfig(Options):
     input: list[str] = option(
         [],
         "Criteo TSV click logs (plain or gzip): files, folders of them (every file not starting "

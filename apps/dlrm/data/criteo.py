@@ -64,26 +64,28 @@ class CriteoClickLogs:
         self.pin_memory = pin_memory
         self.keys = feature_names(CAT_FEATURES)
         manifest, self.days = open_folder(folder)
-        _check_table_sizes(manifest["num_embeddings_per_feature"], cfg.table_sizes, folder)
+        _check_table_sizes(manifest["num_embeddings_per_feature"], cfg.model.table_sizes, folder)
         self._day_starts = np.cumsum([0] + [day.rows for day in self.days])
-        self.splits = held_out_split([day.rows for day in self.days], cfg.eval_days, cfg.eval_fraction, folder)
-        self.global_batch = cfg.batch_size * world_size
+        self.splits = held_out_split(
+            [day.rows for day in self.days], cfg.data.eval_days, cfg.data.eval_fraction, folder
+        )
+        self.global_batch = cfg.training.batch_size * world_size
         train_rows = self.splits["train"][1]
         self.steps_per_epoch = train_rows // self.global_batch
         if not self.steps_per_epoch:
             raise ConfigError(
                 f"{folder} has {train_rows} training rows, fewer than one global batch "
-                f"(--batch_size {cfg.batch_size} x {world_size} ranks): lower --batch_size"
+                f"(--batch_size {cfg.training.batch_size} x {world_size} ranks): lower --batch_size"
             )
-        self._block_rows = cfg.shuffle_block_rows if cfg.shuffle else train_rows
+        self._block_rows = cfg.data.shuffle_block_rows if cfg.data.shuffle else train_rows
         self._kjt_layouts: dict[int, dict] = {}
-        self._ids_per_feature = cfg.ids_per_feature
+        self._ids_per_feature = cfg.model.ids_per_feature
         self._multi_hot = None
         if max(self._ids_per_feature) > 1:
             logger.info(
                 "criteo: drawing MLPerf's multi-hot lookup tables (%s ids per sample)", sum(self._ids_per_feature)
             )
-            self._multi_hot = multi_hot_tables(self._ids_per_feature, cfg.table_sizes)
+            self._multi_hot = multi_hot_tables(self._ids_per_feature, cfg.model.table_sizes)
         logger.info(
             "criteo %s: %d days, %s rows: train %s (%d steps per epoch), validation %s, test %s",
             folder,
@@ -102,7 +104,7 @@ class CriteoClickLogs:
 
     def train_batches(self, start_step: int = 0) -> Generator[Batch, None, None]:
         """This rank's training batches from ``start_step`` on, without end."""
-        order = _EpochOrder(self.splits["train"][1], self._block_rows, self.cfg.seed, self.cfg.shuffle)
+        order = _EpochOrder(self.splits["train"][1], self._block_rows, self.cfg.training.seed, self.cfg.data.shuffle)
         return prefetched(
             lambda step: self._batch(order.ranges(*self._train_slice(step))),
             itertools.count(start_step),
@@ -117,12 +119,12 @@ class CriteoClickLogs:
     def _train_slice(self, step: int) -> tuple[int, int, int]:
         """(epoch, first, last) positions of this rank's rows of ``step`` in the epoch's order."""
         epoch, index = divmod(step, self.steps_per_epoch)
-        first = index * self.global_batch + self.rank * self.cfg.batch_size
-        return epoch, first, first + self.cfg.batch_size
+        first = index * self.global_batch + self.rank * self.cfg.training.batch_size
+        return epoch, first, first + self.cfg.training.batch_size
 
     def _eval_ranges(self, split: str, num_batches: int) -> list[Range]:
         start, stop = self.splits[split]
-        b, w = self.cfg.batch_size, self.world_size
+        b, w = self.cfg.training.batch_size, self.world_size
         full, rest = divmod(stop - start, self.global_batch)
         firsts = [start + i * self.global_batch + self.rank * b for i in range(full)]
         ranges = [(first, first + b) for first in firsts]

@@ -55,27 +55,29 @@ INT32_IDS = 2**31
 
 
 class ParquetClickLogs:
-    """Rank ``rank``'s batches of the Parquet files of ``cfg.data_path``."""
+    """Rank ``rank``'s batches of the Parquet files of ``cfg.data.data_path``."""
 
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int, pin_memory: bool) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
         self.pin_memory = pin_memory
-        self.keys = feature_names(cfg.num_sparse_features)
-        fs, self.files = open_files(cfg.data_path)
+        self.keys = feature_names(cfg.model.num_sparse_features)
+        fs, self.files = open_files(cfg.data.data_path)
         self.spec = resolve_columns(cfg, self.files)
-        as_is = cfg.categorical_ids == "as_is"
-        self.null_counts = check_statistics(self.files, self.spec, cfg.table_sizes if as_is else None)
-        int32_ids = max(cfg.table_sizes) <= INT32_IDS
+        as_is = cfg.data.categorical_ids == "as_is"
+        self.null_counts = check_statistics(self.files, self.spec, cfg.model.table_sizes if as_is else None)
+        int32_ids = max(cfg.model.table_sizes) <= INT32_IDS
         id_dtype = np.dtype(np.int32 if int32_ids else np.int64)
         self._ids_dtype = torch.int32 if int32_ids else torch.int64
-        self._reader = RowGroupReader(fs, self.files, self.spec, cfg.table_sizes, cfg.categorical_ids, id_dtype)
+        self._reader = RowGroupReader(
+            fs, self.files, self.spec, cfg.model.table_sizes, cfg.data.categorical_ids, id_dtype
+        )
         self.splits = held_out_split(
             [file.rows for file in self.files],
-            cfg.eval_days,
-            cfg.eval_fraction,
-            cfg.data_path,
+            cfg.data.eval_days,
+            cfg.data.eval_fraction,
+            cfg.data.data_path,
             files="files",
             more="add files",
         )
@@ -85,21 +87,21 @@ class ParquetClickLogs:
             self._groups.between(0, train_rows),
             rank,
             world_size,
-            cfg.batch_size,
-            cfg.seed,
-            cfg.shuffle,
-            cfg.shuffle_buffer_rows,
+            cfg.training.batch_size,
+            cfg.training.seed,
+            cfg.data.shuffle,
+            cfg.data.shuffle_buffer_rows,
         )
         self.steps_per_epoch = self._order.steps_per_epoch
         if not self.steps_per_epoch:
             raise ConfigError(
-                f"{cfg.data_path} has {train_rows:,} training rows, fewer than one batch per rank "
-                f"(--batch_size {cfg.batch_size} x {world_size} ranks): lower --batch_size"
+                f"{cfg.data.data_path} has {train_rows:,} training rows, fewer than one batch per rank "
+                f"(--batch_size {cfg.training.batch_size} x {world_size} ranks): lower --batch_size"
             )
         logger.info(
             "parquet %s: %d files, %d row groups, %s rows: train %s (%d steps per epoch), validation %s, "
             "test %s; %d of %d sparse columns multi-hot; nulls (dense: 0, sparse: no id): %s",
-            cfg.data_path,
+            cfg.data.data_path,
             len(self.files),
             len(self._groups.hi),
             f"{self._groups.rows:,}",
@@ -128,7 +130,7 @@ class ParquetClickLogs:
     def eval_batches(self, split: str, num_batches: int) -> Generator[Batch, None, None]:
         """This rank's batches of ``split`` ("val" or "test"); ``num_batches`` 0: all of it."""
         start, stop = self.splits[split]
-        runs = eval_runs(stop - start, start, self.rank, self.world_size, self.cfg.batch_size, num_batches)
+        runs = eval_runs(stop - start, start, self.rank, self.world_size, self.cfg.training.batch_size, num_batches)
         return prefetched(lambda i: self._batch(self._eval_parts(*runs[i])), range(len(runs)), PREFETCH_THREAD)
 
     def _eval_parts(self, first: int, last: int) -> list[Part]:

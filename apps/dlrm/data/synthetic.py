@@ -126,29 +126,31 @@ class SyntheticClickLogs:
         self.rank = rank
         self.world_size = world_size
         self.device = device
-        self.keys = feature_names(cfg.num_sparse_features)
-        rows, sizes = cfg.table_sizes, cfg.ids_per_feature
+        self.keys = feature_names(cfg.model.num_sparse_features)
+        rows, sizes = cfg.model.table_sizes, cfg.model.ids_per_feature
         # A sample's ids are a row of [batch, sum(sizes)] columns, feature t's in m_t of them.
         feature = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
         self._rows = torch.tensor(rows, dtype=torch.int64, device=device)[feature]
         self._multipliers = torch.tensor(
-            [_coprime_multiplier(n, cfg.seed * 7919 + t) for t, n in enumerate(rows)], device=device
+            [_coprime_multiplier(n, cfg.training.seed * 7919 + t) for t, n in enumerate(rows)], device=device
         )[feature]
         self._offsets = torch.tensor(
-            [(mix64_int(cfg.seed + 31 * t) & _MASK64) % n for t, n in enumerate(rows)], device=device
+            [(mix64_int(cfg.training.seed + 31 * t) & _MASK64) % n for t, n in enumerate(rows)], device=device
         )[feature]
         self._table_keys = torch.tensor(
-            [mix64_int(cfg.seed * 1_000_003 + t) for t in range(cfg.num_sparse_features)], device=device
+            [mix64_int(cfg.training.seed * 1_000_003 + t) for t in range(cfg.model.num_sparse_features)], device=device
         )[feature]
-        weights = normal(self._stream(mix64_int(cfg.seed * 104_729 + 99), _DENSE_WEIGHTS, cfg.num_dense_features))
-        self._dense_weights = weights * (_DENSE_LOGIT_STD / math.sqrt(cfg.num_dense_features))
-        self._mean = cfg.pooling == "mean"
+        weights = normal(
+            self._stream(mix64_int(cfg.training.seed * 104_729 + 99), _DENSE_WEIGHTS, cfg.model.num_dense_features)
+        )
+        self._dense_weights = weights * (_DENSE_LOGIT_STD / math.sqrt(cfg.model.num_dense_features))
+        self._mean = cfg.model.pooling == "mean"
         # 1/m_t per column: mean pooling; the variance of a pooled term is m_t (sum) or 1/m_t (mean)
         self._pool_weights = 1.0 / torch.tensor(sizes, dtype=torch.float64, device=device)[feature]
         variance = sum(1.0 / m if self._mean else m for m in sizes)
         self._sparse_scale = _SPARSE_LOGIT_STD / math.sqrt(variance)
-        self._lengths = torch.tensor(sizes, dtype=torch.int32, device=device).repeat_interleave(cfg.batch_size)
-        self._to_kjt, self._from_kjt = _kjt_order(cfg.batch_size, sizes, device)
+        self._lengths = torch.tensor(sizes, dtype=torch.int32, device=device).repeat_interleave(cfg.training.batch_size)
+        self._to_kjt, self._from_kjt = _kjt_order(cfg.training.batch_size, sizes, device)
 
     # --- sampling ------------------------------------------------------------------------------
 
@@ -163,7 +165,7 @@ class SyntheticClickLogs:
         ``u`` is [batch, columns]: column ``c`` holds ids of the feature that ``self._rows[c]``
         and the other per-column tensors describe.
         """
-        s = self.cfg.zipf_exponent
+        s = self.cfg.data.zipf_exponent
         n = self._rows.double()[None, :]
         if abs(s - 1.0) < 1e-9:
             x = torch.exp(u * torch.log(n + 1.0))
@@ -175,10 +177,10 @@ class SyntheticClickLogs:
     def block(self, split: str, index: int) -> Batch:
         """Block ``index`` of ``split``: ``batch_size`` samples on this object's device."""
         cfg = self.cfg
-        b, columns = cfg.batch_size, self._rows.numel()
-        key = mix64_int(mix64_int(mix64_int(cfg.seed) + SPLITS[split]) + index)
+        b, columns = cfg.training.batch_size, self._rows.numel()
+        key = mix64_int(mix64_int(mix64_int(cfg.training.seed) + SPLITS[split]) + index)
         ids = self._power_law_ids(uniform(self._stream(key, _IDS, b * columns)).view(b, columns))
-        dense = normal(self._stream(key, _DENSE, b * cfg.num_dense_features)).view(b, -1).float()
+        dense = normal(self._stream(key, _DENSE, b * cfg.model.num_dense_features)).view(b, -1).float()
         logits = self._teacher(ids, dense)
         labels = (uniform(self._stream(key, _LABELS, b)) < torch.sigmoid(logits)).float()
         sparse = KeyedJaggedTensor(keys=self.keys, values=ids.view(-1)[self._to_kjt], lengths=self._lengths)

@@ -148,19 +148,19 @@ def resolve_columns(cfg: TrainConfig, files: list[DataFile]) -> ColumnSpec:
     """The columns of the options, patterns matched against the first file; every file checked
     to have them with types we read, alike in all files."""
     first = files[0].metadata.schema.to_arrow_schema()
-    dense = _match(cfg.dense_columns, first.names, "dense_columns", files[0].url)
-    sparse = _match(cfg.sparse_columns, first.names, "sparse_columns", files[0].url)
+    dense = _match(cfg.data.dense_columns, first.names, "dense_columns", files[0].url)
+    sparse = _match(cfg.data.sparse_columns, first.names, "sparse_columns", files[0].url)
     for option, columns, count in (
         ("dense_columns", dense, "num_dense_features"),
         ("sparse_columns", sparse, "num_sparse_features"),
     ):
-        if len(columns) != getattr(cfg, count):
+        if len(columns) != getattr(cfg.model, count):
             raise ConfigError(
-                f"--{option} {','.join(getattr(cfg, option))} matches {len(columns)} columns of "
-                f"{files[0].url}, but --{count} is {getattr(cfg, count)}: give --{count} {len(columns)}, "
+                f"--{option} {','.join(getattr(cfg.data, option))} matches {len(columns)} columns of "
+                f"{files[0].url}, but --{count} is {getattr(cfg.model, count)}: give --{count} {len(columns)}, "
                 "or name the columns one by one (their count then sets it)"
             )
-    names = [cfg.label_column, *dense, *sparse]
+    names = [cfg.data.label_column, *dense, *sparse]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ConfigError(
@@ -171,7 +171,7 @@ def resolve_columns(cfg: TrainConfig, files: list[DataFile]) -> ColumnSpec:
     for file in files:
         schema = file.metadata.schema.to_arrow_schema()
         for name, option in [
-            (cfg.label_column, "label_column"),
+            (cfg.data.label_column, "label_column"),
             *((n, "dense_columns") for n in dense),
             *((n, "sparse_columns") for n in sparse),
         ]:
@@ -182,7 +182,7 @@ def resolve_columns(cfg: TrainConfig, files: list[DataFile]) -> ColumnSpec:
                     f"{file.url}: column {name!r} holds {_KIND_TEXT[kind]}, but {_KIND_TEXT[first_kind]} "
                     f"in {first_url}: give it the same type in every file"
                 )
-    return ColumnSpec(cfg.label_column, dense, sparse, [kinds[name][0] == "list" for name in sparse])
+    return ColumnSpec(cfg.data.label_column, dense, sparse, [kinds[name][0] == "list" for name in sparse])
 
 
 def _match(patterns: list[str], names: list[str], option: str, url: str) -> list[str]:
