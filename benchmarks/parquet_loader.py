@@ -42,9 +42,9 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from apps.dlrm.config import TrainConfig  # noqa: E402
-from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES  # noqa: E402
-from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
-from apps.dlrm.data.parquet import ParquetClickLogs  # noqa: E402
+from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES  # noqa: E402
+from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
+from apps.dlrm.data.parquet.loader import ParquetClickLogs  # noqa: E402
 
 TARGETS = ("local", "s3")
 BUCKET = "bench"

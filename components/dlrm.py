@@ -16,7 +16,7 @@ from torchx import specs
 from torchx.components import utils
 
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.criteo.config import PreprocessConfig
+from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.options import to_argv
 from apps.dlrm.target import PlanTarget
 from components.cpu_launch import CpuLaunch

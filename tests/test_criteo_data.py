@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.criteo.layout import FORMAT, FORMAT_VERSION, array_file, checksums, day_report_file, write_json
-from apps.dlrm.data.criteo import CriteoClickLogs
-from apps.dlrm.data.criteo_fetch import local_folder
+from apps.dlrm.data.criteo.fetch import local_folder
+from apps.dlrm.data.criteo.layout import FORMAT, FORMAT_VERSION, array_file, checksums, day_report_file, write_json
+from apps.dlrm.data.criteo.loader import CriteoClickLogs
 from apps.dlrm.options import ConfigError, to_argv
 
 # Tier (tests/conftest.py): pure logic, fast.

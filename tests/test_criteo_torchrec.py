@@ -16,9 +16,9 @@ import torch
 from torchrec.datasets.criteo import BinaryCriteoUtils, InMemoryBinaryCriteoIterDataPipe
 
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.criteo.config import PreprocessConfig
-from apps.dlrm.criteo.pipeline import preprocess
-from apps.dlrm.data.criteo import CriteoClickLogs
+from apps.dlrm.data.criteo.config import PreprocessConfig
+from apps.dlrm.data.criteo.loader import CriteoClickLogs
+from apps.dlrm.data.criteo.pipeline import preprocess
 from tests.criteo_files import generate_day, write_day
 
 # Tier (tests/conftest.py): pure logic, fast.

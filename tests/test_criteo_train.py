@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from apps.dlrm.criteo.config import PreprocessConfig, parse_preprocess_config
+from apps.dlrm.data.criteo.config import PreprocessConfig, parse_preprocess_config
 from components import dlrm
 from components.cpu_launch import CpuLaunch
 from components.signature import InvalidComponentArgument

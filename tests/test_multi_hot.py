@@ -13,8 +13,8 @@ import torch
 from torchmetrics.classification import BinaryAUROC
 
 from apps.dlrm.config import TrainConfig, parse_train_config
-from apps.dlrm.criteo.multi_hot import MLPERF_MULTI_HOT_SIZES, expand, multi_hot_tables
-from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS
+from apps.dlrm.data.criteo.multi_hot import MLPERF_MULTI_HOT_SIZES, expand, multi_hot_tables
+from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.options import ConfigError, to_argv
 from benchmarks.equivalence import STEPS, TOLERANCE, compare

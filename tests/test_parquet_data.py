@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.parquet import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
+from apps.dlrm.data.parquet.loader import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
+from apps.dlrm.data.parquet.order import Pieces, eval_runs
 from apps.dlrm.options import ConfigError
-from apps.dlrm.parquet.order import Pieces, eval_runs
 from tests.conftest import assert_ok, run, tiny
 from tests.moto_server import REGION
 from tests.test_criteo_data import rows_of, take

@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from apps.dlrm.criteo.config import PreprocessConfig, parse_preprocess_config
-from apps.dlrm.criteo.layout import NpyAppender, open_folder
-from apps.dlrm.criteo.pipeline import PreprocessFailed, preprocess
-from apps.dlrm.criteo.sources import find_sources
+from apps.dlrm.data.criteo.config import PreprocessConfig, parse_preprocess_config
+from apps.dlrm.data.criteo.layout import NpyAppender, open_folder
+from apps.dlrm.data.criteo.pipeline import PreprocessFailed, preprocess
+from apps.dlrm.data.criteo.sources import find_sources
 from apps.dlrm.options import ConfigError
 from tests.conftest import REPO, assert_ok, process_env, run, tiny
 from tests.criteo_files import (
@@ -264,7 +264,7 @@ def test_command_line_and_dataclass_agree():
 
 @pytest.mark.unit
 def test_value_counts_are_exact_across_counting_chunks(monkeypatch, tmp_path):
-    from apps.dlrm.criteo import vocabulary
+    from apps.dlrm.data.criteo import vocabulary
 
     monkeypatch.setattr(vocabulary, "_CHUNK_ROWS", 100)  # many chunks, merged as they come
     rng = np.random.default_rng(0)

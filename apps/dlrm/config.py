@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from apps.dlrm import presets
-from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES
-from apps.dlrm.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
+from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES
+from apps.dlrm.data.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
 from apps.dlrm.options import ConfigError, check_choices, field_default, option, parse_config
 
 SHARDING_TYPES = (

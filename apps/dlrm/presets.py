@@ -10,7 +10,7 @@ three options: the preset's ``--table_size_preset`` applies only when none of
 
 from typing import Any
 
-from apps.dlrm.criteo.multi_hot import MLPERF_MULTI_HOT_SIZES
+from apps.dlrm.data.criteo.multi_hot import MLPERF_MULTI_HOT_SIZES
 
 #: MLPerf Training's DLRMv2 (DCNv2) benchmark, as its reference trains it (mlcommons/training
 #: recommendation_v2/torchrec_dlrm, README and dlrm_main.py; the limits in MLPerf's

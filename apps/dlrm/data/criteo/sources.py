@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import fsspec
 import pyarrow as pa
 
-from apps.dlrm.criteo.layout import is_plain_name, shown
+from apps.dlrm.data.criteo.layout import is_plain_name, shown
 from apps.dlrm.options import ConfigError
 
 _GZIP_MAGIC = b"\x1f\x8b"

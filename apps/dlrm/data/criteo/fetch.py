@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import fsspec
 from tqdm import tqdm
 
-from apps.dlrm.criteo.layout import (
+from apps.dlrm.data.criteo.layout import (
     MANIFEST,
     day_files,
     file_digest,

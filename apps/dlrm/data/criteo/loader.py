@@ -1,6 +1,6 @@
 """Criteo click logs, preprocessed (``python -m apps.dlrm.preprocess``), as TorchRec batches.
 
-The days of the folder (layout: :mod:`apps.dlrm.criteo.layout`) are memory-mapped and read as
+The days of the folder (layout: :mod:`apps.dlrm.data.criteo.layout`) are memory-mapped and read as
 one sequence of rows, in day order. The last ``--eval_days`` days are held out MLPerf style:
 of their last ``--eval_fraction`` of rows, the first half (rounded up) is the validation split
 and the rest the test split; every row before them trains.
@@ -22,7 +22,7 @@ capped at the whole split. Every rank gets the same number of batches, as the sh
 collectives require.
 
 Multi-hot (``--multi_hot_sizes``): each one-hot id becomes that many ids by MLPerf DLRMv2's fixed
-lookup tables (:mod:`apps.dlrm.criteo.multi_hot`), drawn once when the loader starts, so the
+lookup tables (:mod:`apps.dlrm.data.criteo.multi_hot`), drawn once when the loader starts, so the
 preprocessed one-hot folder trains as MLPerf's multi-hot Criteo.
 
 Batches are assembled with numpy slice copies (a few per batch, never a loop over rows) into
@@ -41,8 +41,8 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, open_folder
-from apps.dlrm.criteo.multi_hot import expand, multi_hot_tables
+from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, open_folder
+from apps.dlrm.data.criteo.multi_hot import expand, multi_hot_tables
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
 from apps.dlrm.options import ConfigError
