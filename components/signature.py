@@ -22,7 +22,8 @@ from torchx import specs
 from torchx.specs.finder import ComponentValidationException
 from torchx.util.types import to_dict
 
-from apps.dlrm.options import ConfigError, field_default, help_text, options_of, value_parser
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.options import field_default, help_text, options_of, value_parser
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance  # exists only for type checkers

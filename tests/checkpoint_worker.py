@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from apps.dlrm.checkpoint import Checkpointer, TrainState
+from apps.dlrm.common.distributed import DistEnv, init_distributed
 from apps.dlrm.config import parse_train_config
-from apps.dlrm.distributed import DistEnv, init_distributed
 from apps.dlrm.sharding import plan_tables
 from apps.dlrm.train import build_training, train
 from tests.shards import local_pieces

@@ -6,8 +6,8 @@ import socket
 import pytest
 
 from apps.dlrm import network, torchrun
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.network import HostAddress
-from apps.dlrm.options import ConfigError
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"

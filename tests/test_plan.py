@@ -14,9 +14,9 @@ import pytest
 from torchx import specs
 from torchx.specs.builders import materialize_appdef
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
-from apps.dlrm.options import ConfigError
 from apps.dlrm.plan import main as plan_app
 from apps.dlrm.plan import preview
 from apps.dlrm.sharding import describe_plan

@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.data.criteo.config import PreprocessConfig, parse_preprocess_config
 from apps.dlrm.data.criteo.layout import NpyAppender, open_folder
 from apps.dlrm.data.criteo.pipeline import PreprocessFailed, preprocess
 from apps.dlrm.data.criteo.sources import find_sources
-from apps.dlrm.options import ConfigError
 from tests.conftest import REPO, assert_ok, process_env, run, tiny
 from tests.criteo_files import (
     BAD_CATEGORICALS,

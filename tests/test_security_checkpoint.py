@@ -18,8 +18,8 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from apps.dlrm.checkpoint import COMMIT_MARKER, Checkpoint, Checkpointer, CheckpointStore, TrainState, open_checkpoints
 from apps.dlrm.checkpoint_storage import CheckpointError, CheckpointReader
+from apps.dlrm.common.distributed import DistEnv, free_port
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.distributed import DistEnv, free_port
 from apps.dlrm.report import Reporter
 from apps.dlrm.urls import redact_urls
 from tests.conftest import assert_ok, run, tiny

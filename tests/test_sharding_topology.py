@@ -7,11 +7,11 @@ TorchRec's planner plans for cuda ranks without a GPU, so these run on this CPU 
 import pytest
 import torch
 
+from apps.dlrm.common.distributed import DistEnv
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.device_support import check_device_support
-from apps.dlrm.distributed import DistEnv
 from apps.dlrm.model import EBC_PATH
-from apps.dlrm.options import ConfigError
 from apps.dlrm.plan import preview
 from apps.dlrm.sharding import make_planner, model_to_shard, plan_tables, training_topology
 from apps.dlrm.target import GiB, PlanTarget

@@ -10,9 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from apps.dlrm import presets
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES
 from apps.dlrm.data.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
-from apps.dlrm.options import ConfigError, check_choices, field_default, option, parse_config
+from apps.dlrm.options import check_choices, field_default, option, parse_config
 
 SHARDING_TYPES = (
     "auto",

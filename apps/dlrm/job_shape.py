@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from torchx import specs
 
-from apps.dlrm.options import ConfigError
+from apps.dlrm.common.errors import ConfigError
 
 _JOB_SIZE = re.compile(r"^(?:(?P<min>\d+):)?(?P<nodes>\d+)(?:x(?P<nproc>\d+))?$")
 

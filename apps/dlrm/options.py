@@ -16,11 +16,9 @@ import math
 import typing
 from typing import Any, Callable, Sequence, TypeVar
 
+from apps.dlrm.common.errors import ConfigError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. The message names the value and says how to fix it."""
 
 
 def option(default: Any, help: str, *, choices: Sequence[str] | None = None) -> Any:

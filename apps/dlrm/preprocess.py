@@ -14,9 +14,9 @@ a bad option.
 import logging
 import sys
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.data.criteo.config import parse_preprocess_config
 from apps.dlrm.data.criteo.pipeline import PreprocessFailed, preprocess
-from apps.dlrm.options import ConfigError
 from apps.dlrm.report import redacting_handler
 
 logger = logging.getLogger("apps.dlrm.preprocess")

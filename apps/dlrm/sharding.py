@@ -32,11 +32,11 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.distributed.types import ShardingPlan
 
+from apps.dlrm.common.distributed import DistEnv
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, check_int8_comms
-from apps.dlrm.distributed import DistEnv
 from apps.dlrm.model import EBC_PATH, build_model
 from apps.dlrm.optim import fuse_embedding_optimizer
-from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 from torch.distributed.run import main as torchrun_main
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.network import host_address
-from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger("apps.dlrm.torchrun")
 

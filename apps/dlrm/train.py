@@ -23,14 +23,14 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
 from apps.dlrm.checkpoint import Checkpointer, TrainState
+from apps.dlrm.common.distributed import DistEnv, all_reduce_mean, init_distributed
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data import ClickLogs, make_dataset
 from apps.dlrm.device_support import check_device_support
-from apps.dlrm.distributed import DistEnv, all_reduce_mean, init_distributed
 from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.model import speed_up_dense
 from apps.dlrm.optim import LRSchedule, training_optimizer
-from apps.dlrm.options import ConfigError
 from apps.dlrm.report import Reporter, setup_logging
 from apps.dlrm.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
 from apps.dlrm.urls import config_record

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     import torch
     from torchrec.datasets.utils import Batch
 
+    from apps.dlrm.common.distributed import DistEnv
     from apps.dlrm.config import TrainConfig
-    from apps.dlrm.distributed import DistEnv
 
 
 class ClickLogs(Protocol):

@@ -22,6 +22,7 @@ from typing import Callable, TypeVar
 import pyarrow as pa
 from tqdm import tqdm
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.data.criteo import convert, vocabulary
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.data.criteo.layout import (
@@ -38,7 +39,6 @@ from apps.dlrm.data.criteo.layout import (
 )
 from apps.dlrm.data.criteo.parse import REPAIRED_KINDS, SKIPPED_KINDS, LineCounts
 from apps.dlrm.data.criteo.sources import Source, find_sources, natural_key
-from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger("apps.dlrm.preprocess")
 

@@ -31,9 +31,9 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, is_pattern
 from apps.dlrm.data.criteo.sources import natural_key
-from apps.dlrm.options import ConfigError
 from apps.dlrm.urls import is_url
 
 SUFFIXES = (".parquet", ".parq")

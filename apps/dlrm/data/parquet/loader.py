@@ -35,14 +35,14 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.common.splits import held_out_split
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.criteo.loader import held_out_split
 from apps.dlrm.data.parquet.files import check_statistics, null_report, open_files, resolve_columns
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs
 from apps.dlrm.data.parquet.read import RowGroupReader, Rows
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
-from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger("apps.dlrm.data")
 
