@@ -11,8 +11,8 @@ from torchx import specs
 
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig
+from apps.dlrm.launch.target import PlanTarget, check_hbm_gb
 from apps.dlrm.options import option
-from apps.dlrm.target import PlanTarget, check_hbm_gb
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
 

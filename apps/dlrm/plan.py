@@ -37,10 +37,10 @@ from torchrec.distributed.types import ShardingPlan
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, check_int8_comms
 from apps.dlrm.device_support import check_device_support
+from apps.dlrm.launch.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 from apps.dlrm.model import table_configs
 from apps.dlrm.options import add_options, build_parser, options_of
 from apps.dlrm.sharding import make_planner, make_topology, model_to_shard, planner_offers
-from apps.dlrm.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 
 #: Without memory limits the planner always finds a placement: it shows what a job that does not
 #: fit would need on each rank.

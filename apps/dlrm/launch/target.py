@@ -15,7 +15,7 @@ from torchx.components.structured_arg import StructuredJArgument
 from torchx.specs.named_resources_aws import K8S_ITYPE
 
 from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.job_shape import JobShape
+from apps.dlrm.launch.job_shape import JobShape
 from apps.dlrm.options import option
 
 GiB = 1024**3
