@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from apps.dlrm.data.criteo.config import PreprocessConfig  # noqa: E402
 from apps.dlrm.data.criteo.pipeline import preprocess  # noqa: E402
-from tests.criteo_files import generate_day, write_day  # noqa: E402
+from testing.criteo_files import generate_day, write_day  # noqa: E402
 
 # Our conversion alone, in a fresh process: prints its peak resident memory in MB (VmHWM, which,
 # unlike ru_maxrss, does not count the parent's memory that the child held before exec).

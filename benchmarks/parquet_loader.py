@@ -127,7 +127,7 @@ def scanner(
 def s3_bucket() -> Iterator[pafs.S3FileSystem]:
     """moto on loopback in a process of its own, the AWS variables pointing at it (for s3fs), and
     pyarrow's S3 filesystem for the same server."""
-    from tests.moto_server import REGION, aws_env, moto_server
+    from testing.moto_server import REGION, aws_env, moto_server
 
     with moto_server() as endpoint:
         os.environ.update(aws_env(endpoint))

@@ -19,7 +19,7 @@ from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.data.criteo.loader import CriteoClickLogs
 from apps.dlrm.data.criteo.pipeline import preprocess
-from tests.criteo_files import generate_day, write_day
+from testing.criteo_files import generate_day, write_day
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
