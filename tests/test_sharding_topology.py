@@ -63,7 +63,7 @@ def test_hbm_gb_on_cpu_ranks_is_refused_not_ignored():
 def test_the_app_plans_the_tables_and_kernels_the_preview_predicts():
     cfg = TrainConfig(**BIG_TABLES, hbm_gb=8)
     predicted = preview(cfg, PlanTarget(j="1x1", gpu=1, memMB=65536, hbm_gb=cfg.hbm_gb).cluster)
-    model, sharder = model_to_shard(cfg, ONE_GPU.device, dense_device=torch.device("meta"))
+    model, sharder = model_to_shard(cfg, dense_device=torch.device("meta"))
     planned = make_planner(cfg, model, training_topology(cfg, ONE_GPU, GPU_BYTES)).plan(model, [sharder])
     assert plan_tables(planned) == plan_tables(predicted.plan)
     assert planned.plan[EBC_PATH] == predicted.plan.plan[EBC_PATH]  # shard sizes and offsets too

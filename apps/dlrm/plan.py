@@ -165,7 +165,7 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
     device, so the planner sees the same tables and estimates the same storage.
     """
     check_device_support(cfg, torch.device(cluster.device))
-    model, sharder = model_to_shard(cfg, torch.device(cluster.device), dense_device=torch.device("meta"))
+    model, sharder = model_to_shard(cfg, dense_device=torch.device("meta"))
     if not planner_offers(cfg, sharder, cluster.device):
         raise ConfigError(
             f"--sharding_type {cfg.sharding_type}: TorchRec's planner offers no row-wise kinds for "

@@ -57,13 +57,11 @@ _COMM_TYPES = {
 }
 
 
-def model_to_shard(
-    cfg: TrainConfig, device: torch.device, dense_device: torch.device
-) -> tuple[nn.Module, EmbeddingBagCollectionSharder]:
+def model_to_shard(cfg: TrainConfig, dense_device: torch.device) -> tuple[nn.Module, EmbeddingBagCollectionSharder]:
     """The unsharded model (tables on the meta device, optimizer fused) and its sharder.
 
-    What the training app shards on ``device`` and what the plan preview plans for it: one
-    recipe, so the preview's planner sees the tables and storage the job will have.
+    What the training app shards and what the plan preview plans for: one recipe, so the
+    preview's planner sees the tables and storage the job will have.
     """
     model = build_model(cfg, dense_device=dense_device)
     fuse_embedding_optimizer(cfg, model.model.sparse_arch.parameters())

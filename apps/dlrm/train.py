@@ -112,7 +112,7 @@ def build_training(cfg: TrainConfig, env: DistEnv) -> Training:
         torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
     # Same seed on every rank: DDP needs identical dense weights to start from.
     torch.manual_seed(cfg.seed)
-    model, sharder = model_to_shard(cfg, env.device, dense_device=env.device)
+    model, sharder = model_to_shard(cfg, dense_device=env.device)
     speed_up_dense(cfg, model, env.device)
     plan = build_plan(cfg, model, sharder, env)
     sharded = shard_model(model, plan, sharder, env)
