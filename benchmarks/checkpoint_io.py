@@ -209,7 +209,7 @@ class Resharded:
 
 def build_resharded(rows: int, sharding_type: str, env) -> Resharded:
     """Collective. The benchmark's model sharded ``sharding_type``, as the app builds it."""
-    from apps.dlrm.options import ConfigError
+    from apps.dlrm.common.errors import ConfigError
     from apps.dlrm.trainer import Trainer
 
     try:
@@ -269,7 +269,7 @@ def tables_equal(saved, resharded, env) -> bool:
 def reshard(checkpoint, saved, target: Resharded, gb: float, repeats: int, local: bool, env) -> dict:
     """Collective. Loads ``checkpoint`` into ``target``'s model ``repeats`` times (from the disk
     where ``local``): its figures for the report (the median rate, every sample)."""
-    from apps.dlrm.options import ConfigError
+    from apps.dlrm.common.errors import ConfigError
 
     figures = {"reshard_to": target.sharding_type, "reshard_load_gbps": None, "reshard_equal": False}
     if target.error:
@@ -348,7 +348,7 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, res
     """Runs under torchrun: measures each URL; rank 0 prints the figures and writes ``results``."""
     import torch.distributed as dist
 
-    from apps.dlrm.distributed import init_distributed
+    from apps.dlrm.common.distributed import init_distributed
     from apps.dlrm.trainer import Trainer
 
     env = init_distributed()

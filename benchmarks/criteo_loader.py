@@ -1,4 +1,4 @@
-"""Samples/s of the Criteo training loader (apps.dlrm.data.criteo) in one process, from page cache.
+"""Samples/s of the Criteo training loader (apps.dlrm.data.criteo.loader) in one process, from page cache.
 
     python benchmarks/criteo_loader.py                      # 4M rows, batch 8192, shuffled
     python benchmarks/criteo_loader.py --rows 20000000 --batch_size 16384 --no-shuffle
@@ -30,9 +30,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from apps.dlrm.config import train_config  # noqa: E402
-from apps.dlrm.criteo.layout import ARRAYS, FORMAT, FORMAT_VERSION, array_file, day_report_file, write_json  # noqa: E402
-from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
-from apps.dlrm.data.criteo import CriteoClickLogs  # noqa: E402
+from apps.dlrm.data.criteo.layout import ARRAYS, FORMAT, FORMAT_VERSION, array_file, day_report_file, write_json  # noqa: E402
+from apps.dlrm.data.criteo.loader import CriteoClickLogs  # noqa: E402
+from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
 
 DAYS = 4
 ROW_BYTES = 4 * (13 + 26 + 1)  # float32 dense, int32 ids, int32 label

@@ -4,7 +4,7 @@
     python benchmarks/criteo_preprocess.py --rows 1000000 --repeats 5
 
 Generates a Criteo-format day (real rows may not be redistributed), then alternates: our
-conversion of the day (apps.dlrm.criteo.convert, Arrow on one thread) and TorchRec's
+conversion of the day (apps.dlrm.data.criteo.convert, Arrow on one thread) and TorchRec's
 ``BinaryCriteoUtils.tsv_to_npys`` on the same file. Both are timed by the CPU time of the
 process, so the figures are per core and hold on a busy machine. Prints the medians and their
 ratio (target >= 10). Then the peak memory of our conversion of the day and of a day 4 times as
@@ -26,17 +26,17 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from apps.dlrm.criteo.config import PreprocessConfig  # noqa: E402
-from apps.dlrm.criteo.pipeline import preprocess  # noqa: E402
-from tests.criteo_files import generate_day, write_day  # noqa: E402
+from apps.dlrm.data.criteo.config import PreprocessConfig  # noqa: E402
+from apps.dlrm.data.criteo.pipeline import preprocess  # noqa: E402
+from testing.criteo_files import generate_day, write_day  # noqa: E402
 
 # Our conversion alone, in a fresh process: prints its peak resident memory in MB (VmHWM, which,
 # unlike ru_maxrss, does not count the parent's memory that the child held before exec).
 _PEAK_MEMORY = """
 import sys
 import pyarrow as pa
-from apps.dlrm.criteo.convert import convert_day
-from apps.dlrm.criteo.sources import Source
+from apps.dlrm.data.criteo.convert import convert_day
+from apps.dlrm.data.criteo.sources import Source
 pa.set_cpu_count(1)
 convert_day(Source(sys.argv[1], "day", 0), sys.argv[2], [40_000_000] * 26, lambda n: None)
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))
@@ -48,8 +48,8 @@ def ours(path: str, out: str) -> float:
     """Rows per CPU-second of our conversion of ``path`` (one Arrow thread: one core)."""
     import pyarrow as pa
 
-    from apps.dlrm.criteo.convert import convert_day
-    from apps.dlrm.criteo.sources import Source
+    from apps.dlrm.data.criteo.convert import convert_day
+    from apps.dlrm.data.criteo.sources import Source
 
     pa.set_cpu_count(1)
     start = time.process_time()

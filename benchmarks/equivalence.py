@@ -144,8 +144,8 @@ def worker(init_path: str, out_path: str, steps: str, *app_args: str) -> None:
     """Under torchrun: trains the app's sharded model from INIT and writes each step's loss."""
     import torch.distributed as dist
 
+    from apps.dlrm.common.distributed import all_reduce_mean, init_distributed
     from apps.dlrm.config import parse_train_config
-    from apps.dlrm.distributed import all_reduce_mean, init_distributed
     from apps.dlrm.model import EBC_PATH
     from apps.dlrm.trainer import Trainer
 

@@ -42,9 +42,9 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from apps.dlrm.config import train_config  # noqa: E402
-from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES  # noqa: E402
-from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
-from apps.dlrm.data.parquet import ParquetClickLogs  # noqa: E402
+from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES  # noqa: E402
+from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
+from apps.dlrm.data.parquet.loader import ParquetClickLogs  # noqa: E402
 
 TARGETS = ("local", "s3")
 BUCKET = "bench"
@@ -127,7 +127,7 @@ def scanner(
 def s3_bucket() -> Iterator[pafs.S3FileSystem]:
     """moto on loopback in a process of its own, the AWS variables pointing at it (for s3fs), and
     pyarrow's S3 filesystem for the same server."""
-    from tests.moto_server import REGION, aws_env, moto_server
+    from testing.moto_server import REGION, aws_env, moto_server
 
     with moto_server() as endpoint:
         os.environ.update(aws_env(endpoint))

@@ -7,8 +7,9 @@ from torchx import specs
 from torchx.components import dist
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
-from apps.dlrm.job_shape import JobShape
-from apps.dlrm.options import ConfigError, option
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.launch.job_shape import JobShape
+from apps.dlrm.options import option
 
 #: The image built by the repository's Dockerfile (``docker build -t torchrec-dlrm .``).
 DEFAULT_IMAGE = "torchrec-dlrm:latest"

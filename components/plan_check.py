@@ -9,9 +9,10 @@ from typing import Iterator
 
 from torchx import specs
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.options import ConfigError, option
-from apps.dlrm.target import PlanTarget, check_hbm_gb
+from apps.dlrm.launch.target import PlanTarget, check_hbm_gb
+from apps.dlrm.options import option
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
 

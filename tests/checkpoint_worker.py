@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from apps.dlrm.checkpoint import Checkpointer, TrainState, open_checkpoints
+from apps.dlrm.common.distributed import DistEnv, init_distributed
 from apps.dlrm.config import parse_train_config
-from apps.dlrm.distributed import DistEnv, init_distributed
 from apps.dlrm.train import train
 from apps.dlrm.trainer import Trainer
 from tests.shards import local_pieces

@@ -23,7 +23,7 @@ TIERS = ("unit", "integration", "slurm", "gpu", "slow")
 _RUN_ORDER = {"slurm": 0, "integration": 1, "slow": 1, "gpu": 2, "unit": 3}
 
 # Fixtures of the servers on loopback, for any test module to ask for by name.
-pytest_plugins = ["tests.moto_server", "tests.gcs_server", "tests.hosts"]
+pytest_plugins = ["testing.moto_server", "tests.gcs_server", "tests.hosts"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

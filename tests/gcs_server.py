@@ -5,7 +5,7 @@ gcsfs talks to it as it talks to GCS, once STORAGE_EMULATOR_HOST points there.
 
 import pytest
 
-from tests.loopback import loopback_server
+from testing.loopback import loopback_server
 
 
 @pytest.fixture(scope="session")

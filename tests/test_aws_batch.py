@@ -1,6 +1,6 @@
 """``-s aws_batch`` end to end: dry run, submit, status, list, log, cancel.
 
-A real AWS API (moto's server on loopback, tests/moto_server.py) plays AWS Batch and CloudWatch
+A real AWS API (moto's server on loopback, testing/moto_server.py) plays AWS Batch and CloudWatch
 Logs. moto's Batch runs no containers: a job SUCCEEDS as soon as it is submitted and writes no
 logs, so the log test writes the node's log events itself, where Batch's awslogs driver would.
 """
@@ -16,9 +16,9 @@ from torchx import specs
 from torchx.runner import get_runner
 
 from schedulers.aws_batch import CANCEL_REASON, LOG_GROUP, AWSBatchScheduler
+from testing.moto_server import _post as post
 from tests.conftest import BIN, run
 from tests.golden_files import assert_matches_golden
-from tests.moto_server import _post as post
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"

@@ -22,8 +22,8 @@ from apps.dlrm.checkpoint import (
     model_signature,
     open_checkpoints,
 )
+from apps.dlrm.common.distributed import DistEnv
 from apps.dlrm.config import SHARDING_TYPES, train_config
-from apps.dlrm.distributed import DistEnv
 from apps.dlrm.reshard import column_map
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, REPO, TINY, assert_ok, run, tiny, torchrun, trainer_pids
 from tests.shards import assemble, saved_tensors

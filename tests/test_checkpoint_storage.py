@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 from apps.dlrm import checkpoint_storage
 from apps.dlrm.checkpoint_storage import _CheckpointWriter, load_shards, save_shards
-from apps.dlrm.distributed import free_port
+from apps.dlrm.common.distributed import free_port
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"

@@ -11,7 +11,7 @@ from torchx import specs
 from torchx.specs.builders import materialize_appdef
 
 from apps.dlrm.config import TrainConfig, train_config
-from apps.dlrm.job_shape import parse_job_size
+from apps.dlrm.launch.job_shape import parse_job_size
 from apps.dlrm.options import options_of
 from components import dlrm
 from components.launch import DEFAULT_ENV

@@ -16,10 +16,10 @@ import torch
 from torchrec.datasets.criteo import BinaryCriteoUtils, InMemoryBinaryCriteoIterDataPipe
 
 from apps.dlrm.config import train_config
-from apps.dlrm.criteo.config import PreprocessConfig
-from apps.dlrm.criteo.pipeline import preprocess
-from apps.dlrm.data.criteo import CriteoClickLogs
-from tests.criteo_files import generate_day, write_day
+from apps.dlrm.data.criteo.config import PreprocessConfig
+from apps.dlrm.data.criteo.loader import CriteoClickLogs
+from apps.dlrm.data.criteo.pipeline import preprocess
+from testing.criteo_files import generate_day, write_day
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"

@@ -8,12 +8,12 @@ import shlex
 
 import pytest
 
-from apps.dlrm.criteo.config import PreprocessConfig, parse_preprocess_config
+from apps.dlrm.data.criteo.config import PreprocessConfig, parse_preprocess_config
 from components import dlrm
 from components.cpu_launch import CpuLaunch
 from components.signature import InvalidComponentArgument
+from testing.criteo_files import generate_day, write_day
 from tests.conftest import BIN, assert_ok, run, tiny, torchrun
-from tests.criteo_files import generate_day, write_day
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"

@@ -1,13 +1,14 @@
 """How a multi-node trainer's torchrun is told this host's address (apps/dlrm/torchrun.py,
-apps/dlrm/network.py): the pure parts. The real thing runs across hosts in test_multi_node.py."""
+apps/dlrm/launch/torchrun_args.py, apps/dlrm/launch/network.py): the pure parts. The real thing
+runs across hosts in test_multi_node.py."""
 
 import socket
 
 import pytest
 
-from apps.dlrm import network, torchrun
-from apps.dlrm.network import HostAddress
-from apps.dlrm.options import ConfigError
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.launch import network, torchrun_args
+from apps.dlrm.launch.network import HostAddress
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
@@ -36,24 +37,24 @@ ARGS = [
 
 
 def fake_host(monkeypatch, this: HostAddress, hostname_matches: bool = False):
-    monkeypatch.setattr(torchrun, "host_address", lambda host, interface=None: this)
-    monkeypatch.setattr(torchrun, "_matches_machine_hostname", lambda host: hostname_matches)
+    monkeypatch.setattr(torchrun_args, "host_address", lambda host, interface=None: this)
+    monkeypatch.setattr(torchrun_args, "_matches_machine_hostname", lambda host: hostname_matches)
 
 
 def test_a_worker_host_advertises_the_address_its_packets_to_the_endpoint_leave_from(monkeypatch):
     fake_host(monkeypatch, HostAddress("10.0.0.2", "eth1", hosts_endpoint=False))
-    args, variables = torchrun.multi_node_args(list(ARGS), {})
+    args, variables = torchrun_args.multi_node_args(list(ARGS), {})
     assert args[:2] == ["--local_addr", "10.0.0.2"] and args[2:] == ARGS  # the trainer's own --local_addr untouched
     assert variables == {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "eth1"}
 
 
 def test_the_endpoint_host_hosts_the_store_when_torchrun_would_not_know_it(monkeypatch):
     fake_host(monkeypatch, HostAddress("10.0.0.1", "eth0", hosts_endpoint=True))
-    args, _ = torchrun.multi_node_args(["--rdzv_conf", "timeout=900", *ARGS], {"NCCL_SOCKET_IFNAME": "ib0"})
+    args, _ = torchrun_args.multi_node_args(["--rdzv_conf", "timeout=900", *ARGS], {"NCCL_SOCKET_IFNAME": "ib0"})
     assert args[args.index("--rdzv_conf") + 1] == "timeout=900,is_host=1"
     assert args.count("--rdzv_conf") == 1
     fake_host(monkeypatch, HostAddress("10.0.0.1", "eth0", hosts_endpoint=True), hostname_matches=True)
-    args, variables = torchrun.multi_node_args(list(ARGS), {"NCCL_SOCKET_IFNAME": "ib0"})
+    args, variables = torchrun_args.multi_node_args(list(ARGS), {"NCCL_SOCKET_IFNAME": "ib0"})
     assert "--rdzv_conf" not in args[: args.index("-m")]  # torchrun finds out by itself
     assert variables == {"GLOO_SOCKET_IFNAME": "eth0"}  # the user's NCCL choice is kept
 
@@ -61,11 +62,11 @@ def test_the_endpoint_host_hosts_the_store_when_torchrun_would_not_know_it(monke
 def test_single_node_and_user_choices_are_left_alone(monkeypatch):
     fake_host(monkeypatch, HostAddress("10.0.0.2", "eth0", hosts_endpoint=False))
     single = ["--rdzv_endpoint", "localhost:0", "--nnodes", "1", "--nproc_per_node", "2", "-m", "m"]
-    assert torchrun.multi_node_args(single, {}) == (single, {})
+    assert torchrun_args.multi_node_args(single, {}) == (single, {})
     given = ["--local_addr=10.9.9.9", *ARGS]
-    assert torchrun.multi_node_args(given, {})[0] == given
+    assert torchrun_args.multi_node_args(given, {})[0] == given
     elastic = ["--nnodes", "1:2", "--rdzv_endpoint", "h:1", "-m", "m"]
-    assert torchrun.multi_node_args(elastic, {})[0][:2] == ["--local_addr", "10.0.0.2"]
+    assert torchrun_args.multi_node_args(elastic, {})[0][:2] == ["--local_addr", "10.0.0.2"]
 
 
 def test_an_unknown_interface_or_endpoint_is_refused_with_the_fix(monkeypatch):

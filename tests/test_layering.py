@@ -1,5 +1,13 @@
-"""Dependencies point one way: components and schedulers use the app, never the reverse, so the
-app runs (and is tested) without TorchX's component and scheduler layers."""
+"""Dependencies point one way, so that each part can be read, run and tested without the ones above
+it:
+
+- components and schedulers use the app, never the reverse, so the app runs (and is tested)
+  without TorchX's component and scheduler layers;
+- the app imports neither the benchmarks nor the tests nor what they share (testing/), and the
+  benchmarks never import the tests (what both need lives in testing/);
+- inside the app, the rooms: common/ imports nothing else from the app; data/ imports neither
+  launch/ nor the checkpoints; launch/ does not import data/.
+"""
 
 import ast
 import pathlib
@@ -12,20 +20,86 @@ TIER = "unit"
 REPO = pathlib.Path(__file__).resolve().parent.parent
 #: Packages above the app: what builds and submits jobs.
 ABOVE_THE_APP = ("components", "schedulers", "torchx_plugins")
+#: What measures and checks the app, and what those share: the app never needs them to run.
+BESIDE_THE_APP = ("benchmarks", "tests", "testing")
+DLRM = REPO / "apps" / "dlrm"
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:
-    """Every module ``path`` imports (absolute imports; relative ones stay in their package)."""
+    """Every module ``path`` imports, absolute (a relative import resolved against its package),
+    wherever the import stands (inside functions and ``if TYPE_CHECKING:`` too). For
+    ``from a.b import c`` both ``a.b`` and ``a.b.c`` count, as ``c`` may be a module."""
+    package = list(path.relative_to(REPO).with_suffix("").parts)[:-1]
     modules = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             modules.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            modules.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            modules.add(module)
+            modules.update(f"{module}.{alias.name}" for alias in node.names)
     return modules
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "apps").rglob("*.py")), ids=lambda p: str(p.relative_to(REPO)))
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def assert_imports_none(path: pathlib.Path, *packages: str, allowed: tuple[str, ...] = (), fix: str) -> None:
+    """Fails, naming what and saying ``fix``, if ``path`` imports from ``packages`` (dotted names)
+    anything that does not lie within ``allowed``."""
+    found = sorted(
+        m
+        for m in imported_modules(path)
+        if any(within(m, p) for p in packages) and not any(within(m, a) for a in allowed)
+    )
+    assert not found, f"{path.relative_to(REPO)} imports {found}: {fix}"
+
+
+def sources(folder: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+def name(path: pathlib.Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+@pytest.mark.parametrize("path", sources(REPO / "apps"), ids=name)
 def test_the_app_imports_nothing_above_it(path):
-    upward = sorted(m for m in imported_modules(path) if m.split(".")[0] in ABOVE_THE_APP)
-    assert not upward, f"{path.relative_to(REPO)} imports {upward}: move what it needs under apps/"
+    assert_imports_none(path, *ABOVE_THE_APP, fix="move what it needs under apps/")
+
+
+@pytest.mark.parametrize("path", sources(REPO / "apps"), ids=name)
+def test_the_app_imports_no_benchmark_test_or_test_helper(path):
+    fix = "the app must run without the benchmarks and the tests; move what it needs under apps/"
+    assert_imports_none(path, *BESIDE_THE_APP, fix=fix)
+
+
+@pytest.mark.parametrize("path", sources(REPO / "benchmarks"), ids=name)
+def test_the_benchmarks_import_no_test(path):
+    assert_imports_none(path, "tests", fix="the tests import the benchmarks; move what both use to testing/")
+
+
+@pytest.mark.parametrize("path", sources(DLRM / "common"), ids=name)
+def test_common_imports_nothing_else_from_the_app(path):
+    fix = (
+        "apps/dlrm/common/ is what every room shares, so it builds on the standard library and "
+        "third-party packages only; move the code that needs more out of common/"
+    )
+    assert_imports_none(path, "apps", allowed=("apps.dlrm.common",), fix=fix)
+
+
+@pytest.mark.parametrize("path", sources(DLRM / "data"), ids=name)
+def test_the_data_sources_import_neither_launch_nor_checkpoints(path):
+    fix = (
+        "a data source is handed what it needs (a TrainConfig, a DistEnv from apps.dlrm.common) "
+        "and knows neither how the job was launched nor how it is saved"
+    )
+    assert_imports_none(path, "apps.dlrm.launch", "apps.dlrm.checkpoint", fix=fix)
+
+
+@pytest.mark.parametrize("path", sources(DLRM / "launch"), ids=name)
+def test_launch_does_not_import_the_data_sources(path):
+    fix = "starting a job must not load the data sources; move what both need to apps/dlrm/common/"
+    assert_imports_none(path, "apps.dlrm.data", fix=fix)

@@ -13,9 +13,9 @@ from torchx import specs
 from apps.dlrm.config import parse_train_config
 from apps.dlrm.options import option_values
 from components import dlrm
+from testing.moto_server import REGION, aws_env, moto_server
 from tests.conftest import TINY, assert_ok, torchrun
 from tests.hosts import DISK, wait_all
-from tests.moto_server import REGION, aws_env, moto_server
 from tests.test_criteo_data import write_folder
 
 # Tier (tests/conftest.py): real processes and servers.

@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import train_config
-from apps.dlrm.data.parquet import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
-from apps.dlrm.options import ConfigError
-from apps.dlrm.parquet.order import Pieces, eval_runs
+from apps.dlrm.data.parquet.loader import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
+from apps.dlrm.data.parquet.order import Pieces, eval_runs
+from testing.moto_server import REGION
 from tests.conftest import assert_ok, run, tiny
-from tests.moto_server import REGION
 from tests.test_criteo_data import rows_of, take
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.

@@ -14,13 +14,13 @@ import pytest
 from torchx import specs
 from torchx.specs.builders import materialize_appdef
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import parse_train_config, train_config
-from apps.dlrm.criteo.tables import TABLE_SIZE_PRESETS
-from apps.dlrm.options import ConfigError
+from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
+from apps.dlrm.launch.target import GiB, PlanTarget
 from apps.dlrm.plan import main as plan_app
 from apps.dlrm.plan import preview
 from apps.dlrm.sharding import describe_plan
-from apps.dlrm.target import GiB, PlanTarget
 from components import dlrm
 from components.signature import InvalidComponentArgument
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, assert_ok, run

@@ -10,13 +10,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from apps.dlrm.criteo.config import PreprocessConfig, parse_preprocess_config
-from apps.dlrm.criteo.layout import NpyAppender, open_folder
-from apps.dlrm.criteo.pipeline import PreprocessFailed, preprocess
-from apps.dlrm.criteo.sources import find_sources
-from apps.dlrm.options import ConfigError
-from tests.conftest import REPO, assert_ok, process_env, run, tiny
-from tests.criteo_files import (
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.data.criteo.config import PreprocessConfig, parse_preprocess_config
+from apps.dlrm.data.criteo.layout import NpyAppender, open_folder
+from apps.dlrm.data.criteo.pipeline import PreprocessFailed, preprocess
+from apps.dlrm.data.criteo.sources import find_sources
+from testing.criteo_files import (
     BAD_CATEGORICALS,
     BAD_INTEGERS,
     BAD_LINES,
@@ -24,7 +23,8 @@ from tests.criteo_files import (
     generate_day,
     write_day,
 )
-from tests.moto_server import REGION
+from testing.moto_server import REGION
+from tests.conftest import REPO, assert_ok, process_env, run, tiny
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"
@@ -264,7 +264,7 @@ def test_command_line_and_dataclass_agree():
 
 @pytest.mark.unit
 def test_value_counts_are_exact_across_counting_chunks(monkeypatch, tmp_path):
-    from apps.dlrm.criteo import vocabulary
+    from apps.dlrm.data.criteo import vocabulary
 
     monkeypatch.setattr(vocabulary, "_CHUNK_ROWS", 100)  # many chunks, merged as they come
     rng = np.random.default_rng(0)
@@ -340,6 +340,6 @@ def test_training_on_the_parquet_output(three_days, tmp_path):
     assert f"parquet {out}: 3 files" in result.stderr
     summary = json.loads((tmp_path / "train" / "summary.json").read_text())
     assert summary["steps"] == 60 and summary["config"]["data"] == "parquet"
-    # Clicks follow categorical feature 0 and integer feature 0 (tests/criteo_files.py): a model fed
+    # Clicks follow categorical feature 0 and integer feature 0 (testing/criteo_files.py): a model fed
     # each row's own features and label learns them; misaligned columns would give 0.5.
     assert summary["val_auroc"] > 0.6, summary  # 0.66

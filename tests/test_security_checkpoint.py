@@ -26,8 +26,8 @@ from apps.dlrm.checkpoint import (
     open_checkpoints,
 )
 from apps.dlrm.checkpoint_storage import CheckpointError, CheckpointReader
+from apps.dlrm.common.distributed import DistEnv, free_port
 from apps.dlrm.config import TrainConfig, train_config
-from apps.dlrm.distributed import DistEnv, free_port
 from apps.dlrm.report import Reporter
 from apps.dlrm.urls import redact_urls
 from tests.conftest import assert_ok, run, tiny

@@ -12,13 +12,13 @@ import fsspec
 import numpy as np
 import pytest
 
-from apps.dlrm.criteo.config import PreprocessConfig
-from apps.dlrm.criteo.layout import MANIFEST, day_files, day_report_file, open_folder, write_json
-from apps.dlrm.criteo.pipeline import preprocess
-from apps.dlrm.data import criteo_fetch as fetch
-from apps.dlrm.data.criteo_fetch import local_folder
-from apps.dlrm.options import ConfigError
-from tests.criteo_files import generate_day, write_day
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.data.criteo import fetch
+from apps.dlrm.data.criteo.config import PreprocessConfig
+from apps.dlrm.data.criteo.fetch import local_folder
+from apps.dlrm.data.criteo.layout import MANIFEST, day_files, day_report_file, open_folder, write_json
+from apps.dlrm.data.criteo.pipeline import preprocess
+from testing.criteo_files import generate_day, write_day
 from tests.test_criteo_data import write_folder
 
 # Tier (tests/conftest.py): pure logic, fast.
@@ -225,7 +225,7 @@ def test_an_output_folder_that_is_not_ours_is_refused_before_anything_is_written
 
 def test_temporary_names_cannot_be_guessed_in_advance(tmp_path):
     """A predictable name (it was the process id) lets someone plant a link there to write through."""
-    from apps.dlrm.criteo.layout import temporary_name
+    from apps.dlrm.data.criteo.layout import temporary_name
 
     names = {temporary_name(str(tmp_path / "day_0_dense.npy")) for _ in range(3)}
     assert len(names) == 3 and all(os.path.dirname(n) == str(tmp_path) for n in names)

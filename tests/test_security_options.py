@@ -110,7 +110,7 @@ def test_torchx_prints_one_line_not_a_traceback(args, fragment, tmp_path):
 
 def test_the_planner_warns_about_nothing_and_reserves_what_torchrec_would(caplog):
     cfg = train_config(num_sparse_features=2, num_embeddings=100)
-    model, sharder = model_to_shard(cfg, torch.device("cuda"), dense_device=torch.device("meta"))
+    model, sharder = model_to_shard(cfg, dense_device=torch.device("meta"))
     topology = make_topology(4, 2, "cuda", hbm_cap_bytes=2**30)
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
         warnings.simplefilter("always")

@@ -49,8 +49,8 @@ from apps.dlrm.checkpoint_storage import (
     save_shards,
     save_shards_async,
 )
+from apps.dlrm.common.distributed import DistEnv, decided_by_main
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.distributed import DistEnv, decided_by_main
 from apps.dlrm.optim import make_lazy_state
 from apps.dlrm.reshard import Resharding, below
 from apps.dlrm.urls import config_record

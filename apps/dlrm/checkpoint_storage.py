@@ -53,7 +53,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.futures import Future
 
-from apps.dlrm.options import ConfigError
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.urls import redact_urls
 
 # Bytes fetched per round trip when loading from an object store. A load holds two such batches

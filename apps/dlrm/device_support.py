@@ -8,8 +8,8 @@ from typing import Iterator
 
 import torch
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.options import ConfigError
 
 #: Pipelines that fail on CPU ranks, and why.
 GPU_PIPELINES = {

@@ -19,12 +19,10 @@ import math
 import typing
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+from apps.dlrm.common.errors import ConfigError
+
 T = TypeVar("T")
 C = TypeVar("C", bound="Options")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. The message names the value and says how to fix it."""
 
 
 def option(default: Any, help: str, *, choices: Sequence[str] | None = None) -> Any:

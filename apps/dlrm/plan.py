@@ -34,12 +34,13 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ShardingPlan
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, check_int8_comms
 from apps.dlrm.device_support import check_device_support
+from apps.dlrm.launch.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 from apps.dlrm.model import table_configs
-from apps.dlrm.options import ConfigError, add_options, build_parser, options_of
+from apps.dlrm.options import add_options, build_parser, options_of
 from apps.dlrm.sharding import make_planner, make_topology, model_to_shard, planner_offers
-from apps.dlrm.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 
 #: Without memory limits the planner always finds a placement: it shows what a job that does not
 #: fit would need on each rank.
@@ -164,7 +165,7 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
     device, so the planner sees the same tables and estimates the same storage.
     """
     check_device_support(cfg, torch.device(cluster.device))
-    model, sharder = model_to_shard(cfg, torch.device(cluster.device), dense_device=torch.device("meta"))
+    model, sharder = model_to_shard(cfg, dense_device=torch.device("meta"))
     if not planner_offers(cfg.launch, sharder, cluster.device):
         raise ConfigError(
             f"--sharding_type {cfg.launch.sharding_type}: TorchRec's planner offers no row-wise kinds for "

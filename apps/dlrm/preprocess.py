@@ -5,8 +5,8 @@
     torchrun --nproc_per_node 8 -m apps.dlrm.train --data criteo --data_path /data/criteo_npy \\
         --table_size_preset mlperf
 
-The layout of the output is documented in :mod:`apps.dlrm.criteo.layout`; how bad lines are
-handled in :mod:`apps.dlrm.criteo.parse`. Exit status: 0 when every input file is converted,
+The layout of the output is documented in :mod:`apps.dlrm.data.criteo.layout`; how bad lines are
+handled in :mod:`apps.dlrm.data.criteo.parse`. Exit status: 0 when every input file is converted,
 1 when some failed (the others are complete and a rerun converts only what is missing), 2 for
 a bad option.
 """
@@ -14,9 +14,9 @@ a bad option.
 import logging
 import sys
 
-from apps.dlrm.criteo.config import parse_preprocess_config
-from apps.dlrm.criteo.pipeline import PreprocessFailed, preprocess
-from apps.dlrm.options import ConfigError
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.data.criteo.config import parse_preprocess_config
+from apps.dlrm.data.criteo.pipeline import PreprocessFailed, preprocess
 from apps.dlrm.report import redacting_handler
 
 logger = logging.getLogger("apps.dlrm.preprocess")

@@ -32,11 +32,11 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.distributed.types import ShardingPlan
 
+from apps.dlrm.common.distributed import DistEnv
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import LaunchConfig, TrainConfig, check_int8_comms
-from apps.dlrm.distributed import DistEnv
 from apps.dlrm.model import EBC_PATH, build_model
 from apps.dlrm.optim import fuse_embedding_optimizer
-from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +57,11 @@ _COMM_TYPES = {
 }
 
 
-def model_to_shard(
-    cfg: TrainConfig, device: torch.device, dense_device: torch.device
-) -> tuple[nn.Module, EmbeddingBagCollectionSharder]:
+def model_to_shard(cfg: TrainConfig, dense_device: torch.device) -> tuple[nn.Module, EmbeddingBagCollectionSharder]:
     """The unsharded model (tables on the meta device, optimizer fused) and its sharder.
 
-    What the training app shards on ``device`` and what the plan preview plans for it: one
-    recipe, so the preview's planner sees the tables and storage the job will have.
+    What the training app shards and what the plan preview plans for: one recipe, so the
+    preview's planner sees the tables and storage the job will have.
     """
     model = build_model(cfg.model, dense_device=dense_device)
     fuse_embedding_optimizer(cfg.training, model.model.sparse_arch.parameters())

@@ -3,18 +3,11 @@
     python -m apps.dlrm.torchrun TORCHRUN_ARGS...
 
 takes torchrun's own arguments and runs torchrun (``torch.distributed.run``) in this process.
-For a job of more than one node it first finds how the other hosts reach this one
-(:mod:`apps.dlrm.network`) and adds what torchrun and the trainers would otherwise guess from
-the hostname, wrongly wherever it resolves to loopback:
-
-- ``--local_addr ADDRESS``: the address torchrun publishes for the trainers' store;
-- ``--rdzv_conf is_host=1`` on the rendezvous endpoint's host, when torchrun would not recognise
-  the endpoint as itself (its hostname does not resolve to the endpoint's address), and so would
-  wait for a store that nobody starts;
-- ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``: the interface gloo and NCCL connect over.
-
-What the user set (``--local_addr``, ``is_host``, the two variables) is kept. The components run
-every trainer through it (components/launch.py).
+For a job of more than one node it first completes them with how the other hosts reach this one
+(:mod:`apps.dlrm.launch.torchrun_args`: ``--local_addr``, ``--rdzv_conf is_host=1``,
+``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``), which torchrun and the trainers would
+otherwise guess from the hostname, wrongly wherever it resolves to loopback. What the user set is
+kept. The components run every trainer through it (components/launch.py).
 """
 
 import logging
@@ -23,84 +16,12 @@ import socket
 import sys
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 from torch.distributed.run import main as torchrun_main
 
-from apps.dlrm.network import host_address
-from apps.dlrm.options import ConfigError
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.launch.torchrun_args import multi_node_args
 
 logger = logging.getLogger("apps.dlrm.torchrun")
-
-_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-
-
-def _torchrun_part(args: list[str]) -> int:
-    """How many of ``args`` are torchrun's own: those before the trainer's module or script."""
-    i = 0
-    while i < len(args):
-        if args[i] in ("-m", "--module") or not args[i].startswith("-"):
-            return i
-        i += 1 if "=" in args[i] or args[i] in _SWITCHES else 2
-    return i
-
-
-# torchrun's flags that take no value (among those TorchX's dist.torchrun writes).
-_SWITCHES = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
-
-
-def _value(args: list[str], flag: str) -> str | None:
-    """The value of torchrun's ``--flag VALUE`` or ``--flag=VALUE``."""
-    own = args[: _torchrun_part(args)]
-    for i, arg in enumerate(own):
-        if arg == flag and i + 1 < len(own):
-            return own[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _with(args: list[str], flag: str, value: str) -> list[str]:
-    """``args`` with torchrun's ``--flag`` set to ``value`` (replaced where given, else added)."""
-    own = _torchrun_part(args)
-    for i, arg in enumerate(args[:own]):
-        if arg == flag:
-            return [*args[: i + 1], value, *args[i + 2 :]]
-        if arg.startswith(flag + "="):
-            return [*args[:i], f"{flag}={value}", *args[i + 1 :]]
-    return [flag, value, *args]
-
-
-def _max_nodes(args: list[str]) -> int:
-    nnodes = _value(args, "--nnodes") or "1"
-    return int(nnodes.split(":")[-1])
-
-
-def multi_node_args(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """torchrun's arguments and the variables to set, completed for this host (see the module doc)."""
-    endpoint = _value(args, "--rdzv_endpoint")
-    if _max_nodes(args) < 2 or not endpoint or _value(args, "--rdzv_backend") not in (None, "c10d"):
-        return args, {}
-    host = endpoint.rsplit(":", 1)[0].strip("[]")
-    chosen = env.get("GLOO_SOCKET_IFNAME", "").split(",")[0] or None
-    this = host_address(host, interface=chosen)
-    if this is None:
-        logger.warning("this machine has no network interface but loopback: all nodes must run here")
-        return args, {}
-    if _value(args, "--local_addr") is None:
-        args = _with(args, "--local_addr", this.address)
-    rdzv_conf = _value(args, "--rdzv_conf")
-    if this.hosts_endpoint and not _matches_machine_hostname(host) and "is_host" not in (rdzv_conf or ""):
-        args = _with(args, "--rdzv_conf", f"{rdzv_conf},is_host=1" if rdzv_conf else "is_host=1")
-    variables = {name: this.interface for name in _IFNAME_VARIABLES if not env.get(name)}
-    logger.info(
-        "host %s: rendezvous at %s%s; this host is %s on %s",
-        socket.gethostname(),
-        endpoint,
-        " (hosted here)" if this.hosts_endpoint else "",
-        this.address,
-        this.interface,
-    )
-    return args, variables
 
 
 def main(argv: list[str] | None = None) -> None:

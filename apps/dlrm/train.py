@@ -11,9 +11,9 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from apps.dlrm.common.distributed import DistEnv, init_distributed
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, parse_train_config
-from apps.dlrm.distributed import DistEnv, init_distributed
-from apps.dlrm.options import ConfigError
 from apps.dlrm.report import setup_logging
 from apps.dlrm.trainer import Trainer
 

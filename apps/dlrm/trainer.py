@@ -17,14 +17,14 @@ from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSparseDist, train_pipelines
 
 from apps.dlrm.checkpoint import Checkpoint, Checkpointed, Checkpointer, TrainState, open_checkpoints
+from apps.dlrm.common.distributed import DistEnv, all_reduce_mean
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import LaunchConfig, TrainConfig
 from apps.dlrm.data import make_dataset
 from apps.dlrm.device_support import check_device_support
-from apps.dlrm.distributed import DistEnv, all_reduce_mean
 from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.model import speed_up_dense
 from apps.dlrm.optim import LRSchedule, training_optimizer
-from apps.dlrm.options import ConfigError
 from apps.dlrm.report import Reporter
 from apps.dlrm.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
 from apps.dlrm.urls import config_record
@@ -75,7 +75,7 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = cfg.launch.allow_tf32
         # Same seed on every rank: DDP needs identical dense weights to start from.
         torch.manual_seed(cfg.training.seed)
-        model, sharder = model_to_shard(cfg, env.device, dense_device=env.device)
+        model, sharder = model_to_shard(cfg, dense_device=env.device)
         speed_up_dense(cfg.launch, model, env.device)
         self.plan = build_plan(cfg, model, sharder, env)
         self.model = shard_model(model, self.plan, sharder, env)

@@ -1,16 +1,24 @@
-"""Training data sources. Each yields TorchRec ``Batch`` objects partitioned across ranks."""
+"""Training data sources, one room each: :mod:`.synthetic`, :mod:`.criteo` (the loader, and the
+preprocessing that writes its folders), :mod:`.parquet`; :mod:`.prefetch` is their background
+batch thread. Each yields TorchRec ``Batch`` objects partitioned across ranks: :class:`ClickLogs`,
+made by :func:`make_dataset`.
 
-from typing import Callable, Generator, Protocol
+Importing any module of this package runs this one first, and light importers need some of them:
+:mod:`apps.dlrm.config` (the Criteo table sizes), ``python -m apps.dlrm.preprocess`` and the
+components (the preprocessing), none of which loads torch. So this module imports torch, TorchRec,
+the configuration and the sources only for type checkers and inside :func:`make_dataset`.
+"""
 
-import torch
-from torchrec.datasets.utils import Batch
+from __future__ import annotations
 
-from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.criteo import CriteoClickLogs
-from apps.dlrm.data.criteo_fetch import local_folder
-from apps.dlrm.data.parquet import ParquetClickLogs
-from apps.dlrm.data.synthetic import SyntheticClickLogs
-from apps.dlrm.distributed import DistEnv
+from typing import TYPE_CHECKING, Callable, Generator, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from torchrec.datasets.utils import Batch
+
+    from apps.dlrm.common.distributed import DistEnv
+    from apps.dlrm.config import TrainConfig
 
 
 class ClickLogs(Protocol):
@@ -32,6 +40,11 @@ class ClickLogs(Protocol):
 
 
 def make_dataset(cfg: TrainConfig, env: DistEnv) -> ClickLogs:
+    from apps.dlrm.data.criteo.fetch import local_folder
+    from apps.dlrm.data.criteo.loader import CriteoClickLogs
+    from apps.dlrm.data.parquet.loader import ParquetClickLogs
+    from apps.dlrm.data.synthetic import SyntheticClickLogs
+
     pin_memory = env.device.type == "cuda"
     if cfg.data.data == "criteo":
         # A URL is copied to a node-local cache once per node, by its first local rank.

@@ -1,6 +1,6 @@
 """A background thread that builds a data source's batches a few ahead of the training loop.
 
-Both file-backed sources (:mod:`apps.dlrm.data.criteo`, :mod:`apps.dlrm.data.parquet`) make a
+Both file-backed sources (:mod:`apps.dlrm.data.criteo.loader`, :mod:`apps.dlrm.data.parquet.loader`) make a
 batch as a pure function of its index (a step, or an evaluation batch's number), so the thread
 only has to call that function in order; the loop then never waits on page faults, disk or
 object-store reads that the thread could do while the model computes.

@@ -36,6 +36,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from apps.dlrm.common.hashing import GOLDEN_GAMMA, MASK64, mix64, mix64_int, shift_right, signed
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.model import feature_names
 
@@ -51,47 +52,15 @@ _BIAS = -1.0
 _IDS, _DENSE, _LABELS, _DENSE_WEIGHTS = range(4)
 _STREAM_SHIFT = 40  # a block may hold up to 2**40 numbers per stream
 
-_MASK64 = (1 << 64) - 1
-_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
-_MIX1 = 0xBF58476D1CE4E5B9
-_MIX2 = 0x94D049BB133111EB
-
-
-def _signed(value: int) -> int:
-    """The int64 with the same 64 bits as the unsigned ``value``: torch has no uint64 arithmetic."""
-    value &= _MASK64
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 values (torch's ``>>`` copies the sign bit)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def mix64(x: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's finaliser on int64 tensors: a fast bijective hash of 64-bit values.
-
-    Multiplications wrap around in two's complement, which gives the same bits as unsigned.
-    """
-    x = x + _signed(_GOLDEN_GAMMA)
-    x = (x ^ _shift_right(x, 30)) * _signed(_MIX1)
-    x = (x ^ _shift_right(x, 27)) * _signed(_MIX2)
-    return x ^ _shift_right(x, 31)
-
-
-def mix64_int(value: int) -> int:
-    """:func:`mix64` of one Python int, as an int64 value."""
-    return int(mix64(torch.tensor([_signed(value)], dtype=torch.int64))[0])
-
 
 def uniform(bits: torch.Tensor) -> torch.Tensor:
     """Floats in (0, 1) from the top 53 bits of each value."""
-    return (_shift_right(bits, 11).double() + 0.5) / float(1 << 53)
+    return (shift_right(bits, 11).double() + 0.5) / float(1 << 53)
 
 
 def normal(bits: torch.Tensor) -> torch.Tensor:
     """A standard normal float64 per value, by Box-Muller from its two 24-bit halves."""
-    u1 = (_shift_right(bits, 40).double() + 0.5) / float(1 << 24)
+    u1 = (shift_right(bits, 40).double() + 0.5) / float(1 << 24)
     u2 = ((bits & ((1 << 24) - 1)).double() + 0.5) / float(1 << 24)
     return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
 
@@ -135,7 +104,7 @@ class SyntheticClickLogs:
             [_coprime_multiplier(n, cfg.training.seed * 7919 + t) for t, n in enumerate(rows)], device=device
         )[feature]
         self._offsets = torch.tensor(
-            [(mix64_int(cfg.training.seed + 31 * t) & _MASK64) % n for t, n in enumerate(rows)], device=device
+            [(mix64_int(cfg.training.seed + 31 * t) & MASK64) % n for t, n in enumerate(rows)], device=device
         )[feature]
         self._table_keys = torch.tensor(
             [mix64_int(cfg.training.seed * 1_000_003 + t) for t in range(cfg.model.num_sparse_features)], device=device
@@ -157,7 +126,7 @@ class SyntheticClickLogs:
     def _stream(self, key: int, stream: int, count: int) -> torch.Tensor:
         """``count`` random 64-bit values of one stream of the block with ``key``."""
         counters = torch.arange(count, dtype=torch.int64, device=self.device) + (stream << _STREAM_SHIFT)
-        return mix64(counters * _signed(_GOLDEN_GAMMA) + key)
+        return mix64(counters * signed(GOLDEN_GAMMA) + key)
 
     def _power_law_ids(self, u: torch.Tensor) -> torch.Tensor:
         """Inverse CDF of a power law with exponent s over [1, rows], scattered over each table.
@@ -236,7 +205,7 @@ def _kjt_order(batch: int, sizes: list[int], device: torch.device) -> tuple[torc
 
 def _coprime_multiplier(rows: int, salt: int) -> int:
     """A multiplier coprime with ``rows``: ``id * a + c mod rows`` permutes the table."""
-    a = ((mix64_int(salt) & _MASK64) % max(rows, 1)) | 1
+    a = ((mix64_int(salt) & MASK64) % max(rows, 1)) | 1
     while math.gcd(a, rows) != 1:
         a += 2
     return a % rows if rows > 1 else 0

@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 import s3fs
 
-from tests.loopback import loopback_server
+from testing.loopback import loopback_server
 
 REGION = "us-west-2"  # not us-east-1: moto refuses a LocationConstraint there
 

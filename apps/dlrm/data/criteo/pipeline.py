@@ -22,9 +22,10 @@ from typing import Callable, TypeVar
 import pyarrow as pa
 from tqdm import tqdm
 
-from apps.dlrm.criteo import convert, vocabulary
-from apps.dlrm.criteo.config import PreprocessConfig
-from apps.dlrm.criteo.layout import (
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.data.criteo import convert, vocabulary
+from apps.dlrm.data.criteo.config import PreprocessConfig
+from apps.dlrm.data.criteo.layout import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
@@ -36,9 +37,8 @@ from apps.dlrm.criteo.layout import (
     read_json,
     write_json,
 )
-from apps.dlrm.criteo.parse import REPAIRED_KINDS, SKIPPED_KINDS, LineCounts
-from apps.dlrm.criteo.sources import Source, find_sources, natural_key
-from apps.dlrm.options import ConfigError
+from apps.dlrm.data.criteo.parse import REPAIRED_KINDS, SKIPPED_KINDS, LineCounts
+from apps.dlrm.data.criteo.sources import Source, find_sources, natural_key
 
 logger = logging.getLogger("apps.dlrm.preprocess")
 

@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from apps.dlrm.criteo.layout import CAT_FEATURES, temporary_name
+from apps.dlrm.data.criteo.layout import CAT_FEATURES, temporary_name
 
 RARE_ID = 1
 FIRST_ID = 2

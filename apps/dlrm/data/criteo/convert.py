@@ -5,7 +5,7 @@ size of the file. With ``--categorical_ids hash`` a day is complete after one pa
 ``vocabulary`` the first pass writes the raw 32-bit values and their counts, and the second
 (:func:`finish_day`, once the vocabulary of all days exists) turns them into ids. With
 ``--output_format parquet`` the complete arrays then become the day's Parquet file
-(:mod:`apps.dlrm.criteo.to_parquet`), before the day's report marks it complete.
+(:mod:`apps.dlrm.data.criteo.to_parquet`), before the day's report marks it complete.
 """
 
 import os
@@ -13,8 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from apps.dlrm.criteo import vocabulary
-from apps.dlrm.criteo.layout import (
+from apps.dlrm.data.criteo import vocabulary
+from apps.dlrm.data.criteo.layout import (
     ARRAYS,
     CAT_FEATURES,
     VOCABULARY_DIR,
@@ -24,9 +24,9 @@ from apps.dlrm.criteo.layout import (
     read_json,
     write_json,
 )
-from apps.dlrm.criteo.parse import LineCounts, Rows, read_blocks
-from apps.dlrm.criteo.sources import Source, open_lines
-from apps.dlrm.criteo.to_parquet import remove_arrays, write_parquet_day
+from apps.dlrm.data.criteo.parse import LineCounts, Rows, read_blocks
+from apps.dlrm.data.criteo.sources import Source, open_lines
+from apps.dlrm.data.criteo.to_parquet import remove_arrays, write_parquet_day
 
 # Rows of raw values turned into ids at once in the vocabulary's second pass.
 _LOOKUP_ROWS = 1 << 18

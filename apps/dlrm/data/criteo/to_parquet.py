@@ -4,7 +4,7 @@
 NVTabular (reference 003) exists to turn Criteo TSV into Parquet on GPUs with Categorify,
 FillMissing and LogOp, and to feed training from that Parquet. ``python -m apps.dlrm.preprocess
 --output_format parquet`` writes the same kind of result with this project's transforms, which
-are the npy layout's (:mod:`apps.dlrm.criteo.layout`), value for value:
+are the npy layout's (:mod:`apps.dlrm.data.criteo.layout`), value for value:
 
 =========================  =======  ====================================================
 column                     type     value
@@ -35,8 +35,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from apps.dlrm.criteo.layout import ARRAYS, array_file, file_digest, parquet_file, temporary_name
-from apps.dlrm.criteo.parse import CAT_NAMES, INT_NAMES, LABEL
+from apps.dlrm.data.criteo.layout import ARRAYS, array_file, file_digest, parquet_file, temporary_name
+from apps.dlrm.data.criteo.parse import CAT_NAMES, INT_NAMES, LABEL
 
 #: Rows of a row group: ~20 MB of values, ~1,500 row groups for a day of the Criteo 1TB logs.
 ROW_GROUP_ROWS = 1 << 17

@@ -2,7 +2,7 @@
 
 Every rank reads every file's footer (its last bytes: from an object store one ranged GET per
 file, all issued at once) and so knows the row count of every row group, which is all that the
-split into ranks needs (:mod:`apps.dlrm.parquet.order`); no data page is read at start-up. The
+split into ranks needs (:mod:`apps.dlrm.data.parquet.order`); no data page is read at start-up. The
 footers also let the job refuse, before its first step, what would otherwise fail hours in or
 train on garbage. Each error is one line naming the file, the column and the fix:
 
@@ -15,7 +15,7 @@ train on garbage. Each error is one line naming the file, the column and the fix
 
 the last two from the statistics that Parquet writers record per column chunk (Spark, BigQuery's
 exports and pyarrow do by default). For a file without them the same checks run as its rows are
-read (:mod:`apps.dlrm.parquet.read`), and stop training with the same message.
+read (:mod:`apps.dlrm.data.parquet.read`), and stop training with the same message.
 
 Null counts: a null dense value trains as 0, a null sparse value as an empty bag (no id). Their
 counts per column, summed from the same statistics, are logged at start-up as the Criteo
@@ -31,9 +31,9 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, is_pattern
-from apps.dlrm.criteo.sources import natural_key
-from apps.dlrm.options import ConfigError
+from apps.dlrm.data.criteo.sources import natural_key
 from apps.dlrm.urls import is_url
 
 SUFFIXES = (".parquet", ".parq")

@@ -17,7 +17,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from apps.dlrm.options import ConfigError
+from apps.dlrm.common.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

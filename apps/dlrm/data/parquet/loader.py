@@ -5,11 +5,11 @@ The files of ``--data_path`` (a folder, a glob or one file; a local path or an f
 own share, and only the columns training reads. Nothing is copied to the host first.
 
 At start-up every rank reads the files' footers and refuses, before the first step, files and
-columns that training could not use (:mod:`apps.dlrm.parquet.files`). The splits are those of
+columns that training could not use (:mod:`apps.dlrm.data.parquet.files`). The splits are those of
 ``--data criteo`` with the files as days: of the last ``--eval_days`` files' rows, the last
 ``--eval_fraction`` are held out, the first half validating, the rest testing.
 
-Which rows a rank reads at each step (:mod:`apps.dlrm.parquet.order`) is a pure function of
+Which rows a rank reads at each step (:mod:`apps.dlrm.data.parquet.order`) is a pure function of
 (seed, step, rank, world size) computed from the footers' row counts: row groups permuted per
 epoch and dealt to the ranks as equal runs of rows, then read in windows of
 ``--shuffle_buffer_rows`` rows shuffled in memory. Resuming at step ``s`` skips whole row groups
@@ -35,14 +35,14 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.common.splits import held_out_split
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.criteo import held_out_split
+from apps.dlrm.data.parquet.files import check_statistics, null_report, open_files, resolve_columns
+from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs
+from apps.dlrm.data.parquet.read import RowGroupReader, Rows
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
-from apps.dlrm.options import ConfigError
-from apps.dlrm.parquet.files import check_statistics, null_report, open_files, resolve_columns
-from apps.dlrm.parquet.order import Pieces, TrainOrder, Window, eval_runs
-from apps.dlrm.parquet.read import RowGroupReader, Rows
 
 logger = logging.getLogger("apps.dlrm.data")
 

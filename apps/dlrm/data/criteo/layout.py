@@ -25,10 +25,10 @@ and, for the whole folder::
     report.json        the counts of all days together (rows_read, rows_written, skipped,
                        repaired) and per day
     vocabulary/        only with --categorical_ids vocabulary: per-day value counts and the
-                       per-feature vocabularies (see apps.dlrm.criteo.vocabulary)
+                       per-feature vocabularies (see apps.dlrm.data.criteo.vocabulary)
 
 With ``--output_format parquet`` a day is one Parquet file instead of its three arrays,
-``<day>.parquet``, holding the same values (see apps.dlrm.criteo.to_parquet); the manifest then
+``<day>.parquet``, holding the same values (see apps.dlrm.data.criteo.to_parquet); the manifest then
 records ``"output_format": "parquet"``, and such a folder trains with ``--data parquet``.
 
 ``.npy`` is NumPy's own format (version 1.0: a 128-byte header, then the little-endian,
@@ -54,7 +54,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from apps.dlrm.options import ConfigError
+from apps.dlrm.common.errors import ConfigError
 
 INT_FEATURES = 13
 CAT_FEATURES = 26

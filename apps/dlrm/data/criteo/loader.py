@@ -1,6 +1,6 @@
 """Criteo click logs, preprocessed (``python -m apps.dlrm.preprocess``), as TorchRec batches.
 
-The days of the folder (layout: :mod:`apps.dlrm.criteo.layout`) are memory-mapped and read as
+The days of the folder (layout: :mod:`apps.dlrm.data.criteo.layout`) are memory-mapped and read as
 one sequence of rows, in day order. The last ``--eval_days`` days are held out MLPerf style:
 of their last ``--eval_fraction`` of rows, the first half (rounded up) is the validation split
 and the rest the test split; every row before them trains.
@@ -22,7 +22,7 @@ capped at the whole split. Every rank gets the same number of batches, as the sh
 collectives require.
 
 Multi-hot (``--multi_hot_sizes``): each one-hot id becomes that many ids by MLPerf DLRMv2's fixed
-lookup tables (:mod:`apps.dlrm.criteo.multi_hot`), drawn once when the loader starts, so the
+lookup tables (:mod:`apps.dlrm.data.criteo.multi_hot`), drawn once when the loader starts, so the
 preprocessed one-hot folder trains as MLPerf's multi-hot Criteo.
 
 Batches are assembled with numpy slice copies (a few per batch, never a loop over rows) into
@@ -40,18 +40,17 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.common.splits import Range, held_out_split
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, open_folder
-from apps.dlrm.criteo.multi_hot import expand, multi_hot_tables
+from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, open_folder
+from apps.dlrm.data.criteo.multi_hot import expand, multi_hot_tables
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
-from apps.dlrm.options import ConfigError
 
 logger = logging.getLogger("apps.dlrm.data")
 
 PREFETCH_THREAD = "criteo-prefetch"
-
-Range = tuple[int, int]  # [start, stop) in the rows of all days, in day order
 
 
 class CriteoClickLogs:
@@ -233,31 +232,6 @@ class _EpochOrder:
             first += n
             k += 1
         return ranges
-
-
-def held_out_split(
-    file_rows: list[int],
-    eval_days: int,
-    eval_fraction: float,
-    where: str,
-    files: str = "days",
-    more: str = "preprocess more days",
-) -> dict[str, Range]:
-    """The MLPerf-style splits of rows in file order (see the module docstring): of the last
-    ``eval_days`` files' rows, the last ``eval_fraction`` are held out, the first half (rounded
-    up) validating and the rest testing. Shared with the Parquet source, whose files are days."""
-    total = sum(file_rows)
-    held = int(sum(file_rows[-eval_days:]) * eval_fraction)
-    if held < 2 or held >= total:
-        raise ConfigError(
-            f"{where} has {len(file_rows)} {files} ({total:,} rows): --eval_days {eval_days} "
-            f"--eval_fraction {eval_fraction} hold out {held:,} rows, which leaves "
-            f"{'no validation or test rows' if held < 2 else 'no training rows'}: "
-            f"hold out fewer {files} (or a fraction of them) or {more}"
-        )
-    val_start = total - held
-    test_start = val_start + math.ceil(held / 2)
-    return {"train": (0, val_start), "val": (val_start, test_start), "test": (test_start, total)}
 
 
 def _check_table_sizes(preprocessed: list[int], training: list[int], folder: str) -> None:

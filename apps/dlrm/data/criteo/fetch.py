@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import fsspec
 from tqdm import tqdm
 
-from apps.dlrm.criteo.layout import (
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.data.criteo.layout import (
     MANIFEST,
     day_files,
     file_digest,
@@ -44,7 +45,6 @@ from apps.dlrm.criteo.layout import (
     temporary_name,
     write_json,
 )
-from apps.dlrm.options import ConfigError
 from apps.dlrm.urls import is_url
 
 logger = logging.getLogger("apps.dlrm.data")

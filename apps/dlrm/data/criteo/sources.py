@@ -14,8 +14,8 @@ from typing import Callable, Iterator
 import fsspec
 import pyarrow as pa
 
-from apps.dlrm.criteo.layout import is_plain_name, shown
-from apps.dlrm.options import ConfigError
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.data.criteo.layout import is_plain_name, shown
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _EXTENSIONS = (".gz", ".tsv", ".txt", ".csv")

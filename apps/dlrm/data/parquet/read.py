@@ -9,12 +9,12 @@ row groups of this rank's share: a data set is never copied whole to any host.
 Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no loop over rows):
 
 - the label and dense columns become float32; a null dense value is 0, a null label an error
-  (:func:`apps.dlrm.parquet.files.null_label_error`);
+  (:func:`apps.dlrm.data.parquet.files.null_label_error`);
 - a sparse column becomes ids and per-row offsets, as a KeyedJaggedTensor holds them: an integer
   column one id per row (none for a null), a list column its elements (nulls in a list dropped,
-  a null list empty); ``hash`` ids are SplitMix64 of the value (:func:`apps.dlrm.data.synthetic.mix64`,
+  a null list empty); ``hash`` ids are SplitMix64 of the value (:func:`apps.dlrm.common.hashing.mix64`,
   its int64 bits) modulo the table size, ``as_is`` ids must lie in the table
-  (:func:`apps.dlrm.parquet.files.check_id`).
+  (:func:`apps.dlrm.data.parquet.files.check_id`).
 
 Nothing read from a file is executed or unpickled: Parquet pages are decoded by pyarrow into
 numbers, and only numbers reach training.
@@ -31,8 +31,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from apps.dlrm.parquet.files import ColumnSpec, DataFile, check_id, null_label_error
-from apps.dlrm.parquet.order import Piece
+from apps.dlrm.common.hashing import mix64
+from apps.dlrm.data.parquet.files import ColumnSpec, DataFile, check_id, null_label_error
+from apps.dlrm.data.parquet.order import Piece
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer  # exists only for type checkers
@@ -221,10 +222,6 @@ class RowGroupReader:
     ) -> np.ndarray:
         """The embedding rows of a column's ``values`` (see the module docstring)."""
         if self.hash_ids:
-            # Imported here, not at the top: apps.dlrm.data, whose synthetic source defines the
-            # mix, imports this module (through its Parquet source).
-            from apps.dlrm.data.synthetic import mix64
-
             bits = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64)
             mixed = mix64(torch.from_numpy(bits)).numpy().view(np.uint64)
             return (mixed % np.uint64(size)).astype(self.id_dtype)
