@@ -95,7 +95,7 @@ def evict(paths: list[str]) -> None:
 
 def checkpointer(cfg, run, env):
     """Collective. The app's checkpointer of the trainer ``run`` at ``cfg.checkpoint.checkpoint_dir``, as training builds it."""
-    from apps.dlrm.checkpoint import Checkpointer, open_checkpoints
+    from apps.dlrm.checkpoint.checkpointer import Checkpointer, open_checkpoints
 
     return Checkpointer(cfg, env, open_checkpoints(cfg, env), run.checkpointed)
 
@@ -108,7 +108,7 @@ def step_files(store, step: int) -> list[str]:
 
 def checkpoint_save(saver, step: int, env) -> float:
     """Collective. Seconds for the checkpointer ``saver`` to save and commit the checkpoint of ``step``."""
-    from apps.dlrm.checkpoint import TrainState
+    from apps.dlrm.checkpoint.checkpointer import TrainState
 
     return timed(lambda: saver.save(TrainState(env.rank, step, 0.0)))
 
@@ -125,7 +125,7 @@ def newest(store, env):
 def checkpoint_load(loader, checkpoint, local: bool, env) -> float:
     """Collective. Seconds for the checkpointer ``loader`` to restore ``checkpoint`` into its model
     and optimizer, from the disk where ``local``."""
-    from apps.dlrm.checkpoint import TrainState
+    from apps.dlrm.checkpoint.checkpointer import TrainState
 
     if local:
         evict(step_files(loader.store, checkpoint.step))
@@ -210,7 +210,7 @@ class Resharded:
 def build_resharded(rows: int, sharding_type: str, env) -> Resharded:
     """Collective. The benchmark's model sharded ``sharding_type``, as the app builds it."""
     from apps.dlrm.common.errors import ConfigError
-    from apps.dlrm.trainer import Trainer
+    from apps.dlrm.training.trainer import Trainer
 
     try:
         cfg = bench_config(rows, sharding_type)
@@ -222,7 +222,7 @@ def build_resharded(rows: int, sharding_type: str, env) -> Resharded:
 def table_weights(run) -> dict:
     """Table name -> its weight in the model's state dict: a ShardedTensor of this rank's shards."""
     from apps.dlrm.model import EBC_PATH
-    from apps.dlrm.sharding import plan_tables
+    from apps.dlrm.training.sharding import plan_tables
 
     state = run.model.state_dict()
     return {table: state[f"{EBC_PATH}.embedding_bags.{table}.weight"] for table in plan_tables(run.plan)}
@@ -349,7 +349,7 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, res
     import torch.distributed as dist
 
     from apps.dlrm.common.distributed import init_distributed
-    from apps.dlrm.trainer import Trainer
+    from apps.dlrm.training.trainer import Trainer
 
     env = init_distributed()
     cfg = bench_config(rows, SAVED_SHARDING)

@@ -36,7 +36,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.model import build_model, table_configs
-from apps.dlrm.optim import optimizer_class
+from apps.dlrm.training.optim import optimizer_class
 from benchmarks.ordered_bags import order_tables_as_fbgemm
 
 CPU = torch.device("cpu")

@@ -17,11 +17,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-from apps.dlrm.checkpoint import Checkpointer, TrainState, open_checkpoints
+from apps.dlrm.checkpoint.checkpointer import Checkpointer, TrainState, open_checkpoints
 from apps.dlrm.common.distributed import DistEnv, init_distributed
 from apps.dlrm.config import parse_train_config
 from apps.dlrm.train import train
-from apps.dlrm.trainer import Trainer
+from apps.dlrm.training.trainer import Trainer
 from tests.shards import local_pieces
 
 

@@ -13,8 +13,8 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from apps.dlrm import checkpoint_storage
-from apps.dlrm.checkpoint_storage import _CheckpointWriter, load_shards, save_shards
+from apps.dlrm.checkpoint import storage as checkpoint_storage
+from apps.dlrm.checkpoint.storage import _CheckpointWriter, load_shards, save_shards
 from apps.dlrm.common.distributed import free_port
 
 # Tier (tests/conftest.py): pure logic, fast.

@@ -103,3 +103,18 @@ def test_the_data_sources_import_neither_launch_nor_checkpoints(path):
 def test_launch_does_not_import_the_data_sources(path):
     fix = "starting a job must not load the data sources; move what both need to apps/dlrm/common/"
     assert_imports_none(path, "apps.dlrm.data", fix=fix)
+
+
+@pytest.mark.parametrize("path", sources(DLRM / "data") + sources(DLRM / "checkpoint"), ids=name)
+def test_data_and_checkpoints_do_not_import_training(path):
+    fix = (
+        "the training room (apps/dlrm/training/) builds on the data sources and the checkpoints, "
+        "not the reverse: hand them what they need, or move the shared piece below both"
+    )
+    assert_imports_none(path, "apps.dlrm.training", fix=fix)
+
+
+@pytest.mark.parametrize("path", sources(DLRM / "launch"), ids=name)
+def test_launch_imports_neither_training_nor_checkpoints(path):
+    fix = "shaping and starting a job must not load the training machinery; move what both need to common/"
+    assert_imports_none(path, "apps.dlrm.training", "apps.dlrm.checkpoint", fix=fix)

@@ -20,7 +20,7 @@ from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.launch.target import GiB, PlanTarget
 from apps.dlrm.plan import main as plan_app
 from apps.dlrm.plan import preview
-from apps.dlrm.sharding import describe_plan
+from apps.dlrm.training.sharding import describe_plan
 from components import dlrm
 from components.signature import InvalidComponentArgument
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, assert_ok, run

@@ -16,19 +16,12 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-from apps.dlrm.checkpoint import (
-    COMMIT_MARKER,
-    Checkpoint,
-    Checkpointed,
-    Checkpointer,
-    CheckpointStore,
-    TrainState,
-    open_checkpoints,
-)
-from apps.dlrm.checkpoint_storage import CheckpointError, CheckpointReader
+from apps.dlrm.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
+from apps.dlrm.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointStore
+from apps.dlrm.checkpoint.storage import CheckpointError, CheckpointReader
 from apps.dlrm.common.distributed import DistEnv, free_port
 from apps.dlrm.config import TrainConfig, train_config
-from apps.dlrm.report import Reporter
+from apps.dlrm.training.report import Reporter
 from apps.dlrm.urls import redact_urls
 from tests.conftest import assert_ok, run, tiny
 

@@ -15,8 +15,8 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchx.specs.builders import materialize_appdef
 
 from apps.dlrm.config import parse_train_config, train_config
-from apps.dlrm.report import filter_library_warnings
-from apps.dlrm.sharding import make_planner, make_topology, model_to_shard
+from apps.dlrm.training.report import filter_library_warnings
+from apps.dlrm.training.sharding import make_planner, make_topology, model_to_shard
 from components import dlrm
 from components.signature import InvalidComponentArgument
 

@@ -10,11 +10,11 @@ import torch
 from apps.dlrm.common.distributed import DistEnv
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, train_config
-from apps.dlrm.device_support import check_device_support
 from apps.dlrm.launch.target import GiB, PlanTarget
 from apps.dlrm.model import EBC_PATH
 from apps.dlrm.plan import preview
-from apps.dlrm.sharding import make_planner, model_to_shard, plan_tables, training_topology
+from apps.dlrm.training.device_support import check_device_support
+from apps.dlrm.training.sharding import make_planner, model_to_shard, plan_tables, training_topology
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"

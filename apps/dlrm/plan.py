@@ -36,11 +36,11 @@ from torchrec.distributed.types import ShardingPlan
 
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, check_int8_comms
-from apps.dlrm.device_support import check_device_support
 from apps.dlrm.launch.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 from apps.dlrm.model import table_configs
 from apps.dlrm.options import add_options, build_parser, options_of
-from apps.dlrm.sharding import make_planner, make_topology, model_to_shard, planner_offers
+from apps.dlrm.training.device_support import check_device_support
+from apps.dlrm.training.sharding import make_planner, make_topology, model_to_shard, planner_offers
 
 #: Without memory limits the planner always finds a placement: it shows what a job that does not
 #: fit would need on each rank.
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         target_names = {field.name for field in options_of(PlanTarget)}
         target_args = {name: args.pop(name) for name in target_names & set(args)}
         cfg = TrainConfig.from_options(args)
-        # The job's --hbm_gb, which its training app plans with too (apps/dlrm/sharding.py).
+        # The job's --hbm_gb, which its training app plans with too (apps/dlrm/training/sharding.py).
         target = PlanTarget(**target_args, hbm_gb=cfg.launch.hbm_gb)
         result = preview(cfg, target.cluster)
     except ConfigError as e:

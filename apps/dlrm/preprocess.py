@@ -17,7 +17,7 @@ import sys
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.data.criteo.config import parse_preprocess_config
 from apps.dlrm.data.criteo.pipeline import PreprocessFailed, preprocess
-from apps.dlrm.report import redacting_handler
+from apps.dlrm.training.report import redacting_handler
 
 logger = logging.getLogger("apps.dlrm.preprocess")
 

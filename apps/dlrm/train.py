@@ -1,7 +1,7 @@
 """Train, validate and test a sharded DLRM: ``python -m apps.dlrm.train --help``.
 
 The command: parse the configuration, join the process group, and let a
-:class:`~apps.dlrm.trainer.Trainer` run the training; a configuration error is one line, exit 2.
+:class:`~apps.dlrm.training.trainer.Trainer` run the training; a configuration error is one line, exit 2.
 """
 
 import logging
@@ -14,8 +14,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from apps.dlrm.common.distributed import DistEnv, init_distributed
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, parse_train_config
-from apps.dlrm.report import setup_logging
-from apps.dlrm.trainer import Trainer
+from apps.dlrm.training.report import setup_logging
+from apps.dlrm.training.trainer import Trainer
 
 logger = logging.getLogger("apps.dlrm")
 

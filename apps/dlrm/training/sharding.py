@@ -36,7 +36,7 @@ from apps.dlrm.common.distributed import DistEnv
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import LaunchConfig, TrainConfig, check_int8_comms
 from apps.dlrm.model import EBC_PATH, build_model
-from apps.dlrm.optim import fuse_embedding_optimizer
+from apps.dlrm.training.optim import fuse_embedding_optimizer
 
 logger = logging.getLogger(__name__)
 

@@ -16,17 +16,18 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSparseDist, train_pipelines
 
-from apps.dlrm.checkpoint import Checkpoint, Checkpointed, Checkpointer, TrainState, open_checkpoints
+from apps.dlrm.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
+from apps.dlrm.checkpoint.folder import Checkpoint
 from apps.dlrm.common.distributed import DistEnv, all_reduce_mean
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import LaunchConfig, TrainConfig
 from apps.dlrm.data import make_dataset
-from apps.dlrm.device_support import check_device_support
-from apps.dlrm.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.model import speed_up_dense
-from apps.dlrm.optim import LRSchedule, training_optimizer
-from apps.dlrm.report import Reporter
-from apps.dlrm.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
+from apps.dlrm.training.device_support import check_device_support
+from apps.dlrm.training.metrics import EvalMetrics, Stopwatch, Throughput
+from apps.dlrm.training.optim import LRSchedule, training_optimizer
+from apps.dlrm.training.report import Reporter
+from apps.dlrm.training.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
 from apps.dlrm.urls import config_record
 
 logger = logging.getLogger("apps.dlrm")

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from apps.dlrm.urls import redact_urls
 
-logger = logging.getLogger("apps.dlrm.report")
+logger = logging.getLogger("apps.dlrm.training.report")
 
 
 class _ProgressBar(tqdm):

@@ -1,323 +1,42 @@
-"""Sharded, atomic checkpoints at any fsspec URL, and the choice of the one to resume from.
-
-Layout under ``--checkpoint_dir`` (a local path, ``file://``, ``s3://``, ``gs://``, ``memory://``)::
-
-    step_00001200/
-        OWNER                              the id of the run writing it, written first
-        __0_0.distcp, __1_0.distcp, ...   each rank's own shards (torch.distributed.checkpoint)
-        .metadata                          where every tensor's shards are, written once all ranks wrote
-        manifest.json                      config, package versions, world size, sharding plan, run id
-        COMMITTED                          written last: only now does the checkpoint count
-
-Embedding tables are never gathered: every rank writes and reads only its own shards, and
-``torch.distributed.checkpoint`` reshards them when the world size or sharding changes; the
-optimizer states that another sharding lays out otherwise are converted (:mod:`apps.dlrm.reshard`). A
-directory without ``COMMITTED``, or whose files do not match its ``.metadata``, is skipped with a
-warning and never resumed from. Old checkpoints are deleted only after a newer one is committed,
-and only the run's own (see :meth:`CheckpointStore._prune`).
-
-Nothing in a checkpoint runs code: the shards are read by :mod:`apps.dlrm.checkpoint_storage`,
-which runs nothing from them, and the manifest is JSON.
+"""A training run's checkpoints: :class:`Checkpointer` saves (in the background or not),
+restores (under any sharding and world size) and has the folder prune; :func:`open_checkpoints`
+picks the checkpoint to resume from before the model is built; :class:`TrainState` is where the
+run is. What a checkpoint folder holds and how it commits is :mod:`apps.dlrm.checkpoint.folder`.
 """
 
 import datetime
 import importlib.metadata
-import json
 import logging
 import os
-import posixpath
-import re
 import socket
 import time
 import uuid
 from concurrent.futures import Future as ConcurrentFuture
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-import fsspec
 import torch
 import torch.distributed as dist
-from fsspec.implementations.local import LocalFileSystem
 from torch import nn
 from torchrec.optim.keyed import CombinedOptimizer
 
-from apps.dlrm.checkpoint_storage import (
+from apps.dlrm.checkpoint.folder import Checkpoint, CheckpointStore
+from apps.dlrm.checkpoint.reshard import Resharding, below
+from apps.dlrm.checkpoint.storage import (
     CheckpointError,
     CheckpointReader,
     HostStager,
-    load_shards,
-    save_shards,
-    save_shards_async,
 )
 from apps.dlrm.common.distributed import DistEnv, decided_by_main
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.optim import make_lazy_state
-from apps.dlrm.reshard import Resharding, below
 from apps.dlrm.urls import config_record
 
 logger = logging.getLogger(__name__)
 
-COMMIT_MARKER = "COMMITTED"
-MANIFEST = "manifest.json"
-OWNER = "OWNER"
 #: How long a background save may wait for the other ranks' writes before it fails.
 SAVE_TIMEOUT_S = 1800
 #: Seconds a save may wait for the one before it before the run warns that saves come too often.
 LONG_WAIT_S = 1.0
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-def _step_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def _step_of(name: str) -> int | None:
-    """The step of a folder named exactly as we name them, else None: a foreign
-    ``step_000000002`` is not step 2 (whose folder is ``step_00000002``)."""
-    match = _STEP_DIR.match(name)
-    return int(match.group(1)) if match and name == _step_name(int(match.group(1))) else None
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    url: str
-    step: int
-    manifest: dict[str, Any]
-
-
-class CheckpointStore:
-    """The checkpoints under one URL. Reads and deletions are done by one rank (rank 0).
-
-    ``run_id`` names the run that writes here: :func:`open_checkpoints` sets it, the same on
-    every rank, before the first save. Each step folder records the run that wrote it, and a
-    run deletes only its own folders: jobs sharing the location leave each other's alone.
-    """
-
-    def __init__(self, url: str, keep_last: int) -> None:
-        self.url = url.rstrip("/")
-        self.keep_last = keep_last
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
-        self.run_id: str | None = None
-
-    @property
-    def is_local(self) -> bool:
-        """Whether the checkpoints are files of this machine's file systems (not an object store)."""
-        return isinstance(self.fs, LocalFileSystem)
-
-    def step_url(self, step: int) -> str:
-        return f"{self.url}/{_step_name(step)}"
-
-    def _path(self, step: int) -> str:
-        return posixpath.join(self.root, _step_name(step))
-
-    # --- start-up checks ---------------------------------------------------------------------
-
-    def check_writable(self) -> None:
-        """Writes and removes a probe file, so that a bad location fails before training."""
-        probe = posixpath.join(self.root, f".write-probe-{uuid.uuid4().hex}")
-        try:
-            self._make_dir(self.root)
-            with self.fs.open(probe, "wb") as f:
-                f.write(b"probe")
-            self.fs.rm(probe)
-        except Exception as e:  # noqa: BLE001 - every failure here means the same: unusable
-            raise CheckpointError(
-                f"--checkpoint_dir {self.url} is not writable ({type(e).__name__}: {e}). " + _storage_hint(self.url, e)
-            ) from None
-
-    def _make_dir(self, path: str) -> None:
-        """Makes the folder ``path`` where folders are real: on object stores makedirs would
-        create the bucket, and a missing bucket must be reported, not silently created."""
-        if self.is_local:
-            self.fs.makedirs(path, exist_ok=True)
-
-    def write_share_probe(self) -> tuple[str, str]:
-        """Writes a probe file with a random token; returns (its path, the token)."""
-        token = uuid.uuid4().hex
-        path = posixpath.join(self.root, f".share-probe-{token}")
-        with self.fs.open(path, "w") as f:
-            f.write(token)
-        return path, token
-
-    def reads_share_probe(self, path: str, token: str) -> bool:
-        """Whether this process sees the probe another rank wrote."""
-        try:
-            with self.fs.open(path, "r") as f:
-                return f.read() == token
-        except OSError:
-            return False
-
-    # --- listing -----------------------------------------------------------------------------
-
-    def _steps(self) -> list[int]:
-        """The step of every step_* directory, committed or not."""
-        if not self.fs.exists(self.root):
-            return []
-        names = (posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False))
-        return sorted(step for step in map(_step_of, names) if step is not None)
-
-    def _is_committed(self, step: int) -> bool:
-        return self.fs.exists(posixpath.join(self._path(step), COMMIT_MARKER))
-
-    def _owner(self, step: int) -> str | None:
-        """The id of the run that wrote ``step``'s folder; None where it does not say."""
-        try:
-            with self.fs.open(posixpath.join(self._path(step), OWNER), "r") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-
-    def newest(self) -> Checkpoint | None:
-        """The newest committed checkpoint whose files are all there; others are skipped."""
-        for step in reversed(self._steps()):
-            problem = self._problem(step)
-            if problem:
-                logger.warning("skipping checkpoint %s: %s", self.step_url(step), problem)
-                continue
-            with self.fs.open(posixpath.join(self._path(step), MANIFEST), "r") as f:
-                return Checkpoint(self.step_url(step), step, json.load(f))
-        return None
-
-    def _problem(self, step: int) -> str | None:
-        """Why the checkpoint of ``step`` cannot be resumed from, or None."""
-        if not self._is_committed(step):
-            return "not committed (its writer stopped before every rank had finished)"
-        path = self._path(step)
-        try:
-            with self.fs.open(posixpath.join(path, MANIFEST), "r") as f:
-                json.load(f)
-            metadata = CheckpointReader(self.step_url(step)).read_metadata()
-        except CheckpointError:
-            raise  # planted, not damaged: refuse the location rather than resume past it
-        except Exception as e:  # noqa: BLE001 - unreadable for any reason: damaged
-            return f"damaged ({type(e).__name__}: {e})"
-        needed: dict[str, int] = {}
-        for info in (metadata.storage_data or {}).values():
-            end = info.offset + info.length
-            needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
-        for name, size in needed.items():
-            file = posixpath.join(path, name)
-            if not self.fs.exists(file) or self.fs.size(file) < size:
-                return f"damaged (shard file {name} is missing or truncated)"
-        return None
-
-    # --- writing -----------------------------------------------------------------------------
-
-    def save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], env: DistEnv) -> str:
-        """Collective: every rank writes its shards; rank 0 commits and prunes. Returns the URL."""
-        url = self.step_url(step)
-        decided_by_main(lambda: self._claim(step), env)  # also keeps every rank out until then
-        save_shards(state, url, self.is_local)  # returns on every rank once .metadata is written
-        if env.is_main:
-            self._commit(step, manifest)
-        return url
-
-    def save_async(
-        self,
-        step: int,
-        state: dict[str, Any],
-        manifest: dict[str, Any],
-        env: DistEnv,
-        group: dist.ProcessGroup,
-        stager: HostStager,
-    ) -> ConcurrentFuture:
-        """Collective: like :meth:`save`, but returns once this rank's shards are copied to host
-        memory. The future gives the URL once every rank's shards and ``.metadata`` are written
-        and, on rank 0, the checkpoint is committed (or raises what went wrong)."""
-        url = self.step_url(step)
-        decided_by_main(lambda: self._claim(step), env)
-        written = save_shards_async(state, url, self.is_local, group, stager)
-        committed: ConcurrentFuture = ConcurrentFuture()
-
-        def commit(done: ConcurrentFuture) -> None:  # in DCP's writer thread
-            try:
-                done.result()
-                if env.is_main:
-                    self._commit(step, manifest)
-                committed.set_result(url)
-            except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is one; re-raised by result()
-                committed.set_exception(e)
-
-        written.add_done_callback(commit)
-        return committed
-
-    def _commit(self, step: int, manifest: dict[str, Any]) -> None:
-        """Rank 0, once every rank's shards are written: the manifest, then the commit marker
-        (only now does the checkpoint count), then older checkpoints go."""
-        with self.fs.open(posixpath.join(self._path(step), MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True)
-        with self.fs.open(posixpath.join(self._path(step), COMMIT_MARKER), "w") as f:
-            f.write(json.dumps({"step": step, "time": time.time()}) + "\n")
-        logger.info("step %d: checkpoint committed at %s", step, self.step_url(step))
-        self._prune(newest=step)
-
-    def _claim(self, step: int) -> None:
-        """Makes ``step``'s folder this run's, before any shard is written, or refuses.
-
-        A folder already there that this run wrote is a leftover of an attempt that died
-        while writing it (or was skipped as damaged): replaced. Another run's is never touched.
-        """
-        assert self.run_id, "open_checkpoints sets the run id before any save"
-        path = self._path(step)
-        if self.fs.exists(path):
-            self._refuse_if_not_ours(step)
-            self.fs.rm(path, recursive=True)
-        self._make_dir(path)
-        with self.fs.open(posixpath.join(path, OWNER), "w") as f:
-            f.write(self.run_id)
-
-    def _refuse_if_not_ours(self, step: int) -> None:
-        owner = self._owner(step)
-        if owner != self.run_id:
-            raise CheckpointError(
-                f"{self.step_url(step)} exists already, written by "
-                f"{f'run {owner}' if owner else 'an unknown writer'}, not by this run "
-                f"({self.run_id}): another job writes checkpoints to --checkpoint_dir {self.url}. "
-                "Give each job its own --checkpoint_dir, or delete that folder if no job writes it"
-            )
-
-    def check_claimable(self, steps: Callable[[int], bool], after: int) -> None:
-        """Refuses, before training, a run that would have to save over another run's folder:
-        an existing step folder past ``after`` for which ``steps(step)`` says this run saves."""
-        for step in self._steps():
-            if step > after and steps(step):
-                self._refuse_if_not_ours(step)
-
-    def _prune(self, newest: int) -> None:
-        """Deletes this run's committed checkpoints beyond ``keep_last`` and its uncommitted
-        folders older than ``newest`` (attempts that died while writing them).
-
-        Folders of other runs sharing the location (their OWNER says so, or they have none: a
-        folder being written by a job of an older version) are neither counted nor deleted.
-        """
-        ours = [step for step in self._steps() if self._owner(step) == self.run_id]
-        keep = set([step for step in ours if self._is_committed(step)][-self.keep_last :])
-        for step in ours:
-            if step < newest and step not in keep:
-                self.fs.rm(self._path(step), recursive=True)
-                logger.info("deleted old checkpoint %s", self.step_url(step))
-
-    def load(self, checkpoint: Checkpoint, state: dict[str, Any]) -> None:
-        """Collective: every rank reads the shards it holds under its current sharding."""
-        load_shards(state, checkpoint.url, self.is_local)
-
-
-def _storage_hint(url: str, error: Exception) -> str:
-    name = type(error).__name__
-    if url.startswith("s3://"):
-        if "Credentials" in name or "credentials" in str(error):
-            return (
-                "Set AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), "
-                "and AWS_ENDPOINT_URL for an S3-compatible server."
-            )
-        if isinstance(error, FileNotFoundError) or "NoSuchBucket" in str(error):
-            return f"Create the bucket {url[5:].split('/', 1)[0]!r} first, or fix its name."
-        if isinstance(error, PermissionError):
-            return "Grant these credentials write access to the bucket, or choose another one."
-    if isinstance(error, PermissionError):
-        return "Choose a directory this user can write to."
-    return "Check the URL and the storage's credentials (see README: Checkpoints)."
-
 
 # --- what a checkpoint is for ------------------------------------------------------------------
 
@@ -356,7 +75,7 @@ def package_versions() -> dict[str, str]:
 
 def check_compatible(checkpoint: Checkpoint, cfg: TrainConfig) -> None:
     """Refuses, before any step, a checkpoint of another model. Any sharding and world size may
-    resume it: :mod:`apps.dlrm.reshard` carries the optimizer state across."""
+    resume it: :mod:`apps.dlrm.checkpoint.reshard` carries the optimizer state across."""
     saved = checkpoint.manifest.get("model", {})
     wanted = model_signature(cfg)
     differences = [
@@ -513,11 +232,25 @@ class TrainState:
         return {"step": self.step, "train_loss": self.train_loss}
 
 
+def make_lazy_state(optimizer: CombinedOptimizer) -> None:
+    """Makes the state that ``torch.optim`` optimizers create only at their first step (Adam's
+    moments and step count), so that a checkpoint's state has tensors to be loaded into in place
+    (DCP loads only entries the destination has: a fresh Adam would silently start from zero).
+
+    TorchRec's ``init_state`` does it with a step on zero gradients, which moves no weight for
+    our optimizers (no weight decay); the fused optimizers are left alone (their state exists).
+    """
+    for name, part in optimizer.optimizers:
+        if name == "dense":
+            part.init_state()
+            part.zero_grad(set_to_none=True)
+
+
 @dataclass
 class Checkpointed:
     """What a checkpoint holds beside the run's :class:`TrainState`: the sharded model, its
     optimizers, and the plan they are sharded by (per table, as
-    :func:`apps.dlrm.sharding.plan_tables` gives it; written into the manifest)."""
+    :func:`apps.dlrm.training.sharding.plan_tables` gives it; written into the manifest)."""
 
     model: nn.Module
     optimizer: CombinedOptimizer
@@ -558,7 +291,7 @@ class Checkpointer:
     def restore(self, state: TrainState, checkpoint: Checkpoint | None = None) -> Checkpoint | None:
         """Collective. Loads ``checkpoint`` (by default the one to resume from, if any) into the
         model, optimizers and ``state``; returns it. It may have been written under any sharding
-        and world size: optimizer states whose layout differs are converted (:mod:`apps.dlrm.reshard`)."""
+        and world size: optimizer states whose layout differs are converted (:mod:`apps.dlrm.checkpoint.reshard`)."""
         checkpoint = checkpoint or self.resume_from
         if checkpoint is None:
             return None

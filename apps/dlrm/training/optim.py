@@ -81,20 +81,6 @@ def training_optimizer(cfg: TrainingConfig, model: DistributedModelParallel) -> 
     return CombinedOptimizer([("fused", model.fused_optimizer), ("dense", dense_optimizer(cfg, model))])
 
 
-def make_lazy_state(optimizer: CombinedOptimizer) -> None:
-    """Makes the state that ``torch.optim`` optimizers create only at their first step (Adam's
-    moments and step count), so that a checkpoint's state has tensors to be loaded into in place
-    (DCP loads only entries the destination has: a fresh Adam would silently start from zero).
-
-    TorchRec's ``init_state`` does it with a step on zero gradients, which moves no weight for
-    our optimizers (no weight decay); the fused optimizers are left alone (their state exists).
-    """
-    for name, part in optimizer.optimizers:
-        if name == "dense":
-            part.init_state()
-            part.zero_grad(set_to_none=True)
-
-
 def lr_scale(cfg: TrainingConfig, step: int) -> float:
     """The factor on the learning rates at 0-based ``step``, as in TorchRec's DLRM example.
 

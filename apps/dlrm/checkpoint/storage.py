@@ -1,6 +1,6 @@
 """How checkpoint shards are written and read: DCP with storage that runs no code from the files.
 
-:mod:`apps.dlrm.checkpoint` decides what is saved, where, and when it counts; this module moves
+:mod:`apps.dlrm.checkpoint.checkpointer` decides what is saved, where, and when it counts; this module moves
 the bytes. Every rank writes its own shards and ``.metadata`` (a pickle, written by rank 0)
 says where each tensor's pieces are; loading reads only the pieces a rank holds under its
 current sharding, which is how DCP reshards.
