@@ -97,7 +97,7 @@ def checkpointer(cfg, run, env):
     """Collective. The app's checkpointer of the trainer ``run`` at ``cfg.checkpoint.checkpoint_dir``, as training builds it."""
     from apps.dlrm.checkpoint.checkpointer import Checkpointer, open_checkpoints
 
-    return Checkpointer(cfg, env, open_checkpoints(cfg, env), run.checkpointed)
+    return Checkpointer(cfg, env, open_checkpoints(cfg, env), run.checkpointed, run.run_length.steps)
 
 
 def step_files(store, step: int) -> list[str]:

@@ -31,7 +31,9 @@ def resume_each(args: list[str], checkpoint_dirs: list[str], out_prefix: str, en
     trainer = Trainer(cfg, env)
     for i, checkpoint_dir in enumerate(checkpoint_dirs):
         cfg_i = cfg.replace(checkpoint_dir=checkpoint_dir)
-        checkpointer = Checkpointer(cfg_i, env, open_checkpoints(cfg_i, env), trainer.checkpointed)
+        checkpointer = Checkpointer(
+            cfg_i, env, open_checkpoints(cfg_i, env), trainer.checkpointed, trainer.run_length.steps
+        )
         assert checkpointer.resume_from is not None, f"no checkpoint to resume from in {checkpoint_dir}"
         state = TrainState(env.rank)
         checkpointer.restore(state)

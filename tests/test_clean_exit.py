@@ -34,7 +34,7 @@ def test_training_leaves_no_thread_running(criteo, tmp_path):
         "main(sys.argv[1:])\n"
         "print('threads:', sorted(t.name for t in threading.enumerate()))\n"
     )
-    args = tiny(data="criteo", data_path=criteo, validate_every=20, output_dir=tmp_path / "out")
+    args = tiny(data="criteo", data_path=criteo, val_every_steps=20, output_dir=tmp_path / "out")
     result = subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, cwd=REPO, env=process_env()
     )

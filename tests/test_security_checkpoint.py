@@ -63,7 +63,7 @@ def save_tiny(cfg: TrainConfig, env: DistEnv, step: int) -> tuple[Checkpointer, 
     """A run's checkpointer, after the app's own save of a small model and optimizer."""
     model = torch.nn.Linear(2, 1)
     optimizer = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda p: torch.optim.SGD(p, lr=0.1))
-    checkpointer = Checkpointer(cfg, env, open_checkpoints(cfg, env), Checkpointed(model, optimizer, {}))
+    checkpointer = Checkpointer(cfg, env, open_checkpoints(cfg, env), Checkpointed(model, optimizer, {}), step)
     url = checkpointer.save(TrainState(env.rank, step, 0.5))
     checkpointer.close()
     return checkpointer, url

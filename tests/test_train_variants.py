@@ -12,7 +12,7 @@ from tests.conftest import assert_ok, run, tiny, torchrun
 TIER = "integration"
 
 VARIANTS = {
-    "table_wise+fp16/bf16+validate_every": (
+    "table_wise+fp16/bf16+val_every_steps": (
         [
             "--sharding_type",
             "table_wise",
@@ -20,7 +20,7 @@ VARIANTS = {
             "fp16",
             "--qcomm_backward_precision",
             "bf16",
-            "--validate_every",
+            "--val_every_steps",
             "20",
         ],
         "table_wise",

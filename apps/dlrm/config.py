@@ -40,6 +40,9 @@ DATA_PATH_HELP = {
 #: Characters that make a --dense_columns/--sparse_columns entry (or a path) a pattern: fnmatch's and glob's.
 PATTERN_CHARS = "*?["
 POOLINGS = ("sum", "mean")
+EARLY_STOPPING_METRICS = ("auroc", "log_loss")
+#: Training steps of synthetic data when --steps is not given: it never repeats, so has no epochs.
+SYNTHETIC_STEPS = 1500
 
 #: The most sparse features, that is embedding tables. TorchRec's planner, which every job runs
 #: at start-up (and --check_plan before it), searches placements in a time that grows with the
@@ -307,11 +310,28 @@ class TrainingConfig:
         0, "Seed of the model initialisation, of the synthetic data and of the Criteo and Parquet shuffling."
     )
     batch_size: int = option(512, "Training samples per rank per step.")
-    steps: int = option(1500, "Training steps (batches per rank).")
+    steps: int = option(
+        0,
+        "Training steps (batches per rank), at most. 0: --epochs of finite data (Criteo, Parquet), "
+        f"{SYNTHETIC_STEPS} steps of synthetic data (which never repeats, so has no epochs).",
+    )
+    epochs: int = option(
+        1,
+        "Passes over the training rows of finite data (Criteo, Parquet), as TorchRec's dlrm_main; "
+        "--steps, when given, stops earlier. The log says at start how many steps an epoch is.",
+    )
     learning_rate: float = option(0.05, "Learning rate of the embedding tables.")
     dense_learning_rate: float = option(0.01, "Learning rate of the dense MLPs; 0 uses --learning_rate.")
     lr_warmup_steps: int = option(0, "Steps over which the learning rates ramp up linearly from 0; 0: no warmup.")
     lr_decay_start: int = option(0, "Step at which the learning rates start to decay (with --lr_decay_steps > 0).")
+    lr_warmup_fraction: float = option(
+        0.0, "Warmup over this fraction of the run's steps (e.g. 0.05), instead of --lr_warmup_steps."
+    )
+    lr_decay_fraction: float = option(
+        0.0,
+        "Polynomial (power 2) decay over this last fraction of the run's steps (e.g. 0.2), instead of "
+        "--lr_decay_start and --lr_decay_steps.",
+    )
     lr_decay_steps: int = option(
         0,
         "Steps of polynomial (power 2) decay of the learning rates, as in TorchRec's DLRM "
@@ -326,10 +346,23 @@ class TrainingConfig:
     dense_optimizer: str = option("adagrad", "Optimizer of the dense MLPs.", choices=DENSE_OPTIMIZERS)
 
     def check(self) -> None:
-        for name in ("batch_size", "steps"):
-            _require_positive(name, getattr(self, name))
-        for name in ("lr_warmup_steps", "lr_decay_start", "lr_decay_steps"):
+        _require_positive("batch_size", self.batch_size)
+        _require_positive("epochs", self.epochs)
+        for name in ("steps", "lr_warmup_steps", "lr_decay_start", "lr_decay_steps"):
             _require_not_negative(name, getattr(self, name))
+        for name, steps in (("lr_warmup_fraction", "lr_warmup_steps"), ("lr_decay_fraction", "lr_decay_steps")):
+            fraction = getattr(self, name)
+            if not 0 <= fraction < 1:
+                raise ConfigError(f"--{name} {fraction} must be in [0, 1): a fraction of the run's steps")
+            if fraction and getattr(self, steps):
+                raise ConfigError(f"--{name} and --{steps} both shape the learning rate: give one of them")
+        if self.lr_decay_fraction and self.lr_decay_start:
+            raise ConfigError("--lr_decay_fraction and --lr_decay_start both place the decay: give one of them")
+        if self.lr_warmup_fraction + self.lr_decay_fraction > 1:
+            raise ConfigError(
+                f"--lr_warmup_fraction {self.lr_warmup_fraction} and --lr_decay_fraction "
+                f"{self.lr_decay_fraction} add up to more than the run: their sum must be at most 1"
+            )
         _require_positive("learning_rate", self.learning_rate)
         if self.dense_learning_rate < 0:
             raise ConfigError(
@@ -410,7 +443,11 @@ class LaunchConfig:
 class EvaluationConfig:
     """Validation, test, logging and where the results go."""
 
-    validate_every: int = option(0, "Validate every N training steps; 0 validates only after training.")
+    val_every_steps: int = option(
+        0,
+        "Validate every N training steps (and at the end); 0: after every epoch of finite data and "
+        "at the end (synthetic data: at the end only).",
+    )
     val_batches: int = option(
         40, "Validation batches per rank; 0: none with synthetic data, the whole split with criteo and parquet."
     )
@@ -418,6 +455,20 @@ class EvaluationConfig:
         40,
         "Test batches per rank, run once after training; 0: none with synthetic data, the whole "
         "split with criteo and parquet.",
+    )
+    early_stopping_patience: int = option(
+        0,
+        "Stop training after this many validations in a row without an improvement of at least "
+        "--early_stopping_min_delta in --early_stopping_metric; 0: never stop early.",
+    )
+    early_stopping_min_delta: float = option(
+        0.0, "The smallest change of --early_stopping_metric that counts as an improvement."
+    )
+    early_stopping_metric: str = option(
+        "auroc",
+        "The validation metric that early stopping and the best step follow: auroc (higher is "
+        "better) or log_loss (lower is better).",
+        choices=EARLY_STOPPING_METRICS,
     )
     log_every: int = option(100, "Log the training loss and throughput every N steps.")
     output_dir: str = option(
@@ -427,8 +478,9 @@ class EvaluationConfig:
 
     def check(self) -> None:
         _require_positive("log_every", self.log_every)
-        for name in ("validate_every", "val_batches", "test_batches"):
+        for name in ("val_every_steps", "val_batches", "test_batches", "early_stopping_patience"):
             _require_not_negative(name, getattr(self, name))
+        _require_not_negative("early_stopping_min_delta", self.early_stopping_min_delta)
 
 
 @dataclass
@@ -483,6 +535,7 @@ class TrainConfig(Options):
         check_choices(self)
         self._check_preset()
         self.data.check()
+        self._check_run_length()
         self._count_features()
         self.model.check()
         self.training.check()
@@ -511,6 +564,25 @@ class TrainConfig(Options):
                 f"{CAT_FEATURES} sparse features: drop --num_dense_features "
                 f"{model.num_dense_features} and --num_sparse_features {model.num_sparse_features}, "
                 "or drop --preset and give the model's options one by one"
+            )
+
+    def _check_run_length(self) -> None:
+        """What can be refused before the data is open: epochs of data that has none, early
+        stopping without validations to stop on."""
+        training, evaluation = self.training, self.evaluation
+        if self.data.data == "synthetic" and training.epochs != 1:
+            raise ConfigError(
+                f"--epochs {training.epochs}: synthetic data never repeats, so it has no epochs; give --steps instead"
+            )
+        if evaluation.early_stopping_patience and self.data.data == "synthetic" and not evaluation.val_batches:
+            raise ConfigError(
+                f"--early_stopping_patience {evaluation.early_stopping_patience} needs validation, "
+                "but --val_batches 0 validates nothing on synthetic data: give --val_batches"
+            )
+        if evaluation.early_stopping_patience and self.data.data == "synthetic" and not evaluation.val_every_steps:
+            raise ConfigError(
+                f"--early_stopping_patience {evaluation.early_stopping_patience} needs validations "
+                "during training, but synthetic data validates only at the end: give --val_every_steps"
             )
 
     def _count_features(self) -> None:

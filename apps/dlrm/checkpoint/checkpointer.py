@@ -12,7 +12,7 @@ import socket
 import time
 import uuid
 from concurrent.futures import Future as ConcurrentFuture
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -146,7 +146,8 @@ def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> CheckpointFolder:
         inherited = checkpoint.manifest.get("run_id") if checkpoint else None
         store.run_id = inherited or _new_run_id()
         resumed_at = checkpoint.step if checkpoint else 0
-        store.check_claimable(lambda step: is_checkpoint_step(cfg, step), after=resumed_at)
+        # The run's last step is known here only when --steps gives it (else the data decides it).
+        store.check_claimable(lambda step: is_checkpoint_step(cfg, step, cfg.training.steps), after=resumed_at)
         return checkpoint, store.run_id
 
     resume_from, store.run_id = decided_by_main(newest, env)
@@ -154,11 +155,9 @@ def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> CheckpointFolder:
     return CheckpointFolder(store, resume_from)
 
 
-def is_checkpoint_step(cfg: TrainConfig, step: int) -> bool:
+def is_checkpoint_step(cfg: TrainConfig, step: int, last_step: int) -> bool:
     """Whether training saves a checkpoint after ``step`` (every --checkpoint_every, and the last)."""
-    return step == cfg.training.steps or bool(
-        cfg.checkpoint.checkpoint_every and step % cfg.checkpoint.checkpoint_every == 0
-    )
+    return step == last_step or bool(cfg.checkpoint.checkpoint_every and step % cfg.checkpoint.checkpoint_every == 0)
 
 
 def _new_run_id() -> str:
@@ -209,6 +208,9 @@ class TrainState:
     rank: int
     step: int = 0
     train_loss: float = float("nan")
+    #: The run's validations so far (:class:`apps.dlrm.training.validations.Validations`'s record),
+    #: kept in the manifest (JSON): not a tensor, so checkpoints of earlier versions still load.
+    validations: dict[str, Any] = field(default_factory=dict)
 
     @property
     def _rng_key(self) -> str:
@@ -229,7 +231,7 @@ class TrainState:
 
     def progress(self) -> dict[str, Any]:
         """The JSON form, for the manifest."""
-        return {"step": self.step, "train_loss": self.train_loss}
+        return {"step": self.step, "train_loss": self.train_loss, "validations": self.validations}
 
 
 def make_lazy_state(optimizer: CombinedOptimizer) -> None:
@@ -270,8 +272,11 @@ class Checkpointer:
     ``.metadata`` are written, so a run that dies mid-save leaves nothing that counts.
     """
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, folder: CheckpointFolder, checkpointed: Checkpointed) -> None:
+    def __init__(
+        self, cfg: TrainConfig, env: DistEnv, folder: CheckpointFolder, checkpointed: Checkpointed, last_step: int
+    ) -> None:
         self.cfg, self.env = cfg, env
+        self.last_step = last_step  # the run's last step, which always saves
         self.store, self.resume_from = folder.store, folder.resume_from
         self.checkpointed = checkpointed
         self.stalls: list[float] = []  # seconds each save blocked the training loop
@@ -286,7 +291,7 @@ class Checkpointer:
 
     def due(self, step: int) -> bool:
         """Whether a checkpoint is saved after ``step``."""
-        return self.store is not None and is_checkpoint_step(self.cfg, step)
+        return self.store is not None and is_checkpoint_step(self.cfg, step, self.last_step)
 
     def restore(self, state: TrainState, checkpoint: Checkpoint | None = None) -> Checkpoint | None:
         """Collective. Loads ``checkpoint`` (by default the one to resume from, if any) into the
@@ -316,6 +321,7 @@ class Checkpointer:
         resharding.apply()
         optimizer.load_state_dict(optimizer_state)
         state.load_state_dict(entries)
+        state.validations = checkpoint.manifest["progress"].get("validations", {})
         if self.env.is_main and resharding.converted:
             logger.info("%s", _describe_resharding(checkpoint, self.checkpointed.plan, resharding.converted))
         return checkpoint

@@ -25,6 +25,11 @@ class ClickLogs(Protocol):
     """A training data source: one rank's batches, each a pure function of (seed, step, rank), so
     that a resumed run reads exactly the batches an uninterrupted one reads."""
 
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Steps of one pass over the training rows; None for data that never repeats (synthetic)."""
+        ...
+
     def train_batches(self, start_step: int = 0) -> Generator[Batch, None, None]:
         """This rank's training batches from ``start_step`` on, without end."""
         ...

@@ -90,6 +90,9 @@ class GpuMadeBatch(Batch):
 class SyntheticClickLogs:
     """Deterministic, rank-partitioned synthetic batches and their teacher logits, made on ``device``."""
 
+    #: Synthetic data never repeats: it has no epochs.
+    steps_per_epoch = None
+
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device = CPU) -> None:
         self.cfg = cfg
         self.rank = rank

@@ -6,6 +6,7 @@ is an ordinary ``torch.optim`` optimizer over the remaining parameters. Both are
 one ``CombinedOptimizer`` that the pipeline steps, the schedule scales and checkpoints save.
 """
 
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
@@ -81,18 +82,39 @@ def training_optimizer(cfg: TrainingConfig, model: DistributedModelParallel) -> 
     return CombinedOptimizer([("fused", model.fused_optimizer), ("dense", dense_optimizer(cfg, model))])
 
 
-def lr_scale(cfg: TrainingConfig, step: int) -> float:
+@dataclass(frozen=True)
+class LRShape:
+    """Where the learning rates warm up and decay, in steps of this run."""
+
+    warmup_steps: int
+    decay_start: int
+    decay_steps: int
+
+    @classmethod
+    def of(cls, cfg: TrainingConfig, run_steps: int) -> "LRShape":
+        """The options' shape; a fraction (--lr_warmup_fraction, --lr_decay_fraction) is of the
+        run's ``run_steps``, which the data decides."""
+        if cfg.lr_decay_fraction:
+            decay_steps = max(1, round(cfg.lr_decay_fraction * run_steps))
+            decay_start = run_steps - decay_steps
+        else:
+            decay_steps, decay_start = cfg.lr_decay_steps, cfg.lr_decay_start
+        warmup = round(cfg.lr_warmup_fraction * run_steps) if cfg.lr_warmup_fraction else cfg.lr_warmup_steps
+        return cls(warmup, decay_start, decay_steps)
+
+
+def lr_scale(shape: LRShape, step: int) -> float:
     """The factor on the learning rates at 0-based ``step``, as in TorchRec's DLRM example.
 
-    Linear warmup over ``lr_warmup_steps``; from ``lr_decay_start`` a polynomial (power 2)
-    decay over ``lr_decay_steps``, then frozen at its last value.
+    Linear warmup over ``warmup_steps``; from ``decay_start`` a polynomial (power 2) decay over
+    ``decay_steps``, then frozen at its last value.
     """
-    if step < cfg.lr_warmup_steps:
-        return (step + 1) / cfg.lr_warmup_steps
-    if cfg.lr_decay_steps:
-        decayed = min(step - cfg.lr_decay_start, cfg.lr_decay_steps - 1)
+    if step < shape.warmup_steps:
+        return (step + 1) / shape.warmup_steps
+    if shape.decay_steps:
+        decayed = min(step - shape.decay_start, shape.decay_steps - 1)
         if decayed >= 0:
-            return ((cfg.lr_decay_steps - decayed) / cfg.lr_decay_steps) ** 2
+            return ((shape.decay_steps - decayed) / shape.decay_steps) ** 2
     return 1.0
 
 
@@ -100,14 +122,14 @@ class LRSchedule:
     """Sets every param group's learning rate from the step: a pure function, so resuming at a
     step restores the schedule exactly without any saved scheduler state."""
 
-    def __init__(self, cfg: TrainingConfig, optimizer: torch.optim.Optimizer) -> None:
-        self._cfg = cfg
+    def __init__(self, shape: LRShape, optimizer: torch.optim.Optimizer) -> None:
+        self._shape = shape
         self._groups = optimizer.param_groups
         self._base = [group["lr"] for group in self._groups]
 
     def apply(self, step: int) -> float:
         """Sets the learning rates for 0-based ``step``; returns the scale applied."""
-        scale = lr_scale(self._cfg, step)
+        scale = lr_scale(self._shape, step)
         for group, base in zip(self._groups, self._base):
             group["lr"] = base * scale
         return scale

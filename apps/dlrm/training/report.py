@@ -18,6 +18,9 @@ from apps.dlrm.urls import redact_urls
 
 logger = logging.getLogger("apps.dlrm.training.report")
 
+#: The run's metrics, one JSON object per line (kind: train, val or test; step; the values).
+METRICS_FILE = "metrics.jsonl"
+
 
 class _ProgressBar(tqdm):
     """tqdm without its monitor thread, which tqdm starts with the first bar and never stops:
@@ -119,6 +122,13 @@ class Reporter:
             for name, value in values.items():
                 self._writer.add_scalar(f"{prefix}/{name}", value, step)
             self._writer.flush()
+
+    def record(self, kind: str, step: int, values: dict[str, float]) -> None:
+        """Appends ``values`` (a training window, a validation, the test) as one JSON line to
+        metrics.jsonl, beside summary.json: the run's curve for any tool, TensorBoard or not."""
+        if self.enabled and self.output_dir:
+            with open(os.path.join(self.output_dir, METRICS_FILE), "a") as f:
+                f.write(json.dumps({"kind": kind, "step": step, **values}, sort_keys=True) + "\n")
 
     def log(self, message: str, *args: Any) -> None:
         if not self.enabled:

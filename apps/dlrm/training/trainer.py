@@ -25,9 +25,11 @@ from apps.dlrm.data import make_dataset
 from apps.dlrm.model import speed_up_dense
 from apps.dlrm.training.device_support import check_device_support
 from apps.dlrm.training.metrics import EvalMetrics, Stopwatch, Throughput
-from apps.dlrm.training.optim import LRSchedule, training_optimizer
+from apps.dlrm.training.optim import LRSchedule, LRShape, training_optimizer
 from apps.dlrm.training.report import Reporter
+from apps.dlrm.training.run_length import RunLength
 from apps.dlrm.training.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
+from apps.dlrm.training.validations import Validations
 from apps.dlrm.urls import config_record
 
 logger = logging.getLogger("apps.dlrm")
@@ -71,6 +73,7 @@ class Trainer:
         folder = open_checkpoints(cfg, env)  # before the model: a bad --checkpoint_dir fails in seconds
         pipeline_cls = pipeline_class(cfg.launch)
         self.data = make_dataset(cfg, env)  # so does a bad --data_path
+        self.run_length = RunLength.of(cfg, self.data.steps_per_epoch)
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = cfg.launch.allow_tf32
             torch.backends.cudnn.allow_tf32 = cfg.launch.allow_tf32
@@ -81,10 +84,11 @@ class Trainer:
         self.plan = build_plan(cfg, model, sharder, env)
         self.model = shard_model(model, self.plan, sharder, env)
         self.optimizer = training_optimizer(cfg.training, self.model)
-        self.schedule = LRSchedule(cfg.training, self.optimizer)
+        self.schedule = LRSchedule(LRShape.of(cfg.training, self.run_length.steps), self.optimizer)
         self.pipeline = pipeline_cls(self.model, self.optimizer, env.device)
-        self.checkpointer = Checkpointer(cfg, env, folder, self.checkpointed)
+        self.checkpointer = Checkpointer(cfg, env, folder, self.checkpointed, self.run_length.steps)
         self.state = TrainState(env.rank)
+        self.validations = Validations.of(cfg.evaluation)
 
     @property
     def checkpointed(self) -> Checkpointed:
@@ -92,27 +96,37 @@ class Trainer:
         return Checkpointed(self.model, self.optimizer, plan_tables(self.plan))
 
     def fit(self) -> dict[str, Any]:
-        """The whole run: resume or start, train to --steps, validate and test, and write
-        summary.json; returns the summary."""
-        cfg, env = self.cfg, self.env
+        """The whole run: resume or start, train (validating on the way, stopping early if the
+        validations say so), test, and write summary.json; returns the summary (empty when a
+        resumed run had nothing left to train: then nothing is written)."""
+        cfg, env, run = self.cfg, self.env, self.run_length
         self.reporter.log("sharding plan (%s):\n%s", cfg.launch.sharding_type, describe_plan(self.plan))
         resumed = self.restore()
+        if self.state.step >= run.steps or self.validations.stopped_early:
+            assert resumed is not None  # a fresh run has steps to train: RunLength has at least one
+            self.reporter.log(
+                "nothing left to do: %s already trained %d of %d steps%s; its results stay as they are",
+                resumed.url,
+                self.state.step,
+                run.steps,
+                " and stopped early" if self.validations.stopped_early else "",
+            )
+            return {}
+        global_batch = cfg.training.batch_size * env.world_size
         self.reporter.log(
-            "training steps %d..%d of %d samples x %d ranks on %s (%s)",
+            "training steps %d..%d: %s; %d ranks on %s (%s)",
             self.state.step + 1,
-            cfg.training.steps,
-            cfg.training.batch_size,
+            run.steps,
+            run.describe(global_batch),
             env.world_size,
             env.device.type,
             env.backend,
         )
-        throughput = self._train()
-        val = self.evaluate("val", cfg.evaluation.val_batches)
+        throughput, val = self._train()
         test = self.evaluate("test", cfg.evaluation.test_batches)
-        self.reporter.scalars("val", val, cfg.training.steps)
-        self.reporter.scalars("test", test, cfg.training.steps)
-        self.reporter.log("validation: %s", _fmt_metrics(val))
-        self.reporter.log("test: %s", _fmt_metrics(test))
+        self.reporter.scalars("test", test, self.state.step)
+        self.reporter.record("test", self.state.step, test)
+        self.reporter.log("test (the model after step %d): %s", self.state.step, _fmt_metrics(test))
         self.checkpointer.wait()
         summary = self._summary(val, test, resumed, throughput)
         path = self.reporter.write_summary(summary)
@@ -122,9 +136,11 @@ class Trainer:
         return summary
 
     def restore(self) -> Checkpoint | None:
-        """Collective. Resumes from the newest committed checkpoint of --checkpoint_dir, if any."""
+        """Collective. Resumes from the newest committed checkpoint of --checkpoint_dir, if any,
+        with its validations (the best so far, the count towards early stopping)."""
         resumed = self.checkpointer.restore(self.state)
         if resumed is not None:
+            self.validations = Validations.of(self.cfg.evaluation, self.state.validations)
             self.reporter.log("resumed from %s (step %d)", resumed.url, self.state.step)
         return resumed
 
@@ -146,21 +162,24 @@ class Trainer:
         """Waits for the last save, still being written, to commit: before the process group goes."""
         self.checkpointer.close()
 
-    def _train(self) -> Throughput:
-        """Trains from ``state.step`` to --steps, logging, validating and checkpointing on the way."""
-        cfg, env, state, reporter = self.cfg, self.env, self.state, self.reporter
+    def _train(self) -> tuple[Throughput, dict[str, float]]:
+        """Trains from ``state.step`` to the run's last step, logging, validating and
+        checkpointing on the way, or until early stopping; returns the throughput and the last
+        validation's metrics."""
+        cfg, env, state, reporter, run = self.cfg, self.env, self.state, self.reporter, self.run_length
+        val: dict[str, float] = {}
         global_batch = cfg.training.batch_size * env.world_size
         throughput, window_meter = Throughput(), Throughput()
         window: list[torch.Tensor] = []
-        reporter.progress(total=cfg.training.steps, initial=state.step)
+        reporter.progress(total=run.steps, initial=state.step)
         stopwatch = Stopwatch()
         # Closed when training ends or fails: a data loader's threads must not outlive it.
         with contextlib.closing(self.data.train_batches(start_step=state.step)) as batches:
-            while state.step < cfg.training.steps:
+            while state.step < run.steps and not self.validations.stopped_early:
                 window.append(self.train_step(batches))
                 step = state.step
                 checkpoint_due = self.checkpointer.due(step)
-                log_due = step % cfg.evaluation.log_every == 0 or step == cfg.training.steps or checkpoint_due
+                log_due = step % cfg.evaluation.log_every == 0 or step == run.steps or checkpoint_due
                 # The only host sync of a training step, on log steps: it waits for the device to
                 # finish, so that the lap below times work done, not work queued.
                 window_losses = torch.stack(window).tolist() if log_due else []
@@ -170,13 +189,13 @@ class Trainer:
                 if log_due:
                     state.train_loss = all_reduce_mean(window_losses[-1], env)
                     window_loss = all_reduce_mean(sum(window_losses) / len(window_losses), env)
-                    reporter.scalars(
-                        "train", {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}, step
-                    )
+                    train = {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}
+                    reporter.scalars("train", train, step)
+                    reporter.record("train", step, train)
                     reporter.log(
                         "step %d/%d  loss %.4f  %.0f samples/s",
                         step,
-                        cfg.training.steps,
+                        run.steps,
                         window_loss,
                         window_meter.samples_per_sec,
                     )
@@ -184,15 +203,9 @@ class Trainer:
                     reporter.step(loss=window_loss)
                 else:
                     reporter.step()
-                if (
-                    cfg.evaluation.validate_every
-                    and step % cfg.evaluation.validate_every == 0
-                    and step < cfg.training.steps
-                ):
-                    val = self.evaluate("val", cfg.evaluation.val_batches)
-                    reporter.scalars("val", val, step)
-                    reporter.log("step %d validation: %s", step, _fmt_metrics(val))
-                if checkpoint_due:
+                if run.validates_after(step):
+                    val = self._validate(step)
+                if checkpoint_due or self.validations.stopped_early:
                     url = self.checkpointer.save(state)
                     reporter.log(
                         "step %d: checkpoint taken for %s (training stopped %.2f s)",
@@ -202,7 +215,32 @@ class Trainer:
                     )
                 stopwatch.lap()  # validation and checkpoint time is not training time
         reporter.close_progress()
-        return throughput
+        return throughput, val
+
+    def _validate(self, step: int) -> dict[str, float]:
+        """Validates after ``step``; reports it and takes it into the run's validations."""
+        cfg, reporter, validations = self.cfg.evaluation, self.reporter, self.validations
+        val = self.evaluate("val", cfg.val_batches)
+        best = validations.add(step, val)
+        self.state.validations = validations.record()
+        reporter.scalars("val", val, step)
+        reporter.record("val", step, val)
+        if best:
+            verdict = "the best so far"
+        else:
+            verdict = f"no better than step {validations.best_step}'s ({validations.since_best}"
+            verdict += f" of {validations.patience})" if validations.patience else ")"
+        reporter.log("step %d validation: %s  (%s)", step, _fmt_metrics(val), verdict)
+        if validations.stopped_early:
+            reporter.log(
+                "stopping early after step %d: %d validations without an improvement of %g in %s; the best was step %d",
+                step,
+                validations.patience,
+                validations.min_delta,
+                validations.metric,
+                validations.best_step,
+            )
+        return val
 
     @contextlib.contextmanager
     def _pipeline_paused(self) -> Iterator[nn.Module]:
@@ -227,6 +265,12 @@ class Trainer:
             "test_log_loss": test["log_loss"],
             "test_accuracy": test["accuracy"],
             "final_train_loss": self.state.train_loss,
+            "epochs": self.run_length.epochs(self.state.step),
+            "stopped_early": self.validations.stopped_early,
+            "best_step": self.validations.best_step,
+            "best_val_auroc": (self.validations.best or {}).get("auroc"),
+            "best_val_log_loss": (self.validations.best or {}).get("log_loss"),
+            "test_step": self.state.step,
             "resumed_from_step": resumed.step if resumed else None,
             "samples_per_sec": throughput.samples_per_sec,
             "train_seconds": throughput.seconds,

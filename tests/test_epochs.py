@@ -1,0 +1,105 @@
+"""A user's own finite data, trained as ML engineers expect: one epoch by default, validation on
+the way into metrics.jsonl, early stopping on data it overfits, and a finished run that has
+nothing left to do. The data is Parquet with a planted signal: the synthetic source's samples,
+whose labels a hidden teacher drew, written as a user's click logs would be."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from apps.dlrm.config import train_config
+from apps.dlrm.data.synthetic import SyntheticClickLogs
+from tests.conftest import process_env
+
+# Tier (tests/conftest.py): real processes and servers.
+TIER = "integration"
+
+ROWS_PER_FILE, FILES, TABLE_ROWS = 2048, 6, 2000
+#: Only what a user must give: where the data is and which columns are which.
+COLUMNS = ["--data", "parquet", "--categorical_ids", "as_is", "--num_embeddings", str(TABLE_ROWS)]
+SMALL = ["--batch_size", "128", "--log_every", "8", "--val_batches", "0", "--test_batches", "0"]
+
+
+@pytest.fixture(scope="module")
+def clicks(tmp_path_factory) -> str:
+    """6 Parquet files ("days") of 2048 rows: label, int_0..12, cat_0..25; the last is held out."""
+    folder = tmp_path_factory.mktemp("clicks")
+    source = SyntheticClickLogs(train_config(num_embeddings=TABLE_ROWS, batch_size=ROWS_PER_FILE), 0, 1)
+    for day in range(FILES):
+        batch = source.block("train", day)
+        ids = batch.sparse_features.to_dict()
+        columns = {"label": pa.array(batch.labels.numpy().astype(np.int8))}
+        columns.update({f"int_{i}": pa.array(batch.dense_features[:, i].numpy()) for i in range(13)})
+        columns.update({f"cat_{i}": pa.array(ids[f"cat_{i}"].values().numpy()) for i in range(26)})
+        pq.write_table(pa.table(columns), str(folder / f"day_{day}.parquet"), row_group_size=512)
+    return str(folder)
+
+
+def train(out, clicks: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "apps.dlrm.train",
+            *COLUMNS,
+            "--data_path",
+            clicks,
+            *SMALL,
+            "--output_dir",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=process_env(),
+    )
+
+
+def results(out) -> tuple[dict, list[dict]]:
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return summary, [json.loads(line) for line in f]
+
+
+def test_a_users_data_trains_one_epoch_and_ends_near_its_best_validation(clicks, tmp_path):
+    result = train(tmp_path, clicks, "--val_every_steps", "8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    # 5 training files of 2048 rows in batches of 128: an epoch is 80 steps, and one is trained
+    assert "training steps 1..80: 80 steps of 128 samples: an epoch is 80 steps, so 1 epoch" in result.stderr
+    summary, metrics = results(tmp_path)
+    assert (summary["steps"], summary["epochs"], summary["stopped_early"]) == (80, 1.0, False)
+    val = [m for m in metrics if m["kind"] == "val"]
+    assert [m["step"] for m in val] == list(range(8, 81, 8))  # every 8 steps, the last at the end
+    assert [m["step"] for m in metrics if m["kind"] == "train"] == list(range(8, 81, 8))
+    best = max(m["auroc"] for m in val)
+    assert summary["val_auroc"] == val[-1]["auroc"] and best - summary["val_auroc"] < 0.03
+    assert summary["best_val_auroc"] == best and val[0]["auroc"] < best  # and it learned
+
+
+def test_many_epochs_stop_early_on_data_they_overfit_and_a_rerun_has_nothing_left(clicks, tmp_path):
+    checkpoints, out = tmp_path / "ckpt", tmp_path / "out"
+    args = ["--epochs", "20", "--early_stopping_patience", "2", "--checkpoint_dir", str(checkpoints)]
+    result = train(out, clicks, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary, metrics = results(out)
+    val = [m for m in metrics if m["kind"] == "val"]
+    assert summary["stopped_early"] and summary["steps"] < 20 * 80 and summary["steps"] % 80 == 0
+    assert [m["step"] for m in val] == list(range(80, summary["steps"] + 1, 80))  # after every epoch
+    best = max(val, key=lambda m: m["auroc"])
+    assert (summary["best_step"], summary["best_val_auroc"]) == (best["step"], best["auroc"])
+    assert summary["steps"] == best["step"] + 2 * 80  # two epochs without improvement
+    assert "stopping early after step" in result.stderr
+
+    before = (out / "summary.json").read_bytes(), sorted(os.listdir(checkpoints))
+    again = train(out, clicks, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing left to do" in again.stderr and "stopped early" in again.stderr
+    assert ((out / "summary.json").read_bytes(), sorted(os.listdir(checkpoints))) == before

@@ -1,0 +1,80 @@
+"""How long a run trains, when it validates and when it stops early: epochs of finite data,
+--steps as a cap, learning-rate shapes as fractions of the run, and the validations' record."""
+
+import pytest
+
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.config import train_config
+from apps.dlrm.training.optim import LRShape, lr_scale
+from apps.dlrm.training.run_length import RunLength
+from apps.dlrm.training.validations import Validations
+
+# Tier (tests/conftest.py): pure logic in this process.
+TIER = "unit"
+
+PARQUET = dict(data="parquet", data_path="/data/clicks")
+
+
+def test_finite_data_trains_one_epoch_by_default_and_validates_after_each():
+    run = RunLength.of(train_config(**PARQUET), steps_per_epoch=117)
+    assert (run.steps, run.val_every) == (117, 0)  # one epoch: validated once, at its end
+    assert run.validates_after(117) and not run.validates_after(116)
+    assert run.describe(1024) == "117 steps of 1024 samples: an epoch is 117 steps, so 1 epoch"
+    three = RunLength.of(train_config(**PARQUET, epochs=3), steps_per_epoch=117)
+    assert (three.steps, [s for s in range(1, 352) if three.validates_after(s)]) == (351, [117, 234, 351])
+
+
+def test_steps_cap_the_epochs_and_synthetic_data_keeps_its_step_default():
+    assert RunLength.of(train_config(**PARQUET, epochs=20, steps=500), steps_per_epoch=117).steps == 500
+    assert RunLength.of(train_config(**PARQUET, steps=50), steps_per_epoch=117).steps == 50
+    synthetic = RunLength.of(train_config(), steps_per_epoch=None)
+    assert (synthetic.steps, synthetic.val_every, synthetic.epochs(1500)) == (1500, 0, 0.0)
+    assert RunLength.of(train_config(val_every_steps=100), None).validates_after(300)
+
+
+@pytest.mark.parametrize(
+    "options, steps_per_epoch, fragment",
+    [
+        (dict(**PARQUET, epochs=0), 117, "--epochs 0 must be positive"),
+        (dict(epochs=3), None, "--epochs 3: synthetic data never repeats, so it has no epochs; give --steps"),
+        (dict(**PARQUET, val_every_steps=500), 117, "--val_every_steps 500 is more than the run's 117 steps"),
+        (dict(early_stopping_patience=2), None, "needs validations during training, but synthetic data"),
+        (dict(lr_warmup_fraction=0.1, lr_warmup_steps=10), None, "both shape the learning rate"),
+        (dict(lr_warmup_fraction=0.6, lr_decay_fraction=0.6), None, "add up to more than the run"),
+        (dict(lr_decay_fraction=1.5), None, "--lr_decay_fraction 1.5 must be in [0, 1)"),
+    ],
+)
+def test_bad_run_lengths_are_refused_before_step_one(options, steps_per_epoch, fragment):
+    with pytest.raises(ConfigError, match=None) as error:
+        RunLength.of(train_config(**options), steps_per_epoch)
+    assert fragment in str(error.value)
+
+
+def test_warmup_and_decay_as_fractions_of_the_run():
+    shape = LRShape.of(train_config(**PARQUET, lr_warmup_fraction=0.1, lr_decay_fraction=0.2).training, 1000)
+    assert shape == LRShape(warmup_steps=100, decay_start=800, decay_steps=200)
+    assert lr_scale(shape, 0) == pytest.approx(0.01) and lr_scale(shape, 99) == 1.0
+    assert lr_scale(shape, 500) == 1.0 and lr_scale(shape, 800) == 1.0
+    assert lr_scale(shape, 999) == pytest.approx((1 / 200) ** 2)
+    steps = LRShape.of(train_config(lr_warmup_steps=5, lr_decay_start=10, lr_decay_steps=4).training, 1000)
+    assert steps == LRShape(5, 10, 4)  # given in steps: as before, whatever the run's length
+
+
+def test_early_stopping_counts_validations_without_improvement_and_resumes_its_count():
+    cfg = train_config(**PARQUET, early_stopping_patience=2, early_stopping_min_delta=0.01).evaluation
+    validations = Validations.of(cfg)
+    assert validations.add(10, {"auroc": 0.70, "log_loss": 0.60})
+    assert validations.add(20, {"auroc": 0.72, "log_loss": 0.58})
+    assert not validations.add(30, {"auroc": 0.725, "log_loss": 0.57})  # +0.005 < min_delta
+    assert not validations.stopped_early
+    resumed = Validations.of(cfg, validations.record())  # what a checkpoint's manifest carries
+    assert (resumed.best_step, resumed.since_best) == (20, 1)
+    assert not resumed.add(40, {"auroc": 0.71, "log_loss": 0.62})
+    assert resumed.stopped_early and resumed.best_step == 20 and resumed.best == {"auroc": 0.72, "log_loss": 0.58}
+
+
+def test_log_loss_improves_downwards():
+    validations = Validations.of(train_config(**PARQUET, early_stopping_metric="log_loss").evaluation)
+    assert validations.add(1, {"auroc": 0.7, "log_loss": 0.5})
+    assert not validations.add(2, {"auroc": 0.8, "log_loss": 0.6})
+    assert validations.add(3, {"auroc": 0.6, "log_loss": 0.4}) and validations.best_step == 3
