@@ -86,7 +86,16 @@ def test_a_users_data_trains_one_epoch_and_ends_near_its_best_validation(clicks,
 
 def test_many_epochs_stop_early_on_data_they_overfit_and_a_rerun_has_nothing_left(clicks, tmp_path):
     checkpoints, out = tmp_path / "ckpt", tmp_path / "out"
-    args = ["--epochs", "20", "--early_stopping_patience", "2", "--checkpoint_dir", str(checkpoints)]
+    args = [
+        "--epochs",
+        "20",
+        "--early_stopping_patience",
+        "2",
+        "--checkpoint_dir",
+        str(checkpoints),
+        "--keep_last",
+        "1",
+    ]
     result = train(out, clicks, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     summary, metrics = results(out)
@@ -97,6 +106,19 @@ def test_many_epochs_stop_early_on_data_they_overfit_and_a_rerun_has_nothing_lef
     assert (summary["best_step"], summary["best_val_auroc"]) == (best["step"], best["auroc"])
     assert summary["steps"] == best["step"] + 2 * 80  # two epochs without improvement
     assert "stopping early after step" in result.stderr
+    # the best validation's checkpoint is kept beside the newest (--keep_last 1), marked, and tested
+    step_dirs = sorted(name for name in os.listdir(checkpoints) if name.startswith("step_"))
+    assert step_dirs == [f"step_{best['step']:08d}", f"step_{summary['steps']:08d}"]
+    assert json.loads((checkpoints / "BEST").read_text())["step"] == best["step"]
+    manifest = json.loads((checkpoints / step_dirs[-1] / "manifest.json").read_text())
+    assert manifest["progress"]["validations"] == {
+        "best_step": best["step"],
+        "best": {k: v for k, v in best.items() if k not in ("kind", "step")},
+        "since_best": 2,
+        "stopped_early": True,
+    }
+    assert summary["test_step"] == best["step"]
+    assert f"test (the best validation's model, after step {best['step']})" in result.stderr
 
     before = (out / "summary.json").read_bytes(), sorted(os.listdir(checkpoints))
     again = train(out, clicks, *args)

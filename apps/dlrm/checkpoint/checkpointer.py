@@ -289,6 +289,14 @@ class Checkpointer:
             group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
             self._async = group, HostStager(pinned=env.device.type == "cuda")
 
+    def committed(self, step: int) -> Checkpoint:
+        """Collective. The committed checkpoint of ``step`` (after the save in flight is written)."""
+        self.wait()
+        checkpoint = decided_by_main(lambda: self._store().at(step), self.env)
+        if checkpoint is None:
+            raise CheckpointError(f"the checkpoint of step {step} in {self._store().url} cannot be read back")
+        return checkpoint
+
     def due(self, step: int) -> bool:
         """Whether a checkpoint is saved after ``step``."""
         return self.store is not None and is_checkpoint_step(self.cfg, step, self.last_step)
@@ -335,11 +343,12 @@ class Checkpointer:
         self.waits.append(time.perf_counter() - start)
         self._warn_if_waited(state.step)
         entries, manifest, store = self.entries(state), self._manifest(state), self._store()
+        best_step = state.validations.get("best_step")
         if self._async is None:
-            store.save(state.step, entries, manifest, self.env)
+            store.save(state.step, entries, manifest, self.env, best_step)
         else:
             group, stager = self._async
-            self._in_flight = store.save_async(state.step, entries, manifest, self.env, group, stager)
+            self._in_flight = store.save_async(state.step, entries, manifest, self.env, group, stager, best_step)
         self.stalls.append(time.perf_counter() - start)
         return store.step_url(state.step)
 

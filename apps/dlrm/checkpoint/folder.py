@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 COMMIT_MARKER = "COMMITTED"
 MANIFEST = "manifest.json"
 OWNER = "OWNER"
+#: At the root: which checkpoint holds the best validation (JSON: its step and metrics).
+BEST_MARKER = "BEST"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -156,13 +158,19 @@ class CheckpointStore:
     def newest(self) -> Checkpoint | None:
         """The newest committed checkpoint whose files are all there; others are skipped."""
         for step in reversed(self._steps()):
-            problem = self._problem(step)
-            if problem:
-                logger.warning("skipping checkpoint %s: %s", self.step_url(step), problem)
-                continue
-            with self.fs.open(posixpath.join(self._path(step), MANIFEST), "r") as f:
-                return Checkpoint(self.step_url(step), step, json.load(f))
+            checkpoint = self.at(step)
+            if checkpoint is not None:
+                return checkpoint
         return None
+
+    def at(self, step: int) -> Checkpoint | None:
+        """The committed checkpoint of ``step`` if its files are all there (else None, warning why)."""
+        problem = self._problem(step)
+        if problem:
+            logger.warning("skipping checkpoint %s: %s", self.step_url(step), problem)
+            return None
+        with self.fs.open(posixpath.join(self._path(step), MANIFEST), "r") as f:
+            return Checkpoint(self.step_url(step), step, json.load(f))
 
     def _problem(self, step: int) -> str | None:
         """Why the checkpoint of ``step`` cannot be resumed from, or None."""
@@ -189,13 +197,16 @@ class CheckpointStore:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], env: DistEnv) -> str:
-        """Collective: every rank writes its shards; rank 0 commits and prunes. Returns the URL."""
+    def save(
+        self, step: int, state: dict[str, Any], manifest: dict[str, Any], env: DistEnv, best_step: int | None = None
+    ) -> str:
+        """Collective: every rank writes its shards; rank 0 commits and prunes (never ``best_step``,
+        the checkpoint of the run's best validation). Returns the URL."""
         url = self.step_url(step)
         decided_by_main(lambda: self._claim(step), env)  # also keeps every rank out until then
         save_shards(state, url, self.is_local)  # returns on every rank once .metadata is written
         if env.is_main:
-            self._commit(step, manifest)
+            self._commit(step, manifest, best_step)
         return url
 
     def save_async(
@@ -206,6 +217,7 @@ class CheckpointStore:
         env: DistEnv,
         group: dist.ProcessGroup,
         stager: HostStager,
+        best_step: int | None = None,
     ) -> ConcurrentFuture:
         """Collective: like :meth:`save`, but returns once this rank's shards are copied to host
         memory. The future gives the URL once every rank's shards and ``.metadata`` are written
@@ -219,7 +231,7 @@ class CheckpointStore:
             try:
                 done.result()
                 if env.is_main:
-                    self._commit(step, manifest)
+                    self._commit(step, manifest, best_step)
                 committed.set_result(url)
             except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is one; re-raised by result()
                 committed.set_exception(e)
@@ -227,15 +239,19 @@ class CheckpointStore:
         written.add_done_callback(commit)
         return committed
 
-    def _commit(self, step: int, manifest: dict[str, Any]) -> None:
+    def _commit(self, step: int, manifest: dict[str, Any], best_step: int | None) -> None:
         """Rank 0, once every rank's shards are written: the manifest, then the commit marker
-        (only now does the checkpoint count), then older checkpoints go."""
+        (only now does the checkpoint count), the BEST marker if it is the best, then older
+        checkpoints go (the best one stays)."""
         with self.fs.open(posixpath.join(self._path(step), MANIFEST), "w") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
         with self.fs.open(posixpath.join(self._path(step), COMMIT_MARKER), "w") as f:
             f.write(json.dumps({"step": step, "time": time.time()}) + "\n")
         logger.info("step %d: checkpoint committed at %s", step, self.step_url(step))
-        self._prune(newest=step)
+        if best_step == step:
+            with self.fs.open(posixpath.join(self.root, BEST_MARKER), "w") as f:
+                f.write(json.dumps({"step": step, "url": self.step_url(step), "run_id": self.run_id}) + "\n")
+        self._prune(newest=step, best_step=best_step)
 
     def _claim(self, step: int) -> None:
         """Makes ``step``'s folder this run's, before any shard is written, or refuses.
@@ -269,15 +285,16 @@ class CheckpointStore:
             if step > after and steps(step):
                 self._refuse_if_not_ours(step)
 
-    def _prune(self, newest: int) -> None:
+    def _prune(self, newest: int, best_step: int | None = None) -> None:
         """Deletes this run's committed checkpoints beyond ``keep_last`` and its uncommitted
-        folders older than ``newest`` (attempts that died while writing them).
+        folders older than ``newest`` (attempts that died while writing them); ``best_step``'s,
+        the run's best validation, is kept beside the ``keep_last`` newest.
 
         Folders of other runs sharing the location (their OWNER says so, or they have none: a
         folder being written by a job of an older version) are neither counted nor deleted.
         """
         ours = [step for step in self._steps() if self._owner(step) == self.run_id]
-        keep = set([step for step in ours if self._is_committed(step)][-self.keep_last :])
+        keep = set([step for step in ours if self._is_committed(step)][-self.keep_last :]) | {best_step}
         for step in ours:
             if step < newest and step not in keep:
                 self.fs.rm(self._path(step), recursive=True)

@@ -123,12 +123,15 @@ class Trainer:
             env.backend,
         )
         throughput, val = self._train()
+        tested = self._load_best()
         test = self.evaluate("test", cfg.evaluation.test_batches)
-        self.reporter.scalars("test", test, self.state.step)
-        self.reporter.record("test", self.state.step, test)
-        self.reporter.log("test (the model after step %d): %s", self.state.step, _fmt_metrics(test))
+        self.reporter.scalars("test", test, tested)
+        self.reporter.record("test", tested, test)
+        which = "the best validation's model" if tested != self.state.step else "the model"
+        self.reporter.log("test (%s, after step %d): %s", which, tested, _fmt_metrics(test))
         self.checkpointer.wait()
         summary = self._summary(val, test, resumed, throughput)
+        summary["test_step"] = tested
         path = self.reporter.write_summary(summary)
         if path:
             self.reporter.log("wrote %s", path)
@@ -203,9 +206,12 @@ class Trainer:
                     reporter.step(loss=window_loss)
                 else:
                     reporter.step()
+                best = False
                 if run.validates_after(step):
                     val = self._validate(step)
-                if checkpoint_due or self.validations.stopped_early:
+                    best = self.validations.best_step == step
+                # The best validation's model is kept (--checkpoint_dir) to be tested at the end.
+                if checkpoint_due or self.validations.stopped_early or (best and self.checkpointer.store is not None):
                     url = self.checkpointer.save(state)
                     reporter.log(
                         "step %d: checkpoint taken for %s (training stopped %.2f s)",
@@ -216,6 +222,17 @@ class Trainer:
                 stopwatch.lap()  # validation and checkpoint time is not training time
         reporter.close_progress()
         return throughput, val
+
+    def _load_best(self) -> int:
+        """Collective. Loads the checkpoint of the best validation, if the run kept one and has
+        trained past it; returns the step whose model is now in place."""
+        best = self.validations.best_step
+        if best is None or best == self.state.step or self.checkpointer.store is None:
+            return self.state.step
+        checkpoint = self.checkpointer.committed(best)
+        self.checkpointer.restore(TrainState(self.env.rank), checkpoint)
+        self.reporter.log("loaded the best validation's checkpoint %s (step %d) to test it", checkpoint.url, best)
+        return best
 
     def _validate(self, step: int) -> dict[str, float]:
         """Validates after ``step``; reports it and takes it into the run's validations."""
@@ -270,7 +287,6 @@ class Trainer:
             "best_step": self.validations.best_step,
             "best_val_auroc": (self.validations.best or {}).get("auroc"),
             "best_val_log_loss": (self.validations.best or {}).get("log_loss"),
-            "test_step": self.state.step,
             "resumed_from_step": resumed.step if resumed else None,
             "samples_per_sec": throughput.samples_per_sec,
             "train_seconds": throughput.seconds,
