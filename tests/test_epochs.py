@@ -125,3 +125,30 @@ def test_many_epochs_stop_early_on_data_they_overfit_and_a_rerun_has_nothing_lef
     assert again.returncode == 0, again.stderr[-3000:]
     assert "nothing left to do" in again.stderr and "stopped early" in again.stderr
     assert ((out / "summary.json").read_bytes(), sorted(os.listdir(checkpoints))) == before
+
+
+def test_a_checkpoint_is_evaluated_without_training_and_bad_requests_are_one_line(clicks, tmp_path):
+    checkpoints = tmp_path / "ckpt"
+    trained = train(tmp_path / "train", clicks, "--val_every_steps", "40", "--checkpoint_dir", str(checkpoints))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    _, metrics = results(tmp_path / "train")
+    best = max((m for m in metrics if m["kind"] == "val"), key=lambda m: m["auroc"])
+    before = sorted(os.listdir(checkpoints))
+
+    evaluated = train(tmp_path / "eval", clicks, "--evaluate_checkpoint", "best", "--checkpoint_dir", str(checkpoints))
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["evaluated_step"] == best["step"] and "training steps" not in evaluated.stderr
+    assert summary["val_auroc"] == best["auroc"]  # the same model on the same rows: the same figure
+    assert sorted(os.listdir(checkpoints)) == before  # nothing saved, nothing pruned
+
+    missing = train(tmp_path / "x", clicks, "--evaluate_checkpoint", "7", "--checkpoint_dir", str(checkpoints))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert (
+        "--evaluate_checkpoint 7:" in missing.stderr and "committed steps: 40, 80; name one of them" in missing.stderr
+    )
+    other_model = ["--embedding_dim", "8", "--dense_arch_layer_sizes", "8"]
+    differs = train(
+        tmp_path / "y", clicks, "--evaluate_checkpoint", "latest", "--checkpoint_dir", str(checkpoints), *other_model
+    )
+    assert differs.returncode == 2 and "Traceback" not in differs.stderr and "embedding_dim" in differs.stderr

@@ -470,6 +470,12 @@ class EvaluationConfig:
         "better) or log_loss (lower is better).",
         choices=EARLY_STOPPING_METRICS,
     )
+    evaluate_checkpoint: str = option(
+        "",
+        "Evaluate a checkpoint of --checkpoint_dir instead of training: best (the BEST marker's), "
+        "latest, or a step number; on the validation and test splits of --data, which may be other "
+        "data than it was trained on, with the same model options, on any -j. Empty: train.",
+    )
     log_every: int = option(100, "Log the training loss and throughput every N steps.")
     output_dir: str = option(
         "outputs",
@@ -481,6 +487,9 @@ class EvaluationConfig:
         for name in ("val_every_steps", "val_batches", "test_batches", "early_stopping_patience"):
             _require_not_negative(name, getattr(self, name))
         _require_not_negative("early_stopping_min_delta", self.early_stopping_min_delta)
+        which = self.evaluate_checkpoint
+        if which and which not in ("best", "latest") and not which.isdigit():
+            raise ConfigError(f"--evaluate_checkpoint {which!r}: give best, latest or a step number (e.g. 1500)")
 
 
 @dataclass
@@ -542,6 +551,7 @@ class TrainConfig(Options):
         self.launch.check()
         self.evaluation.check()
         self.checkpoint.check()
+        self._check_evaluation_only()
 
     @classmethod
     def preset_defaults(cls, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -583,6 +593,13 @@ class TrainConfig(Options):
             raise ConfigError(
                 f"--early_stopping_patience {evaluation.early_stopping_patience} needs validations "
                 "during training, but synthetic data validates only at the end: give --val_every_steps"
+            )
+
+    def _check_evaluation_only(self) -> None:
+        if self.evaluation.evaluate_checkpoint and not self.checkpoint.checkpoint_dir:
+            raise ConfigError(
+                f"--evaluate_checkpoint {self.evaluation.evaluate_checkpoint} evaluates a checkpoint of "
+                "--checkpoint_dir: give the --checkpoint_dir the training run wrote"
             )
 
     def _count_features(self) -> None:

@@ -289,6 +289,22 @@ class Checkpointer:
             group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
             self._async = group, HostStager(pinned=env.device.type == "cuda")
 
+    def named(self, which: str) -> Checkpoint:
+        """Collective. The checkpoint ``which`` names (best, latest or a step), or a one-line
+        refusal naming what the folder has."""
+        store = self._store()
+
+        def find() -> Checkpoint | None:
+            return store.best() if which == "best" else store.newest() if which == "latest" else store.at(int(which))
+
+        checkpoint = decided_by_main(find, self.env)
+        if checkpoint is None:
+            steps = decided_by_main(store.steps, self.env)
+            have = f"committed steps: {', '.join(map(str, steps))}" if steps else "no committed checkpoint"
+            best = " and no BEST marker (a run marks one when it validates)" if which == "best" else ""
+            raise CheckpointError(f"--evaluate_checkpoint {which}: {store.url} has {have}{best}; name one of them")
+        return checkpoint
+
     def committed(self, step: int) -> Checkpoint:
         """Collective. The committed checkpoint of ``step`` (after the save in flight is written)."""
         self.wait()

@@ -163,6 +163,19 @@ class CheckpointStore:
                 return checkpoint
         return None
 
+    def best(self) -> Checkpoint | None:
+        """The checkpoint the BEST marker names, if there is one and it can be read."""
+        try:
+            with self.fs.open(posixpath.join(self.root, BEST_MARKER), "r") as f:
+                step = int(json.load(f)["step"])
+        except FileNotFoundError:
+            return None
+        return self.at(step)
+
+    def steps(self) -> list[int]:
+        """The steps of the committed checkpoints, oldest first (for messages)."""
+        return [step for step in self._steps() if self._is_committed(step)]
+
     def at(self, step: int) -> Checkpoint | None:
         """The committed checkpoint of ``step`` if its files are all there (else None, warning why)."""
         problem = self._problem(step)

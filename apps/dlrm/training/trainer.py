@@ -30,7 +30,7 @@ from apps.dlrm.training.report import Reporter
 from apps.dlrm.training.run_length import RunLength
 from apps.dlrm.training.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
 from apps.dlrm.training.validations import Validations
-from apps.dlrm.urls import config_record
+from apps.dlrm.urls import config_record, redact_urls
 
 logger = logging.getLogger("apps.dlrm")
 
@@ -101,6 +101,8 @@ class Trainer:
         resumed run had nothing left to train: then nothing is written)."""
         cfg, env, run = self.cfg, self.env, self.run_length
         self.reporter.log("sharding plan (%s):\n%s", cfg.launch.sharding_type, describe_plan(self.plan))
+        if cfg.evaluation.evaluate_checkpoint:
+            return self.evaluate_checkpoint(cfg.evaluation.evaluate_checkpoint)
         resumed = self.restore()
         if self.state.step >= run.steps or self.validations.stopped_early:
             assert resumed is not None  # a fresh run has steps to train: RunLength has at least one
@@ -222,6 +224,31 @@ class Trainer:
                 stopwatch.lap()  # validation and checkpoint time is not training time
         reporter.close_progress()
         return throughput, val
+
+    def evaluate_checkpoint(self, which: str) -> dict[str, Any]:
+        """Evaluation only: loads the checkpoint ``which`` names (best, latest, a step) into this
+        run's sharded model (resharded as a resume is), measures the validation and test splits,
+        and writes them to summary.json; trains nothing and saves nothing."""
+        checkpoint = self.checkpointer.named(which)
+        self.checkpointer.restore(TrainState(self.env.rank), checkpoint)
+        self.reporter.log("evaluating %s (step %d), trained nothing", checkpoint.url, checkpoint.step)
+        val = self.evaluate("val", self.cfg.evaluation.val_batches)
+        test = self.evaluate("test", self.cfg.evaluation.test_batches)
+        self.reporter.log("validation: %s", _fmt_metrics(val))
+        self.reporter.log("test: %s", _fmt_metrics(test))
+        summary = {
+            "evaluated_checkpoint": redact_urls(checkpoint.url),
+            "evaluated_step": checkpoint.step,
+            **{f"val_{name}": value for name, value in val.items()},
+            **{f"test_{name}": value for name, value in test.items()},
+            "world_size": self.env.world_size,
+            "config": config_record(self.cfg),
+        }
+        path = self.reporter.write_summary(summary)
+        if path:
+            self.reporter.log("wrote %s", path)
+        self.reporter.close()
+        return summary
 
     def _load_best(self) -> int:
         """Collective. Loads the checkpoint of the best validation, if the run kept one and has
