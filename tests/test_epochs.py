@@ -82,6 +82,7 @@ def test_a_users_data_trains_one_epoch_and_ends_near_its_best_validation(clicks,
     best = max(m["auroc"] for m in val)
     assert summary["val_auroc"] == val[-1]["auroc"] and best - summary["val_auroc"] < 0.03
     assert summary["best_val_auroc"] == best and val[0]["auroc"] < best  # and it learned
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the curves, drawn
 
 
 def test_many_epochs_stop_early_on_data_they_overfit_and_a_rerun_has_nothing_left(clicks, tmp_path):

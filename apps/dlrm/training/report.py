@@ -20,6 +20,8 @@ logger = logging.getLogger("apps.dlrm.training.report")
 
 #: The run's metrics, one JSON object per line (kind: train, val or test; step; the values).
 METRICS_FILE = "metrics.jsonl"
+#: The run's curves drawn from METRICS_FILE at its end: training loss, validation AUROC and log loss.
+CURVES_FILE = "curves.png"
 
 
 class _ProgressBar(tqdm):
@@ -129,6 +131,37 @@ class Reporter:
         if self.enabled and self.output_dir:
             with open(os.path.join(self.output_dir, METRICS_FILE), "a") as f:
                 f.write(json.dumps({"kind": kind, "step": step, **values}, sort_keys=True) + "\n")
+
+    def draw_curves(self) -> str | None:
+        """Draws metrics.jsonl's training loss, validation AUROC and validation log loss against
+        the step into curves.png, for users on a cluster without TensorBoard; returns its path."""
+        if not (self.enabled and self.output_dir):
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+        from matplotlib import pyplot
+
+        with open(os.path.join(self.output_dir, METRICS_FILE)) as f:
+            metrics = [json.loads(line) for line in f]
+        panels = (
+            ("train", "loss", "training loss"),
+            ("val", "auroc", "validation AUROC"),
+            ("val", "log_loss", "validation log loss"),
+        )
+        figure, axes = pyplot.subplots(1, len(panels), figsize=(13, 3.6), sharex=True)
+        for axis, (kind, name, title) in zip(axes, panels):
+            points = [(m["step"], m[name]) for m in metrics if m["kind"] == kind and name in m]
+            if points:
+                axis.plot(*zip(*points), marker="o" if kind == "val" else None, markersize=3)
+            axis.set_title(title)
+            axis.set_xlabel("step")
+            axis.grid(alpha=0.3)
+        figure.tight_layout()
+        path = os.path.join(self.output_dir, CURVES_FILE)
+        figure.savefig(path, dpi=100)
+        pyplot.close(figure)
+        return path
 
     def log(self, message: str, *args: Any) -> None:
         if not self.enabled:

@@ -136,7 +136,7 @@ class Trainer:
         summary["test_step"] = tested
         path = self.reporter.write_summary(summary)
         if path:
-            self.reporter.log("wrote %s", path)
+            self.reporter.log("wrote %s and the curves in %s", path, self.reporter.draw_curves())
         self.reporter.close()
         return summary
 
