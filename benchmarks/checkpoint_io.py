@@ -274,7 +274,7 @@ def reshard(checkpoint, saved, target: Resharded, gb: float, repeats: int, local
     figures = {"reshard_to": target.sharding_type, "reshard_load_gbps": None, "reshard_equal": False}
     if target.error:
         return {**figures, "reshard_error": target.error}
-    target.cfg.checkpoint_dir = os.path.dirname(checkpoint.url)
+    target.cfg.checkpoint.checkpoint_dir = os.path.dirname(checkpoint.url)
     loader = checkpointer(target.cfg, target.run, env)
     try:  # refused before any collective, alike on every rank
         rates = [gb / checkpoint_load(loader, checkpoint, local, env) for _ in range(repeats)]

@@ -56,7 +56,7 @@ FLOAT32_BYTES = 4
 MAX_MULTI_HOT_SIZE = 1024
 
 
-@dataclass
+@dataclass(slots=True)
 class ModelConfig:
     """The model: features, tables, MLPs, interaction, pooling."""
 
@@ -205,7 +205,7 @@ class ModelConfig:
         return self.multi_hot_sizes or [1] * self.num_sparse_features
 
 
-@dataclass
+@dataclass(slots=True)
 class DataConfig:
     """Where the click logs come from and how they are split and shuffled."""
 
@@ -302,7 +302,7 @@ class DataConfig:
             )
 
 
-@dataclass
+@dataclass(slots=True)
 class TrainingConfig:
     """How long and how the model learns: batches, steps, optimizers, learning rates, seed."""
 
@@ -379,7 +379,7 @@ class TrainingConfig:
         return self.dense_learning_rate or self.learning_rate
 
 
-@dataclass
+@dataclass(slots=True)
 class LaunchConfig:
     """How the run is laid out on its ranks and devices: sharding, comms, pipeline, precision."""
 
@@ -439,7 +439,7 @@ class LaunchConfig:
             check_int8_comms(self, [self.sharding_type])
 
 
-@dataclass
+@dataclass(slots=True)
 class EvaluationConfig:
     """Validation, test, logging and where the results go."""
 
@@ -492,7 +492,7 @@ class EvaluationConfig:
             raise ConfigError(f"--evaluate_checkpoint {which!r}: give best, latest or a step number (e.g. 1500)")
 
 
-@dataclass
+@dataclass(slots=True)
 class CheckpointConfig:
     """Where and how often the run checkpoints, and how many it keeps."""
 
@@ -518,7 +518,7 @@ class CheckpointConfig:
         _require_not_negative("checkpoint_every", self.checkpoint_every)
 
 
-@dataclass
+@dataclass(slots=True)
 class TrainConfig(Options):
     """A training run's configuration, in sections; the command line and the TorchX component
     flatten them (``--batch_size``, not ``--training.batch_size``). Build it with

@@ -40,7 +40,13 @@ def section(cls: type) -> Any:
 
 
 class Options:
-    """Base of a dataclass of options and sections of options, built from flat option values."""
+    """Base of a dataclass of options and sections of options, built from flat option values.
+
+    Declare the dataclass (and its sections) with ``slots=True``: assigning a name that is no
+    option (``cfg.checkpoint_dir`` for ``cfg.checkpoint.checkpoint_dir``) then fails instead of
+    silently adding an attribute nothing reads."""
+
+    __slots__ = ()
 
     @classmethod
     def preset_defaults(cls, given: Mapping[str, Any]) -> dict[str, Any]:
