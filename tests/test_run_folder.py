@@ -1,0 +1,122 @@
+"""One folder per run (apps/dlrm/training/run_folder.py): the default --output_dir gives every run
+a folder of its own under outputs/, ``outputs/latest`` points at the newest, Slurm writes the
+job's logs into it, and no run writes into another run's folder.
+"""
+
+import datetime
+import os
+
+import pytest
+
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.config import train_config
+from apps.dlrm.training.run_folder import make_run_folder
+
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
+NOON = datetime.datetime(2025, 6, 1, 12, 0, 0)
+#: What a job that TorchX started on local_cwd sees (its app id is the rendezvous id).
+LOCAL_CWD = {"TORCHX_JOB_ID": "local_cwd://torchx/dlrm-k3x9f2", "TORCHELASTIC_RUN_ID": "dlrm-k3x9f2"}
+#: What a torchrun that restarted its trainers tells them.
+RESTARTED = {"TORCHELASTIC_RESTART_COUNT": "1"}
+
+
+def files(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.unit
+def test_runs_started_in_the_same_second_get_folders_of_their_own_and_latest_the_newest(tmp_path):
+    out = str(tmp_path / "outputs" / "{run}")
+    first = make_run_folder(out, "run-a", False, {}, NOON)
+    second = make_run_folder(out, "run-b", False, {}, NOON)
+    assert first == str(tmp_path / "outputs" / "dlrm-20250601-120000")
+    assert second == first + "-2"
+    assert os.readlink(tmp_path / "outputs" / "latest") == "dlrm-20250601-120000-2"  # relative: the folder can move
+    assert (tmp_path / "outputs" / "dlrm-20250601-120000" / "RUN").read_text() == "run-a\n"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "environ, name",
+    [
+        (LOCAL_CWD | {"TORCHX_TRACKING_RUN_NAME": "dlrm"}, "dlrm-k3x9f2"),  # local_cwd: the app id has the name
+        (
+            {"TORCHX_JOB_ID": "slurm://torchx/1234", "TORCHELASTIC_RUN_ID": "1234", "TORCHX_TRACKING_RUN_NAME": "ctr"},
+            "ctr-1234",
+        ),
+        ({"TORCHELASTIC_RUN_ID": "demo"}, "dlrm-20250601-120000"),  # a bare torchrun's --rdzv_id: reused at will
+        ({"TORCHX_JOB_ID": "x", "TORCHELASTIC_RUN_ID": "../../etc", "TORCHX_TRACKING_RUN_NAME": "a/b"}, "a_b-_.._etc"),
+    ],
+)
+def test_a_run_is_named_by_its_torchx_app_id_else_by_its_start(tmp_path, environ, name):
+    folder = make_run_folder(str(tmp_path / "{run}"), "r", False, environ, NOON)
+    assert folder == str(tmp_path / name)
+    assert os.path.dirname(folder) == str(tmp_path)
+
+
+@pytest.mark.unit
+def test_a_restarted_job_goes_on_in_its_folder_and_a_new_job_never_does(tmp_path):
+    out = str(tmp_path / "{run}")
+    folder = make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD, NOON)
+    (tmp_path / "dlrm-k3x9f2" / "summary.json").write_text("{}")  # it ended, then a trainer failed
+    assert make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD | RESTARTED, NOON) == folder
+    # The same id, not a restart nor a resume (a rerun of a bare torchrun --rdzv_id, a reused Slurm job id)
+    with pytest.raises(ConfigError, match="holds the summary.json of run dlrm-k3x9f2, which ended"):
+        make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD, NOON)
+
+
+@pytest.mark.unit
+def test_a_run_resuming_from_its_checkpoint_may_write_into_its_own_folder(tmp_path):
+    out = str(tmp_path / "results")
+    make_run_folder(out, "run-a", False, {}, NOON)
+    (tmp_path / "results" / "summary.json").write_text("{}")
+    assert make_run_folder(out, "run-a", True, {}, NOON) == out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "owner, summary, message",
+    [
+        ("run-a\n", None, "--output_dir {folder} belongs to run run-a (its RUN file), not to this run (run-b)"),
+        ("run-a\n", "{}", "--output_dir {folder} belongs to run run-a"),
+        (None, "{}", "--output_dir {folder} holds the summary.json of a run that ended"),  # before RUN files
+    ],
+    ids=["another-run-running", "another-run-ended", "a-run-of-an-older-version"],
+)
+def test_a_folder_of_another_run_is_refused_and_left_as_it_was(tmp_path, owner, summary, message):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    if owner is not None:
+        (folder / "RUN").write_text(owner)
+    if summary is not None:
+        (folder / "summary.json").write_text(summary)
+    before = files(tmp_path)
+    for resuming in (False, True):
+        with pytest.raises(ConfigError) as refused:
+            make_run_folder(str(folder), "run-b", resuming, RESTARTED, NOON)
+        assert str(refused.value).startswith(message.format(folder=folder))
+        assert "--output_dir" in str(refused.value).split(": ", 1)[1] and "\n" not in str(refused.value)  # the fix
+    assert files(tmp_path) == before
+
+
+@pytest.mark.unit
+def test_a_given_folder_works_as_before_and_a_latest_that_is_no_link_is_the_users(tmp_path):
+    # A folder of the user's, with files of theirs: the run writes beside them, and no link is made.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    assert make_run_folder(str(tmp_path / "mine"), "run-a", False, {}, NOON) == str(tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep" and not (tmp_path / "latest").exists()
+    # Something of the user's named latest is never replaced by the link.
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "latest").write_text("mine")
+    make_run_folder(str(tmp_path / "outputs" / "{run}"), "run-b", False, {}, NOON)
+    assert (tmp_path / "outputs" / "latest").read_text() == "mine"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("output_dir", ["runs/{run}/x", "runs/{run}-x", "{run}/{run}"])
+def test_run_must_be_the_last_folders_whole_name(output_dir):
+    with pytest.raises(ConfigError, match=r"^--output_dir '.*': \{run\} stands for the whole name of the last folder"):
+        train_config(output_dir=output_dir)
