@@ -5,15 +5,22 @@ job's logs into it, and no run writes into another run's folder.
 
 import datetime
 import os
+import subprocess
 
 import pytest
+from torchx.runner import get_runner
+from torchx.schedulers import slurm_scheduler
+from torchx.schedulers.api import Stream
+from torchx.specs.builders import materialize_appdef
 
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import train_config
-from apps.dlrm.training.run_folder import make_run_folder
+from apps.dlrm.training.run_folder import make_run_folder, output_folder
+from components import dlrm
+from schedulers.slurm import SlurmScheduler
 
-# Tier (tests/conftest.py): pure logic, fast.
-TIER = "unit"
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
 
 NOON = datetime.datetime(2025, 6, 1, 12, 0, 0)
 #: What a job that TorchX started on local_cwd sees (its app id is the rendezvous id).
@@ -120,3 +127,54 @@ def test_a_given_folder_works_as_before_and_a_latest_that_is_no_link_is_the_user
 def test_run_must_be_the_last_folders_whole_name(output_dir):
     with pytest.raises(ConfigError, match=r"^--output_dir '.*': \{run\} stands for the whole name of the last folder"):
         train_config(output_dir=output_dir)
+
+
+@pytest.mark.unit
+def test_the_component_and_the_app_name_a_slurm_jobs_folder_alike(tmp_path):
+    """The folder the Slurm script puts the logs in is the one the trainers write to."""
+    (role,) = materialize_appdef(dlrm.train, ["--name", "ctr/dlrm1"]).roles
+    assert role.metadata["slurm/log_dir"] == "outputs/dlrm1-${app_id}"
+    seen_by_the_app = dict(role.env, TORCHX_JOB_ID="slurm://torchx/42", TORCHELASTIC_RUN_ID="42")
+    folder = make_run_folder(str(tmp_path / "outputs" / "{run}"), "42", False, seen_by_the_app, NOON)
+    assert folder == str(tmp_path / role.metadata["slurm/log_dir"].replace("${app_id}", "42"))
+    assert output_folder("", "dlrm", "42") == ""  # --output_dir "": no folder, and no log folder
+    assert "slurm/log_dir" not in materialize_appdef(dlrm.train, ["--output_dir", ""]).roles[0].metadata
+
+
+def test_slurm_writes_the_jobs_logs_into_its_run_folder_and_torchx_log_reads_them(tmp_path, monkeypatch):
+    """The sbatch script, run as Slurm runs it (a fake sbatch and srun): the logs of every
+    replica and the script's own go into outputs/dlrm-42, none into the submitting directory."""
+    app = materialize_appdef(dlrm.train, ["-j", "2x1"])
+    for tool, script in {
+        "sbatch": "echo 42",
+        "srun": f"printf '%s\\0' \"$@\" > {tmp_path}/srun.argv",
+        "sinfo": "exit 1",
+    }.items():
+        (tmp_path / "bin" / tool).parent.mkdir(exist_ok=True)
+        (tmp_path / "bin" / tool).write_text(f"#!/bin/bash\n{script}\n")
+        (tmp_path / "bin" / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}/bin:{os.environ['PATH']}")
+    job = tmp_path / "job"
+    job.mkdir()
+    monkeypatch.chdir(job)
+    with get_runner() as runner:
+        info = runner.dryrun(app, "slurm", cfg={}, workspace=None)
+        assert SlurmScheduler("test").schedule(info) == "42"
+    (job / "slurm-42.out").write_text("the script's own output so far\n")  # sbatch's default file
+    (job / "job.sh").write_text(info.request.materialize())
+    ran = subprocess.run(
+        ["bash", "job.sh"], capture_output=True, text=True, timeout=30, env={**os.environ, "SLURM_JOB_ID": "42"}
+    )
+    assert ran.returncode == 0, ran.stderr
+    folder = job / "outputs" / "dlrm-42"
+    assert not list(job.glob("slurm-*"))  # no log left in the submitting directory
+    assert (folder / "slurm-42.out").read_text() == "the script's own output so far\n"
+    argv = (tmp_path / "srun.argv").read_text().split("\0")
+    for replica in ("train-0", "train-1"):
+        assert f"--output=outputs/dlrm-42/slurm-42-{replica}.out" in argv
+        assert f"--error=outputs/dlrm-42/slurm-42-{replica}.err" in argv
+    # `torchx log` looks for slurm-42-train-0.err where the job wrote it.
+    (folder / "slurm-42-train-0.err").write_text("step 40/40\n")
+    lines = SlurmScheduler("test").log_iter("42", "train", 0, streams=Stream.STDERR)
+    assert [line.rstrip("\n") for line in lines] == ["step 40/40"]
+    assert slurm_scheduler._get_job_dirs()["42"] == str(folder)
