@@ -4,8 +4,10 @@ job's logs into it, and no run writes into another run's folder.
 """
 
 import datetime
+import json
 import os
 import subprocess
+import sys
 
 import pytest
 from torchx.runner import get_runner
@@ -18,6 +20,7 @@ from apps.dlrm.config import train_config
 from apps.dlrm.training.run_folder import make_run_folder, output_folder
 from components import dlrm
 from schedulers.slurm import SlurmScheduler
+from tests.conftest import LOCAL_TRAIN_1X2, TINY, assert_ok, run, tiny
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"
@@ -178,3 +181,33 @@ def test_slurm_writes_the_jobs_logs_into_its_run_folder_and_torchx_log_reads_the
     lines = SlurmScheduler("test").log_iter("42", "train", 0, streams=Stream.STDERR)
     assert [line.rstrip("\n") for line in lines] == ["step 40/40"]
     assert slurm_scheduler._get_job_dirs()["42"] == str(folder)
+
+
+def test_two_runs_never_share_a_folder(tmp_path):
+    """The README's main job twice from one directory: two folders under outputs/, each with its
+    own summary.json and TensorBoard run, latest at the second; a third run pointed at the
+    first's folder is refused in one line before it trains, and the first's results stay."""
+    job = [*LOCAL_TRAIN_1X2[:-1], "1", *tiny(steps=20)]  # -j 1: one trainer, the job's folder is the point
+    handles = []
+    for _ in range(2):
+        result = run(job, cwd=str(tmp_path))
+        assert_ok(result)
+        handles.append(result.stdout.strip().splitlines()[-1])
+    outputs = tmp_path / "outputs"
+    names = [handle.rsplit("/", 1)[-1] for handle in handles]  # local_cwd://torchx/dlrm-k3x9f2
+    assert sorted(os.listdir(outputs)) == sorted([*names, "latest"]) and names[0] != names[1]
+    assert os.readlink(outputs / "latest") == names[1]
+    for name in names:
+        summary = json.loads((outputs / name / "summary.json").read_text())
+        assert summary["run_id"] == name and summary["steps"] == 20
+        assert len(os.listdir(outputs / name / "tensorboard")) == 1  # one run's event file
+    first = files(outputs / names[0])
+
+    third = run(
+        [sys.executable, "-m", "apps.dlrm.train", *TINY, "--output_dir", str(outputs / names[0])], cwd=str(tmp_path)
+    )
+    assert third.returncode == 2, third.stderr[-3000:]
+    (line,) = [line for line in third.stderr.splitlines() if "ERROR" in line]
+    assert f"--output_dir {outputs / names[0]} belongs to run {names[0]}" in line, third.stderr[-3000:]
+    assert "training steps" not in third.stderr
+    assert files(outputs / names[0]) == first
