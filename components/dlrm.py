@@ -19,10 +19,12 @@ from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.launch.target import PlanTarget
 from apps.dlrm.options import to_argv
+from apps.dlrm.training.run_folder import output_folder
 from components.cpu_launch import CpuLaunch
 from components.launch import DEFAULT_IMAGE, Launch
 from components.plan_check import PlanCheck
 from components.signature import component_args, reject_unknown, take
+from schedulers.slurm import LOG_DIR
 
 
 @component_args(Launch, PlanCheck, TrainConfig)
@@ -33,13 +35,20 @@ def train(**kwargs: Any) -> specs.AppDef:
     the EmbeddingBagCollection (DistributedModelParallel), TrainPipelineSparseDist overlaps the
     input all-to-all with compute, and validation/test AUROC, log loss and accuracy are synced
     across ranks. NCCL on GPUs, gloo on CPUs. summary.json and TensorBoard events go to
-    --output_dir.
+    --output_dir, by default a new folder per run under outputs/ (named by the job's name and app
+    id), where Slurm also writes the job's logs.
     """
     reject_unknown(kwargs, Launch, PlanCheck, TrainConfig)
     launch = take(Launch, kwargs)
     cfg = take(TrainConfig, kwargs)
     take(PlanCheck, kwargs).run(launch, cfg)
-    return launch.torchrun_app("apps.dlrm.train", to_argv(cfg))
+    app = launch.torchrun_app("apps.dlrm.train", to_argv(cfg))
+    if cfg.evaluation.output_dir:
+        # The folder the run will write to (the app names it alike: app.name is the job's name that
+        # TorchX gives it), for the schedulers that write logs beside the job (-s slurm).
+        for role in app.roles:
+            role.metadata[LOG_DIR] = output_folder(cfg.evaluation.output_dir, app.name, specs.macros.app_id)
+    return app
 
 
 @component_args(PlanTarget, TrainConfig)

@@ -8,6 +8,11 @@ that have not started, so ``torchx run`` and ``torchx status`` failed with KeyEr
 in the queue was waiting (or had been cancelled while waiting); and it writes ``het_job_id`` as a
 number, not an object, so ``torchx list`` on a cluster without accounting failed with TypeError.
 
+A role whose metadata names its run's folder (``LOG_DIR``: components.dlrm:train's --output_dir)
+has its logs written there, ``slurm-<id>-<role>-<n>.out`` and ``.err``, and so has the script
+itself (``slurm-<id>.out``): nothing lands in the directory the job was submitted from, and
+``torchx log`` reads them there.
+
 And no value can rewrite the sbatch script: run options that TorchX writes into it are checked
 before anything is built or submitted, and each replica's environment is set by quoted
 ``env -- NAME=VALUE ...`` arguments instead of srun's comma-separated ``--export`` list.
@@ -15,8 +20,11 @@ before anything is built or submitted, and each replica's environment is set by 
 Everything else is TorchX's: submission, ``sacct`` for finished jobs, logs, cancel, run options.
 """
 
+import dataclasses
 import json
+import os
 import re
+import shlex
 import subprocess
 from typing import Any, Mapping
 
@@ -32,6 +40,7 @@ from torchx.specs import (
     ReplicaStatus,
     Role,
     RoleStatus,
+    macros,
 )
 from torchx.specs.finder import ComponentValidationException
 
@@ -42,6 +51,11 @@ from torchx.specs.finder import ComponentValidationException
 SBATCH_LINE_OPTIONS = ("partition", "time", "constraint", "qos")
 SBATCH_LINE_CHARACTERS = "letters, digits and _ . , : - * & | ! [ ] ( ) + = @ /"
 _SBATCH_LINE_VALUE = re.compile(r"[A-Za-z0-9_.,:*&|!()\[\]+=@/-]+")
+
+
+#: The key of a role's metadata that names the folder its logs go to, relative to the job's
+#: working directory; TorchX's ``${app_id}`` in it is the job's id.
+LOG_DIR = "slurm/log_dir"
 
 
 def het_job_id(job: dict[str, Any]) -> int:
@@ -107,6 +121,43 @@ def set_env_by_command(replica: SlurmReplicaRequest) -> None:
     replica.srun_opts["export"] = "ALL"
 
 
+@dataclasses.dataclass(repr=False)  # TorchX's repr: the command and the script
+class LogDirBatchRequest(SlurmBatchRequest):
+    """TorchX's batch request, whose script first makes ``log_dir`` (its replicas' logs go there)
+    and moves its own output, ``slurm-<id>.out``, into it."""
+
+    log_dir: str = ""
+
+    def materialize(self) -> str:
+        script = super().materialize()
+        anchor = "\nset +e\nsrun "
+        if anchor not in script:
+            raise AssertionError(f"TorchX's sbatch script no longer runs {anchor!r}:\n{script}")
+        folder = '"$SLURM_JOB_ID"'.join(shlex.quote(part) if part else "" for part in self.log_dir.split(macros.app_id))
+        batch_log = 'slurm-"$SLURM_JOB_ID".out'
+        prelude = (
+            f"\n# The run's folder: the logs go there, this script's own too (sbatch's default, {batch_log}).\n"
+            f"mkdir -p -- {folder}\n"
+            f"if [ -e {batch_log} ]; then mv -n -- {batch_log} {folder}/ || true; fi\n"
+        )
+        return script.replace(anchor, prelude + anchor, 1)
+
+
+def use_log_dir(request: SlurmBatchRequest, app: AppDef) -> SlurmBatchRequest:
+    """``request`` with the logs of each role whose metadata names a LOG_DIR in that folder."""
+    log_dirs = {role.name: role.metadata[LOG_DIR] for role in app.roles if role.metadata.get(LOG_DIR)}
+    if not log_dirs:
+        return request
+    for name, replica in request.replicas.items():
+        log_dir = log_dirs.get(name.rpartition("-")[0])  # TorchX names a replica "{role}-{replica_id}"
+        if log_dir:
+            for stream in ("output", "error"):
+                # srun reads % in a file name as a pattern (%j); %% is a plain %.
+                replica.srun_opts[stream] = os.path.join(log_dir, replica.srun_opts[stream]).replace("%", "%%")
+    fields = {field.name: getattr(request, field.name) for field in dataclasses.fields(request)}
+    return LogDirBatchRequest(**fields, log_dir=next(iter(log_dirs.values())))
+
+
 class SlurmScheduler(slurm_scheduler.SlurmScheduler):
     """TorchX's SlurmScheduler, with ``describe`` and ``list`` that work on Slurm 22.05+, and an
     sbatch script whose text no run option or environment value can change."""
@@ -121,7 +172,17 @@ class SlurmScheduler(slurm_scheduler.SlurmScheduler):
         dryrun_info = super()._submit_dryrun(app, cfg)
         for replica in dryrun_info.request.replicas.values():
             set_env_by_command(replica)
+        dryrun_info.request = use_log_dir(dryrun_info.request, app)
         return dryrun_info
+
+    def schedule(self, dryrun_info: AppDryRunInfo[SlurmBatchRequest, SlurmOpts]) -> str:
+        job_id = super().schedule(dryrun_info)
+        request = dryrun_info.request
+        if isinstance(request, LogDirBatchRequest):
+            # Where `torchx log` looks for the job's logs (TorchX's record, the last entry wins).
+            log_dir = request.log_dir.replace(macros.app_id, job_id)
+            slurm_scheduler._save_job_dir(job_id, os.path.abspath(os.path.join(request.job_dir or "", log_dir)))
+        return job_id
 
     def _describe_squeue(self, app_id: str) -> DescribeAppResponse | None:
         # Raises CalledProcessError where squeue refuses a finished job's id; describe() then

@@ -81,7 +81,7 @@ def start_job(hosts, tmp_path, rank0_host: dict[int, str] = FIRST_IS_LOCALHOST, 
     return [start_on(hosts, tmp_path, host, rank0, **kwargs) for host, rank0 in rank0_host.items()]
 
 
-def summary_on(hosts, host: int, folder: str = "out") -> dict:
+def summary_on(hosts, host: int, folder: str) -> dict:
     return json.loads(open(os.path.join(hosts.disk(host), folder, "summary.json")).read())
 
 
@@ -95,12 +95,13 @@ def logs(tmp_path) -> str:
     ids=["first-node-is-localhost-to-itself", "first-node-name-is-loopback-on-itself"],
 )
 def test_torchrun_across_two_hosts_equals_one_host(two_hosts, tmp_path, tiny_loss, rank0_host):
-    codes = wait_all(start_job(two_hosts, tmp_path, rank0_host, output_dir=f"{DISK}/out"), timeout=240)
+    out = f"out-{tmp_path.name}"  # a folder per job: the app refuses another run's
+    codes = wait_all(start_job(two_hosts, tmp_path, rank0_host, output_dir=f"{DISK}/{out}"), timeout=240)
     assert codes == [0, 0], logs(tmp_path)
-    summary = summary_on(two_hosts, 1)
+    summary = summary_on(two_hosts, 1, out)
     assert summary["world_size"] == 2 and summary["steps"] == 40
     assert abs(summary["final_train_loss"] - tiny_loss) <= 1e-6, (summary["final_train_loss"], tiny_loss)
-    assert not os.path.exists(os.path.join(two_hosts.disk(2), "out", "summary.json"))  # rank 0's only
+    assert not os.path.exists(os.path.join(two_hosts.disk(2), out, "summary.json"))  # rank 0's only
     assert f"this host is {two_hosts.addr(2)} on eth0" in (tmp_path / "host2.log").read_text()
 
 

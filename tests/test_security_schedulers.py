@@ -120,6 +120,7 @@ def test_slurm_environment_values_reach_the_job_whole(tmp_path):
         capture_output=True,
         text=True,
         timeout=30,
+        cwd=tmp_path,  # the job's directory: the script makes the run's folder (outputs/dlrm-42) there
         env={"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "42"},
     )
     assert ran.returncode == 0, ran.stderr

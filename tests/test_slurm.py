@@ -143,7 +143,7 @@ def test_slurm_is_our_scheduler():
 
 def test_dlrm_job_on_slurm_succeeds_and_reports_status_and_logs(slurm_path, submit, tmp_path):
     out = tmp_path / "outputs"
-    # Submitted from a directory of its own: the job runs there and writes its logs there.
+    # Submitted from a directory of its own: the job runs there and writes its logs to its run's folder.
     handle = submit("-j", "1x2", *TINY, "--output_dir", str(out))
     states = states_until(slurm_path, tmp_path, handle, TERMINAL_STATES)
     logs = torchx(slurm_path, tmp_path, "log", handle)
@@ -153,6 +153,9 @@ def test_dlrm_job_on_slurm_succeeds_and_reports_status_and_logs(slurm_path, subm
     assert_ok(logs)
     assert "train/0" in logs.stdout and "validation: accuracy" in logs.stdout, logs.stdout[-4000:]
     assert f"wrote {out}/summary.json" in logs.stdout
+    app_id = handle.rsplit("/", 1)[-1]
+    assert not list(tmp_path.glob("slurm-*"))  # every log in the run's folder, the script's own too
+    assert {f"slurm-{app_id}.out", f"slurm-{app_id}-train-0.out", f"slurm-{app_id}-train-0.err"} <= set(os.listdir(out))
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2
@@ -236,7 +239,7 @@ def test_a_job_on_both_nodes_trains_exactly_as_the_same_ranks_on_one(slurm_path,
     )
     assert sorted(nodes.split()) == ["n1", "n2"], nodes
     # Each part's trainers saw their own host: its hostname and its address (apps.dlrm.torchrun).
-    logs = "".join(path.read_text() for path in tmp_path.glob(f"slurm-{app_id}-*.err"))
+    logs = "".join(path.read_text() for path in (tmp_path / two_nodes).glob(f"slurm-{app_id}-*.err"))
     hosts = dict(re.findall(r"host (n\d): rendezvous at n1:\d+.*; this host is ([\d.]+) on ", logs))
     assert sorted(hosts) == ["n1", "n2"] and len(set(hosts.values())) == 2, logs[-4000:]
 

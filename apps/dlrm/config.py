@@ -43,6 +43,8 @@ POOLINGS = ("sum", "mean")
 EARLY_STOPPING_METRICS = ("auroc", "log_loss")
 #: Training steps of synthetic data when --steps is not given: it never repeats, so has no epochs.
 SYNTHETIC_STEPS = 1500
+#: In --output_dir, the name of a new folder per run (apps/dlrm/training/run_folder.py).
+RUN_PLACEHOLDER = "{run}"
 
 #: The most sparse features, that is embedding tables. TorchRec's planner, which every job runs
 #: at start-up (and --check_plan before it), searches placements in a time that grows with the
@@ -478,8 +480,10 @@ class EvaluationConfig:
     )
     log_every: int = option(100, "Log the training loss and throughput every N steps.")
     output_dir: str = option(
-        "outputs",
-        "Directory that receives summary.json and TensorBoard event files; empty: none.",
+        f"outputs/{RUN_PLACEHOLDER}",
+        f"Directory that receives summary.json and TensorBoard event files, a new one per run where "
+        f"its name is {RUN_PLACEHOLDER} (the TorchX app id, or the job's name and start time), with "
+        f"a link 'latest' beside it; a folder holding another run's results is refused. Empty: none.",
     )
 
     def check(self) -> None:
@@ -490,6 +494,12 @@ class EvaluationConfig:
         which = self.evaluate_checkpoint
         if which and which not in ("best", "latest") and not which.isdigit():
             raise ConfigError(f"--evaluate_checkpoint {which!r}: give best, latest or a step number (e.g. 1500)")
+        parent, _, name = self.output_dir.rstrip("/").rpartition("/")
+        if RUN_PLACEHOLDER in parent or (RUN_PLACEHOLDER in name and name != RUN_PLACEHOLDER):
+            raise ConfigError(
+                f"--output_dir {self.output_dir!r}: {RUN_PLACEHOLDER} stands for the whole name of the "
+                f"last folder only, e.g. --output_dir outputs/{RUN_PLACEHOLDER}"
+            )
 
 
 @dataclass(slots=True)

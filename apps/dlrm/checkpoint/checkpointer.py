@@ -119,20 +119,23 @@ def _signature_value(value: Any) -> str:
 
 @dataclass
 class CheckpointFolder:
-    """``--checkpoint_dir`` opened: its store (None without one) and the checkpoint to resume from."""
+    """``--checkpoint_dir`` opened: its store (None without one), the checkpoint to resume from,
+    and the run's id (a resumed run's is its checkpoint's), the same on every rank."""
 
     store: CheckpointStore | None
     resume_from: Checkpoint | None
+    run_id: str
 
 
 def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> CheckpointFolder:
-    """Collective. The store of ``--checkpoint_dir`` and the checkpoint to resume from (if any).
+    """Collective. The store of ``--checkpoint_dir``, the checkpoint to resume from (if any) and
+    the run's id.
 
     Rank 0 checks that the location is writable and picks the newest committed checkpoint;
     every rank gets the same answer or raises the same error, before any training step.
     """
     if not cfg.checkpoint.checkpoint_dir:
-        return CheckpointFolder(None, None)
+        return CheckpointFolder(None, None, decided_by_main(_new_run_id, env))
     if cfg.checkpoint.checkpoint_dir.startswith("memory://") and env.world_size > 1:
         raise CheckpointError(
             f"--checkpoint_dir {cfg.checkpoint.checkpoint_dir}: memory:// lives inside one process, so "
@@ -150,9 +153,10 @@ def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> CheckpointFolder:
         store.check_claimable(lambda step: is_checkpoint_step(cfg, step, cfg.training.steps), after=resumed_at)
         return checkpoint, store.run_id
 
-    resume_from, store.run_id = decided_by_main(newest, env)
+    resume_from, run_id = decided_by_main(newest, env)
+    store.run_id = run_id
     check_shared(store, env)
-    return CheckpointFolder(store, resume_from)
+    return CheckpointFolder(store, resume_from, run_id)
 
 
 def is_checkpoint_step(cfg: TrainConfig, step: int, last_step: int) -> bool:

@@ -27,6 +27,7 @@ from apps.dlrm.training.device_support import check_device_support
 from apps.dlrm.training.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.training.optim import LRSchedule, LRShape, training_optimizer
 from apps.dlrm.training.report import Reporter
+from apps.dlrm.training.run_folder import open_output_dir
 from apps.dlrm.training.run_length import RunLength
 from apps.dlrm.training.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
 from apps.dlrm.training.validations import Validations
@@ -69,8 +70,11 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
         check_device_support(cfg, env.device)
         self.cfg, self.env = cfg, env
-        self.reporter = Reporter(cfg.evaluation.output_dir, enabled=env.is_main)
         folder = open_checkpoints(cfg, env)  # before the model: a bad --checkpoint_dir fails in seconds
+        self.run_id = folder.run_id
+        # So does an --output_dir of another run; a resumed run may write into its own.
+        output_dir = open_output_dir(cfg.evaluation.output_dir, self.run_id, folder.resume_from is not None, env)
+        self.reporter = Reporter(output_dir, enabled=env.is_main)
         pipeline_cls = pipeline_class(cfg.launch)
         self.data = make_dataset(cfg, env)  # so does a bad --data_path
         self.run_length = RunLength.of(cfg, self.data.steps_per_epoch)
@@ -100,6 +104,8 @@ class Trainer:
         validations say so), test, and write summary.json; returns the summary (empty when a
         resumed run had nothing left to train: then nothing is written)."""
         cfg, env, run = self.cfg, self.env, self.run_length
+        if self.reporter.output_dir:
+            self.reporter.log("run %s writes its results to %s", self.run_id, self.reporter.output_dir)
         self.reporter.log("sharding plan (%s):\n%s", cfg.launch.sharding_type, describe_plan(self.plan))
         if cfg.evaluation.evaluate_checkpoint:
             return self.evaluate_checkpoint(cfg.evaluation.evaluate_checkpoint)
@@ -326,6 +332,7 @@ class Trainer:
             "checkpoint_stall_seconds": self.checkpointer.stalls,
             "checkpoint_wait_seconds": self.checkpointer.waits,
             "sharding_plan": describe_plan(self.plan).splitlines(),
+            "run_id": self.run_id,
             "config": config_record(cfg),
         }
 

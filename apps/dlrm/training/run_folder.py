@@ -1,0 +1,188 @@
+"""The folder a run writes its results to (``--output_dir``), one per run.
+
+Where ``--output_dir``'s last folder is ``{run}`` (the default: ``outputs/{run}``), each run gets
+a folder of its own, named by :func:`run_folder_name`: the TorchX app id (``dlrm-k3x9f2`` on
+``local_cwd``; ``dlrm-1234`` on Slurm, whose app ids are job numbers), the same for every
+attempt of the job, else the job's name and start time. ``latest`` beside it links to the
+newest. Any folder, made here or given, records the run that writes it in ``RUN`` (the run id of
+:mod:`apps.dlrm.checkpoint.checkpointer`), and a folder of another run is refused, as is one
+holding the summary.json of a run that ended, unless this run resumes it: two runs never share
+a folder, and no run writes over another's results.
+
+Only rank 0 writes the folder; every rank learns its name from rank 0.
+"""
+
+import datetime
+import logging
+import os
+import re
+import uuid
+from typing import Mapping
+
+from apps.dlrm.common.distributed import DistEnv, decided_by_main
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.config import RUN_PLACEHOLDER
+
+logger = logging.getLogger(__name__)
+
+#: The file that names the run a folder belongs to.
+RUN_FILE = "RUN"
+#: The link beside the runs' folders that points at the newest.
+LATEST = "latest"
+SUMMARY = "summary.json"
+#: The job's name where TorchX gave none (``python -m apps.dlrm.train``, a bare torchrun).
+DEFAULT_JOB_NAME = "dlrm"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def run_folder_name(job_name: str, app_id: str | None, started: datetime.datetime | None = None) -> str:
+    """The name of a run's folder: its app id, with the job's name in front where the id does not
+    start with it; without an app id, the job's name and the time it ``started``."""
+    if app_id:
+        return app_id if app_id.startswith(f"{job_name}-") else f"{job_name}-{app_id}"
+    assert started is not None, "a run without an app id is named by its start time"
+    return f"{job_name}-{started:%Y%m%d-%H%M%S}"
+
+
+def output_folder(output_dir: str, job_name: str, app_id: str) -> str:
+    """``output_dir`` with ``{run}`` replaced by the folder name of app ``app_id``: where the run
+    of a TorchX job writes (``app_id`` may be TorchX's macro, for the scheduler to fill in)."""
+    head, last = os.path.split(output_dir.rstrip("/"))
+    if last != RUN_PLACEHOLDER:
+        return output_dir
+    return os.path.join(head, run_folder_name(job_name, app_id))
+
+
+def is_restart(environ: Mapping[str, str]) -> bool:
+    """Whether this is a later attempt of the job: torchrun restarted its trainers, or Slurm requeued it."""
+    return any(int(environ.get(name) or 0) > 0 for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+
+
+def open_output_dir(output_dir: str, run_id: str, resuming: bool, env: DistEnv) -> str:
+    """Collective. The folder this run writes its results to ('' for none), made this run's by
+    rank 0 (:func:`claim`), or the ConfigError that refuses it, on every rank."""
+    if not output_dir:
+        return ""
+    return decided_by_main(
+        lambda: make_run_folder(output_dir, run_id, resuming, os.environ, datetime.datetime.now()), env
+    )
+
+
+def make_run_folder(
+    output_dir: str, run_id: str, resuming: bool, environ: Mapping[str, str], now: datetime.datetime
+) -> str:
+    """Rank 0: the folder ``output_dir`` names, made and claimed for ``run_id``; with ``{run}``, a
+    folder of this run's own (the app id's, else a new one) and ``latest`` pointing at it."""
+    resuming = resuming or is_restart(environ)
+    head, last = os.path.split(output_dir.rstrip("/"))
+    if last != RUN_PLACEHOLDER:
+        claim(output_dir, run_id, resuming)
+        return output_dir
+    job_name = _safe(environ.get("TORCHX_TRACKING_RUN_NAME", "")) or DEFAULT_JOB_NAME
+    app_id = _torchx_app_id(environ)
+    os.makedirs(head or ".", exist_ok=True)
+    if app_id:  # every attempt of the job: the same folder
+        folder = os.path.join(head, run_folder_name(job_name, app_id, now))
+    else:
+        folder = _new_folder(head, run_folder_name(job_name, None, now))
+    claim(folder, run_id, resuming)
+    point_latest(head, os.path.basename(folder))
+    return folder
+
+
+def claim(folder: str, run_id: str, resuming: bool) -> None:
+    """Makes ``folder`` run ``run_id``'s (its RUN file), or refuses it, writing nothing: a folder
+    of another run, and one holding the summary.json of a run that ended, unless ``resuming``
+    that same run."""
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"--output_dir {folder} is not a folder: give a folder, or leave --output_dir at its default")
+    owner = _owner(folder)
+    if owner is None or owner == run_id:
+        ended = os.path.exists(os.path.join(folder, SUMMARY))
+        if ended and not (owner == run_id and resuming):
+            whose = "a run that ended" if owner is None else f"run {owner}, which ended"
+            raise ConfigError(
+                f"--output_dir {folder} holds the summary.json of {whose}: a new run never writes "
+                "over it. Leave --output_dir at its default (a new folder per run under outputs/), "
+                "give another folder, or resume that run from its --checkpoint_dir"
+            )
+    if owner is None:
+        os.makedirs(folder, exist_ok=True)
+        owner = _write_owner(folder, run_id)  # the first run to write RUN has the folder
+    if owner != run_id:
+        raise ConfigError(
+            f"--output_dir {folder} belongs to run {owner} (its {RUN_FILE} file), not to this run "
+            f"({run_id}): two runs never share a folder. Leave --output_dir at its default (a new "
+            "folder per run under outputs/), give another folder, or delete that one if its run is over"
+        )
+
+
+def point_latest(head: str, name: str) -> None:
+    """Points ``head/latest`` at ``name`` (a relative link, replaced in one step). Anything there
+    that is not a link is the user's: left as it is."""
+    link = os.path.join(head, LATEST)
+    if os.path.lexists(link) and not os.path.islink(link):
+        logger.warning("%s is not a link: left as it is, not pointed at %s", link, name)
+        return
+    tmp = os.path.join(head, f".{LATEST}.{uuid.uuid4().hex}.tmp")
+    try:
+        os.symlink(name, tmp)
+        os.replace(tmp, link)  # fails on a folder made there meanwhile: never replaces one
+    except OSError as e:
+        logger.warning("could not point %s at %s: %s", link, name, e)
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+def _torchx_app_id(environ: Mapping[str, str]) -> str | None:
+    """The app id of a job that TorchX started: its torchrun rendezvous id (``--rdzv_id
+    ${app_id}``). None for a bare torchrun, whose id the user picks or is random."""
+    rendezvous = _safe(environ.get("TORCHELASTIC_RUN_ID", ""))
+    if "TORCHX_JOB_ID" not in environ or rendezvous in ("", "none"):
+        return None
+    return rendezvous
+
+
+def _safe(text: str) -> str:
+    """``text`` as one folder name: characters other than letters, digits, '_', '-' and '.' as '_'."""
+    return _UNSAFE.sub("_", text).strip(".")
+
+
+def _new_folder(head: str, name: str) -> str:
+    """A folder made now under ``head``: ``name``, else ``name-2``, ``name-3``, ..."""
+    for attempt in range(1, 1000):
+        folder = os.path.join(head, name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            os.mkdir(folder)
+            return folder
+        except FileExistsError:
+            continue
+    raise ConfigError(f"--output_dir: {os.path.join(head, name)} and 998 more exist; give another --output_dir")
+
+
+def _owner(folder: str) -> str | None:
+    try:
+        with open(os.path.join(folder, RUN_FILE)) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def _write_owner(folder: str, run_id: str) -> str:
+    """Writes ``folder``'s RUN file unless it has one; returns the run it names. Written whole
+    under a unique name, then linked into place: a reader never sees half of it, and of two runs
+    claiming the folder at once, one gets it."""
+    tmp = os.path.join(folder, f".{RUN_FILE}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "x") as f:
+        f.write(run_id + "\n")
+    try:
+        os.link(tmp, os.path.join(folder, RUN_FILE))
+    except FileExistsError:
+        pass
+    finally:
+        os.remove(tmp)
+    owner = _owner(folder)
+    assert owner is not None
+    return owner

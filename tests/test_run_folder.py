@@ -1,0 +1,213 @@
+"""One folder per run (apps/dlrm/training/run_folder.py): the default --output_dir gives every run
+a folder of its own under outputs/, ``outputs/latest`` points at the newest, Slurm writes the
+job's logs into it, and no run writes into another run's folder.
+"""
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from torchx.runner import get_runner
+from torchx.schedulers import slurm_scheduler
+from torchx.schedulers.api import Stream
+from torchx.specs.builders import materialize_appdef
+
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.config import train_config
+from apps.dlrm.training.run_folder import make_run_folder, output_folder
+from components import dlrm
+from schedulers.slurm import SlurmScheduler
+from tests.conftest import LOCAL_TRAIN_1X2, TINY, assert_ok, run, tiny
+
+# Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
+TIER = "integration"
+
+NOON = datetime.datetime(2025, 6, 1, 12, 0, 0)
+#: What a job that TorchX started on local_cwd sees (its app id is the rendezvous id).
+LOCAL_CWD = {"TORCHX_JOB_ID": "local_cwd://torchx/dlrm-k3x9f2", "TORCHELASTIC_RUN_ID": "dlrm-k3x9f2"}
+#: What a torchrun that restarted its trainers tells them.
+RESTARTED = {"TORCHELASTIC_RESTART_COUNT": "1"}
+
+
+def files(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.unit
+def test_runs_started_in_the_same_second_get_folders_of_their_own_and_latest_the_newest(tmp_path):
+    out = str(tmp_path / "outputs" / "{run}")
+    first = make_run_folder(out, "run-a", False, {}, NOON)
+    second = make_run_folder(out, "run-b", False, {}, NOON)
+    assert first == str(tmp_path / "outputs" / "dlrm-20250601-120000")
+    assert second == first + "-2"
+    assert os.readlink(tmp_path / "outputs" / "latest") == "dlrm-20250601-120000-2"  # relative: the folder can move
+    assert (tmp_path / "outputs" / "dlrm-20250601-120000" / "RUN").read_text() == "run-a\n"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "environ, name",
+    [
+        (LOCAL_CWD | {"TORCHX_TRACKING_RUN_NAME": "dlrm"}, "dlrm-k3x9f2"),  # local_cwd: the app id has the name
+        (
+            {"TORCHX_JOB_ID": "slurm://torchx/1234", "TORCHELASTIC_RUN_ID": "1234", "TORCHX_TRACKING_RUN_NAME": "ctr"},
+            "ctr-1234",
+        ),
+        ({"TORCHELASTIC_RUN_ID": "demo"}, "dlrm-20250601-120000"),  # a bare torchrun's --rdzv_id: reused at will
+        ({"TORCHX_JOB_ID": "x", "TORCHELASTIC_RUN_ID": "../../etc", "TORCHX_TRACKING_RUN_NAME": "a/b"}, "a_b-_.._etc"),
+    ],
+)
+def test_a_run_is_named_by_its_torchx_app_id_else_by_its_start(tmp_path, environ, name):
+    folder = make_run_folder(str(tmp_path / "{run}"), "r", False, environ, NOON)
+    assert folder == str(tmp_path / name)
+    assert os.path.dirname(folder) == str(tmp_path)
+
+
+@pytest.mark.unit
+def test_a_restarted_job_goes_on_in_its_folder_and_a_new_job_never_does(tmp_path):
+    out = str(tmp_path / "{run}")
+    folder = make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD, NOON)
+    (tmp_path / "dlrm-k3x9f2" / "summary.json").write_text("{}")  # it ended, then a trainer failed
+    assert make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD | RESTARTED, NOON) == folder
+    # The same id, not a restart nor a resume (a rerun of a bare torchrun --rdzv_id, a reused Slurm job id)
+    with pytest.raises(ConfigError, match="holds the summary.json of run dlrm-k3x9f2, which ended"):
+        make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD, NOON)
+
+
+@pytest.mark.unit
+def test_a_run_resuming_from_its_checkpoint_may_write_into_its_own_folder(tmp_path):
+    out = str(tmp_path / "results")
+    make_run_folder(out, "run-a", False, {}, NOON)
+    (tmp_path / "results" / "summary.json").write_text("{}")
+    assert make_run_folder(out, "run-a", True, {}, NOON) == out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "owner, summary, message",
+    [
+        ("run-a\n", None, "--output_dir {folder} belongs to run run-a (its RUN file), not to this run (run-b)"),
+        ("run-a\n", "{}", "--output_dir {folder} belongs to run run-a"),
+        (None, "{}", "--output_dir {folder} holds the summary.json of a run that ended"),  # before RUN files
+    ],
+    ids=["another-run-running", "another-run-ended", "a-run-of-an-older-version"],
+)
+def test_a_folder_of_another_run_is_refused_and_left_as_it_was(tmp_path, owner, summary, message):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    if owner is not None:
+        (folder / "RUN").write_text(owner)
+    if summary is not None:
+        (folder / "summary.json").write_text(summary)
+    before = files(tmp_path)
+    for resuming in (False, True):
+        with pytest.raises(ConfigError) as refused:
+            make_run_folder(str(folder), "run-b", resuming, RESTARTED, NOON)
+        assert str(refused.value).startswith(message.format(folder=folder))
+        assert "--output_dir" in str(refused.value).split(": ", 1)[1] and "\n" not in str(refused.value)  # the fix
+    assert files(tmp_path) == before
+
+
+@pytest.mark.unit
+def test_a_given_folder_works_as_before_and_a_latest_that_is_no_link_is_the_users(tmp_path):
+    # A folder of the user's, with files of theirs: the run writes beside them, and no link is made.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    assert make_run_folder(str(tmp_path / "mine"), "run-a", False, {}, NOON) == str(tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep" and not (tmp_path / "latest").exists()
+    # Something of the user's named latest is never replaced by the link.
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "latest").write_text("mine")
+    make_run_folder(str(tmp_path / "outputs" / "{run}"), "run-b", False, {}, NOON)
+    assert (tmp_path / "outputs" / "latest").read_text() == "mine"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("output_dir", ["runs/{run}/x", "runs/{run}-x", "{run}/{run}"])
+def test_run_must_be_the_last_folders_whole_name(output_dir):
+    with pytest.raises(ConfigError, match=r"^--output_dir '.*': \{run\} stands for the whole name of the last folder"):
+        train_config(output_dir=output_dir)
+
+
+@pytest.mark.unit
+def test_the_component_and_the_app_name_a_slurm_jobs_folder_alike(tmp_path):
+    """The folder the Slurm script puts the logs in is the one the trainers write to."""
+    (role,) = materialize_appdef(dlrm.train, ["--name", "ctr/dlrm1"]).roles
+    assert role.metadata["slurm/log_dir"] == "outputs/dlrm1-${app_id}"
+    seen_by_the_app = dict(role.env, TORCHX_JOB_ID="slurm://torchx/42", TORCHELASTIC_RUN_ID="42")
+    folder = make_run_folder(str(tmp_path / "outputs" / "{run}"), "42", False, seen_by_the_app, NOON)
+    assert folder == str(tmp_path / role.metadata["slurm/log_dir"].replace("${app_id}", "42"))
+    assert output_folder("", "dlrm", "42") == ""  # --output_dir "": no folder, and no log folder
+    assert "slurm/log_dir" not in materialize_appdef(dlrm.train, ["--output_dir", ""]).roles[0].metadata
+
+
+def test_slurm_writes_the_jobs_logs_into_its_run_folder_and_torchx_log_reads_them(tmp_path, monkeypatch):
+    """The sbatch script, run as Slurm runs it (a fake sbatch and srun): the logs of every
+    replica and the script's own go into outputs/dlrm-42, none into the submitting directory."""
+    app = materialize_appdef(dlrm.train, ["-j", "2x1"])
+    for tool, script in {
+        "sbatch": "echo 42",
+        "srun": f"printf '%s\\0' \"$@\" > {tmp_path}/srun.argv",
+        "sinfo": "exit 1",
+    }.items():
+        (tmp_path / "bin" / tool).parent.mkdir(exist_ok=True)
+        (tmp_path / "bin" / tool).write_text(f"#!/bin/bash\n{script}\n")
+        (tmp_path / "bin" / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}/bin:{os.environ['PATH']}")
+    job = tmp_path / "job"
+    job.mkdir()
+    monkeypatch.chdir(job)
+    with get_runner() as runner:
+        info = runner.dryrun(app, "slurm", cfg={}, workspace=None)
+        assert SlurmScheduler("test").schedule(info) == "42"
+    (job / "slurm-42.out").write_text("the script's own output so far\n")  # sbatch's default file
+    (job / "job.sh").write_text(info.request.materialize())
+    ran = subprocess.run(
+        ["bash", "job.sh"], capture_output=True, text=True, timeout=30, env={**os.environ, "SLURM_JOB_ID": "42"}
+    )
+    assert ran.returncode == 0, ran.stderr
+    folder = job / "outputs" / "dlrm-42"
+    assert not list(job.glob("slurm-*"))  # no log left in the submitting directory
+    assert (folder / "slurm-42.out").read_text() == "the script's own output so far\n"
+    argv = (tmp_path / "srun.argv").read_text().split("\0")
+    for replica in ("train-0", "train-1"):
+        assert f"--output=outputs/dlrm-42/slurm-42-{replica}.out" in argv
+        assert f"--error=outputs/dlrm-42/slurm-42-{replica}.err" in argv
+    # `torchx log` looks for slurm-42-train-0.err where the job wrote it.
+    (folder / "slurm-42-train-0.err").write_text("step 40/40\n")
+    lines = SlurmScheduler("test").log_iter("42", "train", 0, streams=Stream.STDERR)
+    assert [line.rstrip("\n") for line in lines] == ["step 40/40"]
+    assert slurm_scheduler._get_job_dirs()["42"] == str(folder)
+
+
+def test_two_runs_never_share_a_folder(tmp_path):
+    """The README's main job twice from one directory: two folders under outputs/, each with its
+    own summary.json and TensorBoard run, latest at the second; a third run pointed at the
+    first's folder is refused in one line before it trains, and the first's results stay."""
+    job = [*LOCAL_TRAIN_1X2[:-1], "1", *tiny(steps=20)]  # -j 1: one trainer, the job's folder is the point
+    handles = []
+    for _ in range(2):
+        result = run(job, cwd=str(tmp_path))
+        assert_ok(result)
+        handles.append(result.stdout.strip().splitlines()[-1])
+    outputs = tmp_path / "outputs"
+    names = [handle.rsplit("/", 1)[-1] for handle in handles]  # local_cwd://torchx/dlrm-k3x9f2
+    assert sorted(os.listdir(outputs)) == sorted([*names, "latest"]) and names[0] != names[1]
+    assert os.readlink(outputs / "latest") == names[1]
+    for name in names:
+        summary = json.loads((outputs / name / "summary.json").read_text())
+        assert summary["run_id"] == name and summary["steps"] == 20
+        assert len(os.listdir(outputs / name / "tensorboard")) == 1  # one run's event file
+    first = files(outputs / names[0])
+
+    third = run(
+        [sys.executable, "-m", "apps.dlrm.train", *TINY, "--output_dir", str(outputs / names[0])], cwd=str(tmp_path)
+    )
+    assert third.returncode == 2, third.stderr[-3000:]
+    (line,) = [line for line in third.stderr.splitlines() if "ERROR" in line]
+    assert f"--output_dir {outputs / names[0]} belongs to run {names[0]}" in line, third.stderr[-3000:]
+    assert "training steps" not in third.stderr
+    assert files(outputs / names[0]) == first
