@@ -69,7 +69,8 @@ def uninterrupted(tmp_path_factory):
 def test_commits_every_interval_and_keeps_the_last(uninterrupted):
     ckpt, summary = uninterrupted
     assert summary["resumed_from_step"] is None
-    assert sorted(os.listdir(ckpt)) == ["step_00000030", "step_00000040"]
+    # the last 2 kept; BEST marks the best validation's (the last step's: the one validation)
+    assert sorted(os.listdir(ckpt)) == ["BEST", "step_00000030", "step_00000040"]
     for step in (30, 40):
         directory = ckpt / f"step_{step:08d}"
         names = set(os.listdir(directory))
@@ -232,9 +233,10 @@ def test_checkpoints_on_gcs_resume(gcs, tmp_path):
     first, trained = train_app(tmp_path, "first", "--checkpoint_dir", url, "--steps", "20")
     assert_ok(first)
     assert fs.exists("dlrm-ckpt-gcs/runs/a/step_00000020/COMMITTED")
-    second, resumed = train_app(tmp_path, "second", "--checkpoint_dir", url, "--steps", "20")
+    # A rerun of the finished job has nothing left to do; evaluating the checkpoint loads it back.
+    second, resumed = train_app(tmp_path, "second", "--checkpoint_dir", url, "--evaluate_checkpoint", "latest")
     assert_ok(second)
-    assert resumed["resumed_from_step"] == 20 and resumed["steps"] == 20
+    assert resumed["evaluated_step"] == 20
     assert resumed["val_auroc"] == trained["val_auroc"]  # the same model came back
 
 

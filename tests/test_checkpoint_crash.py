@@ -113,5 +113,5 @@ def test_a_crash_while_saving_keeps_the_last_good_checkpoint_and_resumes_from_it
     assert_ok(result)
     summary = json.loads((tmp_path / "second" / "summary.json").read_text())
     assert summary["resumed_from_step"] == 10 and summary["steps"] == 30
-    assert sorted(os.listdir(ckpt)) == ["step_00000030"]
+    assert sorted(os.listdir(ckpt)) == ["BEST", "step_00000030"]  # BEST: the one validation's
     assert store.newest().step == 30

@@ -61,7 +61,7 @@ def test_short_jobs_all_end_succeeded(criteo, tmp_path):
     jobs = []
     for i in range(3):
         jobs.append((f"synthetic{i}", tiny(seed=i)))
-        jobs.append((f"criteo{i}", tiny(seed=i, data="criteo", data_path=criteo)))
+        jobs.append((f"criteo{i}", tiny(seed=i, data="criteo", data_path=criteo, epochs=3)))
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda job: torchx_job(tmp_path, job[0], *job[1]), jobs))
     for (name, _), result in zip(jobs, results):

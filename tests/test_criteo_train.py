@@ -59,7 +59,7 @@ def test_preprocess_then_train_two_ranks_on_the_criteo_files(tmp_path):
             str(data),
             "--output_dir",
             str(out),
-            *tiny(val_batches=0, test_batches=0),
+            *tiny(val_batches=0, test_batches=0, epochs=3),
         ],
     )
     assert_ok(result)

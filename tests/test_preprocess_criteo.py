@@ -330,7 +330,7 @@ def test_training_on_the_parquet_output(three_days, tmp_path):
             "as_is",
             "--num_embeddings_per_feature",
             ",".join(map(str, SIZES)),
-            *tiny(batch_size=128, steps=60, val_batches=0, test_batches=0),
+            *tiny(batch_size=128, steps=60, epochs=5, val_batches=0, test_batches=0),
             "--output_dir",
             str(tmp_path / "train"),
         ],
