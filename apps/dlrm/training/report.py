@@ -18,6 +18,8 @@ from apps.dlrm.urls import redact_urls
 
 logger = logging.getLogger("apps.dlrm.training.report")
 
+#: The run's results: its figures, the sharding plan and the config (written once, at the end).
+SUMMARY_FILE = "summary.json"
 #: The run's metrics, one JSON object per line (kind: train, val or test; step; the values).
 METRICS_FILE = "metrics.jsonl"
 #: The run's curves drawn from METRICS_FILE at its end: training loss, validation AUROC and log loss.
@@ -182,8 +184,8 @@ class Reporter:
         """
         if not (self.enabled and self.output_dir):
             return None
-        path = os.path.join(self.output_dir, "summary.json")
-        tmp = os.path.join(self.output_dir, f".summary.json.{uuid.uuid4().hex}.tmp")
+        path = os.path.join(self.output_dir, SUMMARY_FILE)
+        tmp = os.path.join(self.output_dir, f".{SUMMARY_FILE}.{uuid.uuid4().hex}.tmp")
         # O_EXCL: fails on anything already there, a symlink included. Mode 0666 less the
         # umask, as a plain open() would give summary.json (mkstemp's would be 0600).
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)

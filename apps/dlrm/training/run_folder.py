@@ -22,6 +22,7 @@ from typing import Mapping
 from apps.dlrm.common.distributed import DistEnv, decided_by_main
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import RUN_PLACEHOLDER
+from apps.dlrm.training.report import SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,6 @@ logger = logging.getLogger(__name__)
 RUN_FILE = "RUN"
 #: The link beside the runs' folders that points at the newest.
 LATEST = "latest"
-SUMMARY = "summary.json"
 #: The job's name where TorchX gave none (``python -m apps.dlrm.train``, a bare torchrun).
 DEFAULT_JOB_NAME = "dlrm"
 
@@ -99,7 +99,7 @@ def claim(folder: str, run_id: str, resuming: bool) -> None:
         raise ConfigError(f"--output_dir {folder} is not a folder: give a folder, or leave --output_dir at its default")
     owner = _owner(folder)
     if owner is None or owner == run_id:
-        ended = os.path.exists(os.path.join(folder, SUMMARY))
+        ended = os.path.exists(os.path.join(folder, SUMMARY_FILE))
         if ended and not (owner == run_id and resuming):
             whose = "a run that ended" if owner is None else f"run {owner}, which ended"
             raise ConfigError(
