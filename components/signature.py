@@ -90,7 +90,7 @@ def take(cls: type[D], kwargs: dict[str, Any]) -> D:
     here, unlike on the app's own command line).
     """
     hints = option_types(cls)
-    names = {f.name for f in options_of(cls)} if issubclass(cls, Options) else {f.name for f in dataclasses.fields(cls)}
+    names = argument_names(cls)
     try:
         for name in names & set(kwargs):
             _refuse_macros(name, kwargs[name])
@@ -144,10 +144,15 @@ def _parse_dict(text: str) -> dict[str, str]:
         ) from None
 
 
+def argument_names(cls: type[Any]) -> set[str]:
+    """The component arguments ``cls`` takes: a configuration's options, its sections' included
+    (not the sections' own names), or a plain dataclass's fields."""
+    fields = options_of(cls) if issubclass(cls, Options) else dataclasses.fields(cls)
+    return {field.name for field in fields}
+
+
 def reject_unknown(kwargs: dict[str, Any], *configs: type) -> None:
-    known = {f.name for cls in configs for f in dataclasses.fields(cls)} | {
-        f.name for cls in configs for f in options_of(cls)
-    }
+    known = set().union(*(argument_names(cls) for cls in configs))
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise InvalidComponentArgument(f"unknown component arguments: {', '.join(unknown)}")

@@ -45,7 +45,7 @@ def test_steps_cap_the_epochs_and_synthetic_data_keeps_its_step_default():
     ],
 )
 def test_bad_run_lengths_are_refused_before_step_one(options, steps_per_epoch, fragment):
-    with pytest.raises(ConfigError, match=None) as error:
+    with pytest.raises(ConfigError) as error:
         RunLength.of(train_config(**options), steps_per_epoch)
     assert fragment in str(error.value)
 
