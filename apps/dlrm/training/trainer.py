@@ -138,8 +138,7 @@ class Trainer:
         which = "the best validation's model" if tested != self.state.step else "the model"
         self.reporter.log("test (%s, after step %d): %s", which, tested, _fmt_metrics(test))
         self.checkpointer.wait()
-        summary = self._summary(val, test, resumed, throughput)
-        summary["test_step"] = tested
+        summary = self._summary(val, test, tested, resumed, throughput)
         path = self.reporter.write_summary(summary)
         if path:
             self.reporter.log("wrote %s and the curves in %s", path, self.reporter.draw_curves())
@@ -303,8 +302,14 @@ class Trainer:
             yield self.model
 
     def _summary(
-        self, val: dict[str, float], test: dict[str, float], resumed: Checkpoint | None, throughput: Throughput
+        self,
+        val: dict[str, float],
+        test: dict[str, float],
+        tested: int,
+        resumed: Checkpoint | None,
+        throughput: Throughput,
     ) -> dict[str, Any]:
+        """summary.json: the last validation, the test of the model after step ``tested``, the run."""
         cfg, env = self.cfg, self.env
         return {
             "val_auroc": val["auroc"],
@@ -320,6 +325,7 @@ class Trainer:
             "best_step": self.validations.best_step,
             "best_val_auroc": (self.validations.best or {}).get("auroc"),
             "best_val_log_loss": (self.validations.best or {}).get("log_loss"),
+            "test_step": tested,
             "resumed_from_step": resumed.step if resumed else None,
             "samples_per_sec": throughput.samples_per_sec,
             "train_seconds": throughput.seconds,
