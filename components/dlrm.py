@@ -15,7 +15,7 @@ from typing import Any
 from torchx import specs
 from torchx.components import utils
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import PlanConfig, TrainConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.launch.target import PlanTarget
 from apps.dlrm.options import to_argv
@@ -51,7 +51,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     return app
 
 
-@component_args(PlanTarget, TrainConfig)
+@component_args(PlanTarget, PlanConfig)
 def plan(**kwargs: Any) -> specs.AppDef:
     """Previews TorchRec's sharding plan of a training job and says whether it fits.
 
@@ -61,9 +61,9 @@ def plan(**kwargs: Any) -> specs.AppDef:
     planner and estimates, then ``fits: ...`` or ``does not fit: needs X GiB HBM on rank r,
     has Y`` (and exits 1).
     """
-    reject_unknown(kwargs, PlanTarget, TrainConfig)
+    reject_unknown(kwargs, PlanTarget, PlanConfig)
     target = take(PlanTarget, kwargs)
-    cfg = take(TrainConfig, kwargs)
+    cfg = take(PlanConfig, kwargs)
     return utils.python(
         *to_argv(target),
         *to_argv(cfg),
