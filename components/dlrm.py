@@ -23,6 +23,7 @@ from apps.dlrm.training.run_folder import output_folder
 from components.cpu_launch import CpuLaunch
 from components.launch import DEFAULT_IMAGE, Launch
 from components.plan_check import PlanCheck
+from components.preflight import check_before_submitting
 from components.signature import component_args, reject_unknown, take
 from schedulers.slurm import LOG_DIR
 
@@ -42,6 +43,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     launch = take(Launch, kwargs)
     cfg = take(TrainConfig, kwargs)
     take(PlanCheck, kwargs).run(launch, cfg)
+    check_before_submitting(launch, cfg)
     app = launch.torchrun_app("apps.dlrm.train", to_argv(cfg))
     if cfg.evaluation.output_dir:
         # The folder the run will write to (the app names it alike: app.name is the job's name that

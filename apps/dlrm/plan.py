@@ -164,7 +164,7 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
     The model is built and its optimizer fused exactly as the training app does, on the meta
     device, so the planner sees the same tables and estimates the same storage.
     """
-    check_device_support(cfg, torch.device(cluster.device))
+    check_device_support(cfg, cluster.device)
     model, sharder = model_to_shard(cfg, dense_device=torch.device("meta"))
     if not planner_offers(cfg.launch, sharder, cluster.device):
         raise ConfigError(
