@@ -1,4 +1,4 @@
-"""torchrun, with this host's address and network interface chosen for multi-node jobs.
+"""torchrun for our trainers: this host's address chosen for multi-node jobs, and a quiet log.
 
     python -m apps.dlrm.torchrun TORCHRUN_ARGS...
 
@@ -7,7 +7,9 @@ For a job of more than one node it first completes them with how the other hosts
 (:mod:`apps.dlrm.launch.torchrun_args`: ``--local_addr``, ``--rdzv_conf is_host=1``,
 ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``), which torchrun and the trainers would
 otherwise guess from the hostname, wrongly wherever it resolves to loopback. What the user set is
-kept. The components run every trainer through it (components/launch.py).
+kept. On every job it also sets the trainers' ``OMP_NUM_THREADS`` (this host's cores shared
+among them, :func:`~apps.dlrm.launch.torchrun_args.trainer_threads`). The components run every
+trainer through it (components/launch.py).
 """
 
 import logging
@@ -17,9 +19,10 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
+from torch.distributed.run import parse_args
 
 from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.launch.torchrun_args import multi_node_args
+from apps.dlrm.launch.torchrun_args import multi_node_args, trainer_threads
 
 logger = logging.getLogger("apps.dlrm.torchrun")
 
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         sys.exit(f"apps.dlrm.torchrun: {e}")
     os.environ.update(variables)
+    _prepare_trainers(args)
     try:
         torchrun_main(args)
     except ChildFailedError as e:
@@ -45,6 +49,12 @@ def main(argv: list[str] | None = None) -> None:
             f"apps.dlrm.torchrun: {e.name} failed on {socket.gethostname()}: rank {rank} exited "
             f"with {failure.exitcode}; its error is above"
         )
+
+
+def _prepare_trainers(args: list[str]) -> None:
+    """Sets the trainers' OMP_NUM_THREADS."""
+    parsed = parse_args(args)  # torchrun's own reading: its flags, else their PET_ variables
+    os.environ.update(trainer_threads(parsed.nproc_per_node, dict(os.environ)))
 
 
 if __name__ == "__main__":

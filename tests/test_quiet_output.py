@@ -1,0 +1,21 @@
+"""What a training job prints, piece by piece: the trainers' thread count (no torchrun banner)."""
+
+from apps.dlrm.launch.torchrun_args import available_cores, trainer_threads
+
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
+
+def test_the_trainers_share_the_cores_unless_the_user_set_their_threads(tmp_path, monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    no_quota = str(tmp_path / "none")
+    assert trainer_threads("2", {}, no_quota) == {"OMP_NUM_THREADS": "8"}
+    assert trainer_threads("32", {}, no_quota) == {"OMP_NUM_THREADS": "1"}  # at least one each
+    assert trainer_threads("2", {"OMP_NUM_THREADS": "3"}, no_quota) == {}  # the user's, kept
+    assert trainer_threads("gpu", {}, no_quota) == {}  # torchrun counts: its own default then
+    assert trainer_threads("1", {}, no_quota) == {}  # one trainer: PyTorch's own default
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("400000 100000\n")  # a container limited to 4 CPUs of the 16
+    assert available_cores(str(cpu_max)) == 4 and trainer_threads("2", {}, str(cpu_max)) == {"OMP_NUM_THREADS": "2"}
+    cpu_max.write_text("max 100000\n")
+    assert available_cores(str(cpu_max)) == 16
