@@ -20,11 +20,15 @@ from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.launch.target import PlanTarget
 from apps.dlrm.options import to_argv
 from apps.dlrm.training.run_folder import output_folder
+from components import torchx_logs
 from components.cpu_launch import CpuLaunch
 from components.launch import DEFAULT_IMAGE, Launch
 from components.plan_check import PlanCheck
 from components.signature import component_args, reject_unknown, take
 from schedulers.slurm import LOG_DIR
+
+# Before `torchx run` logs them: see components/torchx_logs.py for why here.
+torchx_logs.drop_notices()
 
 
 @component_args(Launch, PlanCheck, TrainConfig)

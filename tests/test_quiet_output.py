@@ -1,6 +1,13 @@
-"""What a training job prints, piece by piece: the trainers' thread count (no torchrun banner)."""
+"""What a training job prints, piece by piece: the trainers' thread count (no torchrun banner),
+TorchX's notices left out."""
+
+import io
+import logging
+
+import pytest
 
 from apps.dlrm.launch.torchrun_args import available_cores, trainer_threads
+from components import torchx_logs
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
@@ -19,3 +26,33 @@ def test_the_trainers_share_the_cores_unless_the_user_set_their_threads(tmp_path
     assert available_cores(str(cpu_max)) == 4 and trainer_threads("2", {}, str(cpu_max)) == {"OMP_NUM_THREADS": "2"}
     cpu_max.write_text("max 100000\n")
     assert available_cores(str(cpu_max)) == 16
+
+
+def records_of(target: logging.Logger, emit) -> list[str]:
+    """The messages ``emit`` logs on ``target`` that pass its filters."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    target.addHandler(handler)
+    try:
+        emit()
+    finally:
+        target.removeHandler(handler)
+    return stream.getvalue().splitlines()
+
+
+@pytest.mark.parametrize(
+    "name, message, args, shown",
+    [
+        ("torchx.runner.api", "tracker configurations: %s", ({},), False),
+        ("torchx.runner.api", "tracker configurations: %s", ({"fsspec": "/tmp/t"},), True),  # a tracker: said
+        ("torchx.schedulers.local_scheduler", torchx_logs.NOTICES["torchx.schedulers.local_scheduler"][0], (), False),
+        ("torchx.schedulers.local_scheduler", "log directory is: `%s`", ("/tmp/torchx_x",), False),
+        ("torchx.schedulers.local_scheduler", "launched %s", ("app",), True),
+    ],
+)
+def test_torchx_notices_are_left_out_once_the_components_are_loaded(name, message, args, shown):
+    torchx_logs.drop_notices()
+    torchx_logs.drop_notices()  # once, however often
+    target = logging.getLogger(name)
+    assert target.filters.count(torchx_logs._keep) == 1
+    assert bool(records_of(target, lambda: target.warning(message, *args))) == shown
