@@ -1,5 +1,5 @@
 """What a training job prints, piece by piece: the trainers' thread count (no torchrun banner),
-TorchX's notices left out."""
+TorchX's notices left out, no progress bar in a log."""
 
 import io
 import logging
@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from apps.dlrm.launch.torchrun_args import available_cores, trainer_threads
+from apps.dlrm.training.report import Reporter
 from components import torchx_logs
 
 # Tier (tests/conftest.py): pure logic, fast.
@@ -56,3 +57,14 @@ def test_torchx_notices_are_left_out_once_the_components_are_loaded(name, messag
     target = logging.getLogger(name)
     assert target.filters.count(torchx_logs._keep) == 1
     assert bool(records_of(target, lambda: target.warning(message, *args))) == shown
+
+
+def test_no_progress_bar_in_a_log(tmp_path, monkeypatch):
+    log = io.StringIO()  # a log file, not a terminal
+    monkeypatch.setattr("sys.stderr", log)
+    reporter = Reporter(str(tmp_path), enabled=True)
+    reporter.progress(total=10, initial=0)
+    reporter.step(loss=0.5)
+    reporter.close_progress()
+    reporter.close()
+    assert log.getvalue() == ""

@@ -1,4 +1,5 @@
-"""What a run tells its user: log lines, a progress bar, TensorBoard scalars and summary.json.
+"""What a run tells its user: log lines, a progress bar on a terminal, TensorBoard scalars and
+summary.json.
 
 Only rank 0 reports; the other ranks get a reporter that stays silent.
 """
@@ -88,9 +89,6 @@ class Reporter:
         self.enabled = enabled
         self._writer = None
         self._bar: _ProgressBar | None = None
-        # On a terminal the bar redraws in place; in a log file (torchx, a scheduler) it is
-        # printed as a line every 30 s and log lines are not interleaved with redraws.
-        self._interactive = sys.stderr.isatty()
         if enabled and output_dir:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -98,14 +96,18 @@ class Reporter:
             self._writer = SummaryWriter(log_dir=os.path.join(output_dir, "tensorboard"))
 
     def progress(self, total: int, initial: int) -> None:
-        """Starts the training progress bar."""
+        """Starts the training progress bar, on a terminal only. In a log (torchx, a scheduler)
+        a bar is fragments: each redraw starts with a carriage return, which log readers take
+        for a line break, and ends without one, so the next log line is glued to it. There the
+        step lines (--log_every) say the progress."""
+        if not (self.enabled and sys.stderr.isatty()):
+            return
         self._bar = _ProgressBar(
             total=total,
             initial=initial,
             unit="step",
             desc="train",
-            disable=not self.enabled,
-            mininterval=0.5 if self._interactive else 30.0,
+            mininterval=0.5,
             dynamic_ncols=True,
             file=sys.stderr,
         )
@@ -168,12 +170,11 @@ class Reporter:
     def log(self, message: str, *args: Any) -> None:
         if not self.enabled:
             return
-        redrawn = self._bar if self._interactive else None  # the bar, cleared around the line
-        if redrawn is not None:
-            redrawn.clear()
+        if self._bar is not None:  # cleared around the line, redrawn under it
+            self._bar.clear()
         logger.info(message, *args)
-        if redrawn is not None:
-            redrawn.refresh()
+        if self._bar is not None:
+            self._bar.refresh()
 
     def write_summary(self, summary: dict[str, Any]) -> str | None:
         """Writes summary.json atomically (a reader never sees half a file).
