@@ -1,13 +1,16 @@
 """What a training job prints, piece by piece: the trainers' thread count (no torchrun banner),
-TorchX's notices left out, no progress bar in a log."""
+TorchX's notices left out, the plan in one line, no progress bar in a log."""
 
 import io
 import logging
 
 import pytest
+from torchrec.distributed.types import ParameterSharding, ShardingPlan
 
 from apps.dlrm.launch.torchrun_args import available_cores, trainer_threads
+from apps.dlrm.model import EBC_PATH
 from apps.dlrm.training.report import Reporter
+from apps.dlrm.training.sharding import summarize_plan
 from components import torchx_logs
 
 # Tier (tests/conftest.py): pure logic, fast.
@@ -57,6 +60,17 @@ def test_torchx_notices_are_left_out_once_the_components_are_loaded(name, messag
     target = logging.getLogger(name)
     assert target.filters.count(torchx_logs._keep) == 1
     assert bool(records_of(target, lambda: target.warning(message, *args))) == shown
+
+
+def test_the_plan_in_a_few_words():
+    def table(kind: str, ranks: list[int]) -> ParameterSharding:
+        return ParameterSharding(sharding_type=kind, compute_kernel="fused", ranks=ranks)
+
+    tables = {f"t_cat_{i}": table("table_wise", [i % 2]) for i in range(4)}
+    tables["t_cat_4"] = table("row_wise", [0, 1])
+    plan = ShardingPlan({EBC_PATH: tables})
+    assert summarize_plan(plan, 2) == "5 tables (4 table_wise, 1 row_wise) on 2 ranks, 3 per rank"
+    assert summarize_plan(plan, 3) == "5 tables (4 table_wise, 1 row_wise) on 3 ranks, 0 to 3 per rank"
 
 
 def test_no_progress_bar_in_a_log(tmp_path, monkeypatch):

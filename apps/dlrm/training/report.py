@@ -1,5 +1,5 @@
-"""What a run tells its user: log lines, a progress bar on a terminal, TensorBoard scalars and
-summary.json.
+"""What a run tells its user: log lines, a progress bar on a terminal, TensorBoard scalars,
+summary.json and the other files of its folder.
 
 Only rank 0 reports; the other ranks get a reporter that stays silent.
 """
@@ -25,6 +25,8 @@ SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
 #: The run's curves drawn from METRICS_FILE at its end: training loss, validation AUROC and log loss.
 CURVES_FILE = "curves.png"
+#: The run's sharding plan, one line per table (the log has it in one line).
+PLAN_FILE = "plan.txt"
 
 
 class _ProgressBar(tqdm):
@@ -82,7 +84,7 @@ def setup_logging(rank: int) -> None:
 
 
 class Reporter:
-    """Rank 0's progress bar, TensorBoard event files and summary.json."""
+    """Rank 0's log lines, progress bar, TensorBoard event files and the run folder's files."""
 
     def __init__(self, output_dir: str, enabled: bool) -> None:
         self.output_dir = output_dir
@@ -177,7 +179,12 @@ class Reporter:
             self._bar.refresh()
 
     def write_summary(self, summary: dict[str, Any]) -> str | None:
-        """Writes summary.json atomically (a reader never sees half a file).
+        """Writes summary.json; returns its path (None where this reporter writes nothing)."""
+        return self.write_file(SUMMARY_FILE, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+    def write_file(self, name: str, text: str) -> str | None:
+        """Writes the run folder's file ``name`` atomically (a reader never sees half a file);
+        returns its path (None where this reporter writes nothing).
 
         The temporary file has a new, unique name in the same folder, created exclusively: a
         file or symlink someone left at a predictable name is never followed or overwritten,
@@ -185,15 +192,14 @@ class Reporter:
         """
         if not (self.enabled and self.output_dir):
             return None
-        path = os.path.join(self.output_dir, SUMMARY_FILE)
-        tmp = os.path.join(self.output_dir, f".{SUMMARY_FILE}.{uuid.uuid4().hex}.tmp")
+        path = os.path.join(self.output_dir, name)
+        tmp = os.path.join(self.output_dir, f".{name}.{uuid.uuid4().hex}.tmp")
         # O_EXCL: fails on anything already there, a symlink included. Mode 0666 less the
-        # umask, as a plain open() would give summary.json (mkstemp's would be 0600).
+        # umask, as a plain open() would give the file (mkstemp's would be 0600).
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump(summary, f, indent=2, sort_keys=True)
-                f.write("\n")
+                f.write(text)
             os.replace(tmp, path)
         finally:
             if os.path.lexists(tmp):
