@@ -1,5 +1,5 @@
 """What a training job prints, piece by piece: the trainers' thread count (no torchrun banner),
-TorchX's notices left out, the plan in one line, no progress bar in a log."""
+TorchX's notices left out, the plan in one line, no progress bar in a log, and a term explained once."""
 
 import io
 import logging
@@ -73,12 +73,16 @@ def test_the_plan_in_a_few_words():
     assert summarize_plan(plan, 3) == "5 tables (4 table_wise, 1 row_wise) on 3 ranks, 0 to 3 per rank"
 
 
-def test_no_progress_bar_in_a_log(tmp_path, monkeypatch):
+def test_no_progress_bar_in_a_log_and_a_note_once(tmp_path, caplog, monkeypatch):
     log = io.StringIO()  # a log file, not a terminal
     monkeypatch.setattr("sys.stderr", log)
     reporter = Reporter(str(tmp_path), enabled=True)
     reporter.progress(total=10, initial=0)
     reporter.step(loss=0.5)
     reporter.close_progress()
+    with caplog.at_level(logging.INFO, logger="apps"):
+        for _ in range(2):
+            reporter.note("auroc_ceiling: what it is")
     reporter.close()
     assert log.getvalue() == ""
+    assert [r.getMessage() for r in caplog.records] == ["auroc_ceiling: what it is"]

@@ -1,5 +1,5 @@
 """What a run tells its user: log lines, a progress bar on a terminal, TensorBoard scalars,
-summary.json and the other files of its folder.
+summary.json and the other files of its folder, and at its end where they are.
 
 Only rank 0 reports; the other ranks get a reporter that stays silent.
 """
@@ -91,6 +91,7 @@ class Reporter:
         self.enabled = enabled
         self._writer = None
         self._bar: _ProgressBar | None = None
+        self._noted: set[str] = set()
         if enabled and output_dir:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -177,6 +178,20 @@ class Reporter:
         logger.info(message, *args)
         if self._bar is not None:
             self._bar.refresh()
+
+    def note(self, message: str) -> None:
+        """Logs ``message`` the first time only: what a term in the log means, beside its first use."""
+        if message not in self._noted:
+            self._noted.add(message)
+            self.log("%s", message)
+
+    def log_results(self) -> None:
+        """The run's last lines: where its results are, and the command that shows its curves
+        in TensorBoard (which finds the event files under the run's folder)."""
+        if self.enabled and self.output_dir:
+            self.log("summary: %s", os.path.join(self.output_dir, SUMMARY_FILE))
+            self.log("curves: %s", os.path.join(self.output_dir, CURVES_FILE))
+            self.log("TensorBoard: tensorboard --logdir %s", self.output_dir)
 
     def write_summary(self, summary: dict[str, Any]) -> str | None:
         """Writes summary.json; returns its path (None where this reporter writes nothing)."""

@@ -53,6 +53,12 @@ PIPELINE_CLASSES = {
 }
 
 
+#: What the validation's auroc_ceiling is, said once beside the first.
+CEILING_NOTE = (
+    "auroc_ceiling: the AUROC of the hidden teacher that labels the synthetic data, the best any model can reach"
+)
+
+
 def pipeline_class(cfg: LaunchConfig) -> type[TrainPipeline]:
     """TorchRec's pipeline class that --pipeline names, if this TorchRec has it."""
     name = PIPELINE_CLASSES[cfg.pipeline]
@@ -146,9 +152,9 @@ class Trainer:
         self.reporter.log("test (%s, after step %d): %s", which, tested, _fmt_metrics(test))
         self.checkpointer.wait()
         summary = self._summary(val, test, tested, resumed, throughput)
-        path = self.reporter.write_summary(summary)
-        if path:
-            self.reporter.log("wrote %s and the curves in %s", path, self.reporter.draw_curves())
+        if self.reporter.write_summary(summary):
+            self.reporter.draw_curves()
+            self.reporter.log_results()
         self.reporter.close()
         return summary
 
@@ -298,6 +304,8 @@ class Trainer:
             verdict = f"no better than step {validations.best_step}'s ({validations.since_best}"
             verdict += f" of {validations.patience})" if validations.patience else ")"
         reporter.log("step %d validation: %s  (%s)", step, _fmt_metrics(val), verdict)
+        if "auroc_ceiling" in val:
+            reporter.note(CEILING_NOTE)
         if validations.stopped_early:
             reporter.log(
                 "stopping early after step %d: %d validations without an improvement of %g in %s; the best was step %d",
