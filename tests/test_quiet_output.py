@@ -1,12 +1,18 @@
-"""What a training job prints, piece by piece: the trainers' thread count (no torchrun banner),
-TorchX's notices left out, the plan in one line, no progress bar in a log, and a term explained once."""
+"""What a training job prints, piece by piece: the trainers' thread count (no torchrun banner), the
+agent's one line about a failure, TorchX's notices left out, the plan in one line, no progress bar
+in a log, and a term explained once. The whole output of real jobs is checked in test_main_job.py
+(a success) and test_checkpoint.py (a restart)."""
 
 import io
+import json
 import logging
+import signal
 
 import pytest
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torchrec.distributed.types import ParameterSharding, ShardingPlan
 
+from apps.dlrm.launch import agent
 from apps.dlrm.launch.torchrun_args import available_cores, trainer_threads
 from apps.dlrm.model import EBC_PATH
 from apps.dlrm.training.report import Reporter
@@ -30,6 +36,40 @@ def test_the_trainers_share_the_cores_unless_the_user_set_their_threads(tmp_path
     assert available_cores(str(cpu_max)) == 4 and trainer_threads("2", {}, str(cpu_max)) == {"OMP_NUM_THREADS": "2"}
     cpu_max.write_text("max 100000\n")
     assert available_cores(str(cpu_max)) == 16
+
+
+def failure(tmp_path, rank: int, exitcode: int, message: str | None = None, at: int = 0) -> ProcessFailure:
+    """A failed rank as torchrun sees it, with the error file ``@record`` writes where ``message``."""
+    error_file = tmp_path / f"error-{rank}-{exitcode}.json"
+    if message is not None:
+        info = {"py_callstack": "Traceback ...", "timestamp": str(at)}
+        error_file.write_text(json.dumps({"message": {"message": message, "extraInfo": info}}))
+    return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(error_file))
+
+
+def test_the_agent_names_the_rank_that_failed_first_and_how(tmp_path):
+    reset = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:37535: Connection reset by peer. " + "x" * 300
+    killed = {
+        0: failure(tmp_path, 0, 1, reset, at=1),  # failed on the lost rank's absence, recorded first
+        1: failure(tmp_path, 1, -signal.SIGKILL),
+    }
+    assert agent.describe_failure(*agent.root_failure(killed)) == "rank 1 died (SIGKILL)"
+    stopped = {0: failure(tmp_path, 0, -signal.SIGTERM), 1: failure(tmp_path, 1, 1, reset)}  # torchrun's SIGTERM
+    line = agent.describe_failure(*agent.root_failure(stopped))
+    assert line.startswith("rank 1 exited with 1: RuntimeError: [pair.cc:537]") and line.endswith("...")
+    assert len(line) == len("rank 1 exited with 1: ") + agent.MESSAGE_CHARS
+    assert agent.describe_failure(*agent.root_failure({0: failure(tmp_path, 0, 2)})) == "rank 0 exited with 2"
+
+
+def test_torchrun_lines_about_a_failure_are_dropped_and_its_others_kept(monkeypatch):
+    monkeypatch.setattr(agent.launcher, "LocalElasticAgent", agent.LocalElasticAgent)
+    torch_logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    monkeypatch.setattr(torch_logger, "filters", [])
+    agent.report_restarts()
+    assert agent.launcher.LocalElasticAgent is agent.ReportingAgent
+    said = records_of(torch_logger, lambda: torch_logger.warning("Sending process %s closing signal %s", 7, "SIGTERM"))
+    said += records_of(torch_logger, lambda: torch_logger.warning("Unable to shutdown process %s", 7))
+    assert said == ["Unable to shutdown process 7"]
 
 
 def records_of(target: logging.Logger, emit) -> list[str]:

@@ -8,8 +8,10 @@ For a job of more than one node it first completes them with how the other hosts
 ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``), which torchrun and the trainers would
 otherwise guess from the hostname, wrongly wherever it resolves to loopback. What the user set is
 kept. On every job it also sets the trainers' ``OMP_NUM_THREADS`` (this host's cores shared
-among them, :func:`~apps.dlrm.launch.torchrun_args.trainer_threads`). The components run every
-trainer through it (components/launch.py).
+among them, :func:`~apps.dlrm.launch.torchrun_args.trainer_threads`), and says in one line why it
+restarts the trainers or why the job failed (:mod:`apps.dlrm.launch.agent`), in place of
+torchrun's warnings, tracebacks and failure table. The components run every trainer through it
+(components/launch.py).
 """
 
 import logging
@@ -22,6 +24,7 @@ from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args
 
 from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.launch.agent import describe_failure, report_restarts, root_failure
 from apps.dlrm.launch.torchrun_args import multi_node_args, trainer_threads
 
 logger = logging.getLogger("apps.dlrm.torchrun")
@@ -39,15 +42,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"apps.dlrm.torchrun: {e}")
     os.environ.update(variables)
     _prepare_trainers(args)
+    report_restarts()
     try:
         torchrun_main(args)
     except ChildFailedError as e:
-        # The trainer printed its error (and @record gave TorchX its traceback): one line here,
-        # not torchrun's traceback and failure table under it.
-        rank, failure = e.get_first_failure()
+        # A trainer that exits with an error printed it (and @record gave TorchX its traceback):
+        # one line here, not torchrun's traceback and failure table under it.
+        rank, failure = root_failure(e.failures)
         sys.exit(
-            f"apps.dlrm.torchrun: {e.name} failed on {socket.gethostname()}: rank {rank} exited "
-            f"with {failure.exitcode}; its error is above"
+            f"apps.dlrm.torchrun: {e.name} failed on {socket.gethostname()}: {describe_failure(rank, failure)}"
+            + ("; its error is above" if failure.exitcode > 0 else "")
         )
 
 
