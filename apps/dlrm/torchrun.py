@@ -8,10 +8,11 @@ For a job of more than one node it first completes them with how the other hosts
 ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``), which torchrun and the trainers would
 otherwise guess from the hostname, wrongly wherever it resolves to loopback. What the user set is
 kept. On every job it also sets the trainers' ``OMP_NUM_THREADS`` (this host's cores shared
-among them, :func:`~apps.dlrm.launch.torchrun_args.trainer_threads`), and says in one line why it
-restarts the trainers or why the job failed (:mod:`apps.dlrm.launch.agent`), in place of
-torchrun's warnings, tracebacks and failure table. The components run every trainer through it
-(components/launch.py).
+among them, :func:`~apps.dlrm.launch.torchrun_args.trainer_threads`), names the run's folder in
+torchrun's ``--log_dir`` (:func:`~apps.dlrm.training.run_folder.torchrun_log_dir`), and says in
+one line why it restarts the trainers or why the job failed (:mod:`apps.dlrm.launch.agent`), in
+place of torchrun's warnings, tracebacks and failure table. The components run every trainer
+through it (components/launch.py).
 """
 
 import logging
@@ -26,6 +27,7 @@ from torch.distributed.run import parse_args
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.launch.agent import describe_failure, report_restarts, root_failure
 from apps.dlrm.launch.torchrun_args import multi_node_args, trainer_threads
+from apps.dlrm.training.run_folder import torchrun_log_dir
 
 logger = logging.getLogger("apps.dlrm.torchrun")
 
@@ -56,9 +58,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _prepare_trainers(args: list[str]) -> None:
-    """Sets the trainers' OMP_NUM_THREADS."""
+    """Sets the trainers' OMP_NUM_THREADS, and names the run's folder in torchrun's log folder
+    (PET_LOG_DIR, which the training component sets; a --log_dir flag would take precedence)."""
     parsed = parse_args(args)  # torchrun's own reading: its flags, else their PET_ variables
     os.environ.update(trainer_threads(parsed.nproc_per_node, dict(os.environ)))
+    if "PET_LOG_DIR" in os.environ:
+        os.environ["PET_LOG_DIR"] = torchrun_log_dir(os.environ["PET_LOG_DIR"], os.environ, parsed.rdzv_id)
 
 
 if __name__ == "__main__":
