@@ -26,10 +26,17 @@ from apps.dlrm.model import speed_up_dense
 from apps.dlrm.training.device_support import check_device_support
 from apps.dlrm.training.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.training.optim import LRSchedule, LRShape, training_optimizer
-from apps.dlrm.training.report import Reporter
+from apps.dlrm.training.report import PLAN_FILE, Reporter
 from apps.dlrm.training.run_folder import open_output_dir
 from apps.dlrm.training.run_length import RunLength
-from apps.dlrm.training.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
+from apps.dlrm.training.sharding import (
+    build_plan,
+    describe_plan,
+    model_to_shard,
+    plan_tables,
+    shard_model,
+    summarize_plan,
+)
 from apps.dlrm.training.validations import Validations
 from apps.dlrm.urls import config_record, redact_urls
 
@@ -44,6 +51,12 @@ PIPELINE_CLASSES = {
     "sparse_dist_lite": "TrainPipelineSparseDistLite",
     "prefetch": "PrefetchTrainPipelineSparseDist",
 }
+
+
+#: What the validation's auroc_ceiling is, said once beside the first.
+CEILING_NOTE = (
+    "auroc_ceiling: the AUROC of the hidden teacher that labels the synthetic data, the best any model can reach"
+)
 
 
 def pipeline_class(cfg: LaunchConfig) -> type[TrainPipeline]:
@@ -106,7 +119,7 @@ class Trainer:
         cfg, env, run = self.cfg, self.env, self.run_length
         if self.reporter.output_dir:
             self.reporter.log("run %s writes its results to %s", self.run_id, self.reporter.output_dir)
-        self.reporter.log("sharding plan (%s):\n%s", cfg.launch.sharding_type, describe_plan(self.plan))
+        self._log_plan()
         if cfg.evaluation.evaluate_checkpoint:
             return self.evaluate_checkpoint(cfg.evaluation.evaluate_checkpoint)
         resumed = self.restore()
@@ -139,11 +152,22 @@ class Trainer:
         self.reporter.log("test (%s, after step %d): %s", which, tested, _fmt_metrics(test))
         self.checkpointer.wait()
         summary = self._summary(val, test, tested, resumed, throughput)
-        path = self.reporter.write_summary(summary)
-        if path:
-            self.reporter.log("wrote %s and the curves in %s", path, self.reporter.draw_curves())
+        if self.reporter.write_summary(summary):
+            self.reporter.draw_curves()
+            self.reporter.log_results()
         self.reporter.close()
         return summary
+
+    def _log_plan(self) -> None:
+        """The sharding plan in one line, and the whole of it (a line per table) in the run's
+        plan.txt; in the log where the run has no folder."""
+        kind, whole = self.cfg.launch.sharding_type, describe_plan(self.plan)
+        brief = summarize_plan(self.plan, self.env.world_size)
+        path = self.reporter.write_file(PLAN_FILE, whole + "\n")
+        if path:
+            self.reporter.log("sharding plan (%s): %s; the whole plan: %s", kind, brief, path)
+        else:
+            self.reporter.log("sharding plan (%s): %s:\n%s", kind, brief, whole)
 
     def restore(self) -> Checkpoint | None:
         """Collective. Resumes from the newest committed checkpoint of --checkpoint_dir, if any,
@@ -280,6 +304,8 @@ class Trainer:
             verdict = f"no better than step {validations.best_step}'s ({validations.since_best}"
             verdict += f" of {validations.patience})" if validations.patience else ")"
         reporter.log("step %d validation: %s  (%s)", step, _fmt_metrics(val), verdict)
+        if "auroc_ceiling" in val:
+            reporter.note(CEILING_NOTE)
         if validations.stopped_early:
             reporter.log(
                 "stopping early after step %d: %d validations without an improvement of %g in %s; the best was step %d",
