@@ -217,6 +217,54 @@ def test_list_columns_are_multi_hot_and_nulls_are_counted_and_filled(tmp_path):
     assert kjt.values().shape[0] == sum(kjt.length_per_key())
 
 
+def contents(batch) -> tuple[list, ...]:
+    """Everything a batch holds, as lists: to compare the batches of two sources."""
+    kjt = batch.sparse_features
+    return batch.labels.tolist(), batch.dense_features.tolist(), kjt.values().tolist(), kjt.lengths().tolist()
+
+
+def write_two(folder, first: pa.Table, second: pa.Table) -> str:
+    """A folder of two files."""
+    os.makedirs(folder)
+    pq.write_table(first, os.path.join(folder, "day_0.parquet"))
+    pq.write_table(second, os.path.join(folder, "day_1.parquet"))
+    return str(folder)
+
+
+def retyped(data: pa.Table, name: str, field: pa.Field) -> pa.Table:
+    return data.set_column(data.schema.get_field_index(name), field, data.column(name).cast(field.type))
+
+
+def id_lists(first: int, rows: int) -> pa.Array:
+    """Rows ``first ...`` of a list column: row r holds 0, 1 or 2 ids (r % 3)."""
+    return pa.array([[r % TABLES, (r + 1) % TABLES][: r % 3] for r in range(first, first + rows)], pa.list_(pa.int64()))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "name, field",
+    [
+        ("cat_0", pa.field("cat_0", pa.int32())),
+        ("int_0", pa.field("int_0", pa.int32())),
+        ("int_1", pa.field("int_1", pa.float32())),
+        ("label", pa.field("label", pa.float32())),
+        ("label", pa.field("label", pa.bool_())),
+        ("cat_2", pa.field("cat_2", pa.int64(), nullable=False)),
+        ("cat_1", pa.field("cat_1", pa.list_(pa.int32()))),
+        ("cat_1", pa.field("cat_1", pa.list_(pa.field("item", pa.int64(), nullable=False)))),
+    ],
+)
+def test_files_whose_types_differ_only_in_width_or_nullability_read_as_one(tmp_path, name, field):
+    """Spark's and BigQuery's exports often differ so from file to file: each column reads as one
+    type, with the values of files that agree (windows of 1000 rows mix both files' rows)."""
+    first, second = (table(r, 300, cat_1=id_lists(r, 300)) for r in (0, 300))
+    same = write_two(tmp_path / "same", first, second)
+    mixed = write_two(tmp_path / "mixed", first, retyped(second, name, field))
+    options = dict(eval_fraction=0.5, batch_size=50, shuffle_buffer_rows=1000)
+    expected = [contents(b) for b in take(dataset(same, **options).train_batches(0), 9)]
+    assert [contents(b) for b in take(dataset(mixed, **options).train_batches(0), 9)] == expected
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "change, kwargs, fragment",

@@ -6,6 +6,12 @@ filesystem issues them concurrently, a local one reads them in turn), and pyarro
 row groups from those bytes in memory. Only the columns training reads travel, and nothing but the
 row groups of this rank's share: a data set is never copied whole to any host.
 
+Files need not agree on a column's exact type: one file's ``int32`` ids beside another's
+``int64``, ``float`` beside ``double``, a non-nullable column beside a nullable one (Spark's and
+BigQuery's exports differ so) are read as one. Rows of files whose types differ are cast, per column
+chunk, to one type per column (:func:`_common_schema`) before they are put together; the cast is the
+one decoding makes anyway, so a row reads the same whichever rows it is read with.
+
 Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no loop over rows):
 
 - the label and dense columns become float32; a null dense value is 0, a null label an error
@@ -140,7 +146,7 @@ class RowGroupReader:
         """The rows of ``pieces``, in their order; their row groups are fetched at once."""
         groups = sorted({(f, g) for f, g, _, _ in pieces})
         tables = self._read_groups(groups)
-        return self._decode(pieces, pa.concat_tables([tables[f, g].slice(lo, hi - lo) for f, g, lo, hi in pieces]))
+        return self._decode(pieces, _concat([tables[f, g].slice(lo, hi - lo) for f, g, lo, hi in pieces], self.spec))
 
     def group(self, f: int, g: int) -> Rows:
         """Row group ``g`` of file ``f``, whole; the last one asked for is kept, so that reading a
@@ -167,7 +173,9 @@ class RowGroupReader:
             )
             for f, file_parts in parts.items()
         }
-        return {(f, g): readers[f].read_row_group(g, columns=self.spec.names) for f, g in groups}
+        return {
+            (f, g): readers[f].read_row_group(g, columns=self.spec.names).select(self.spec.names) for f, g in groups
+        }
 
     def _chunk_ranges(self, f: int, g: int) -> list[tuple[int, int]]:
         """The byte ranges of row group ``g``'s needed column chunks in file ``f``, merged."""
@@ -230,6 +238,25 @@ class RowGroupReader:
             url, g = where(k if offsets is None else int(np.searchsorted(offsets, k, side="right")) - 1)
             check_id(int(values[k]), size, url, column, g)
         return values.astype(self.id_dtype, copy=False)
+
+
+def _common_schema(spec: ColumnSpec) -> pa.Schema:
+    """One type per column that the types of any file cast to (safely, but for a large integer
+    that float32 rounds, as decoding rounds it, and uint64 ids, whose bits hashing reads anyway):
+    float32 for the label and dense features, int64 ids or lists of them."""
+    ids = [pa.list_(pa.int64()) if multi_hot else pa.int64() for multi_hot in spec.multi_hot]
+    types = [pa.float32()] * (1 + len(spec.dense)) + ids
+    return pa.schema([pa.field(name, t) for name, t in zip(spec.names, types)])
+
+
+def _concat(tables: list[pa.Table], spec: ColumnSpec) -> pa.Table:
+    """``tables`` (of ``spec.names``) as one; cast to :func:`_common_schema` only where their
+    types differ, so that files that agree (the common case) are not copied."""
+    first = tables[0].schema
+    if all(table.schema.equals(first) for table in tables[1:]):
+        return pa.concat_tables(tables)
+    schema = _common_schema(spec)
+    return pa.concat_tables([table.cast(schema, safe=False) for table in tables])
 
 
 def _floats_into(column: pa.ChunkedArray, out: np.ndarray) -> None:
