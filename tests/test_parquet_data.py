@@ -266,6 +266,18 @@ def test_files_whose_types_differ_only_in_width_or_nullability_read_as_one(tmp_p
 
 
 @pytest.mark.unit
+def test_a_dot_in_a_column_name_is_part_of_the_name(tmp_path):
+    """``cat.0`` is a column of its own, not a field of ``cat``; ``label.x`` beside ``label``
+    (its nulls recorded in its statistics) is not the label."""
+    data = table(0, 300).rename_columns(["label", *DENSE, "cat.0", *SPARSE[1:]])
+    data = data.append_column("label.x", pa.array([None] * 300, pa.int8()))
+    source = dataset(write_one(tmp_path, "dots", data), sparse_columns=["cat.0", *SPARSE[1:]], eval_fraction=0.5)
+    assert source.null_counts["cat.0"] == 0 and source.null_counts["label"] == 0
+    batch = next(source.eval_batches("val", 1))
+    assert batch.sparse_features["cat_0"].values().tolist() == [r % TABLES for r in rows_of(batch)]
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "change, kwargs, fragment",
     [

@@ -271,11 +271,11 @@ def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[
     ranges = dict(zip(spec.sparse, table_sizes)) if table_sizes is not None else {}
     for file in files:
         metadata = file.metadata
-        leaves = {metadata.schema.column(i).path.split(".")[0]: i for i in range(metadata.num_columns)}
+        leaves = leaf_columns(metadata)
         for g in range(metadata.num_row_groups):
             group = metadata.row_group(g)
             for name in spec.names:
-                stats = group.column(leaves[name]).statistics
+                stats = group.column(leaves[name][0]).statistics  # a column we read has one leaf
                 count = stats.null_count if stats is not None and stats.has_null_count else None
                 if name == spec.label and count:
                     raise null_label_error(file.url, name, g, count)
@@ -285,6 +285,23 @@ def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[
                     for value in (stats.min, stats.max):
                         check_id(value, ranges[name], file.url, name, g)
     return nulls
+
+
+def leaf_columns(metadata: pq.FileMetaData) -> dict[str, range]:
+    """Per top-level column, the indices of its leaf (physical) columns, whose chunks and
+    statistics the footer holds. Counted from the columns' types, leaves being in column order:
+    a leaf's dotted path cannot tell column ``cat.0`` from field ``0`` of column ``cat``."""
+    leaves, at = {}, 0
+    for field in metadata.schema.to_arrow_schema():
+        count = _leaf_count(field.type)
+        leaves[field.name] = range(at, at + count)
+        at += count
+    return leaves
+
+
+def _leaf_count(arrow_type: pa.DataType) -> int:
+    fields = [arrow_type.field(i) for i in range(arrow_type.num_fields)]
+    return sum(_leaf_count(field.type) for field in fields) if fields else 1
 
 
 def null_label_error(url: str, column: str, group: int, count: int) -> ConfigError:

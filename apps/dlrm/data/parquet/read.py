@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 import torch
 
 from apps.dlrm.common.hashing import mix64
-from apps.dlrm.data.parquet.files import ColumnSpec, DataFile, check_id, null_label_error
+from apps.dlrm.data.parquet.files import ColumnSpec, DataFile, check_id, leaf_columns, null_label_error
 from apps.dlrm.data.parquet.order import Piece
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class RowGroupReader:
         self.hash_ids = categorical_ids == "hash"
         self.id_dtype = id_dtype
         self._cached: tuple[tuple[int, int], Rows] | None = None
-        self._leaves = [_leaf_columns(file.metadata, spec.names) for file in files]
+        self._leaves = [[i for name in spec.names for i in leaf_columns(file.metadata)[name]] for file in files]
 
     def read(self, pieces: list[Piece]) -> Rows:
         """The rows of ``pieces``, in their order; their row groups are fetched at once."""
@@ -281,9 +281,3 @@ def _ragged(column: pa.Array, multi_hot: bool) -> tuple[np.ndarray, np.ndarray |
         valid = values.is_valid().to_numpy(zero_copy_only=False)
         values, rows = values.filter(pa.array(valid)), rows[valid]
     return values.to_numpy(), np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
-
-
-def _leaf_columns(metadata: pq.FileMetaData, names: list[str]) -> list[int]:
-    """The indices of the leaf (physical) columns of the top-level columns ``names``."""
-    wanted = set(names)
-    return [i for i in range(metadata.num_columns) if metadata.schema.column(i).path.split(".")[0] in wanted]
