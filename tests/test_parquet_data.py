@@ -8,6 +8,7 @@ number (in file order), so each test can tell exactly which rows a batch holds.
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 
@@ -333,6 +334,30 @@ def test_missing_and_foreign_inputs_are_refused(tmp_path, folder):
         dataset(other)
     with pytest.raises(ConfigError, match="fewer than one batch per rank"):
         dataset(folder, batch_size=3000)
+
+
+@pytest.mark.unit
+def test_symlinked_files_are_read_as_the_files_they_name(tmp_path, folder):
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for name in os.listdir(folder):  # a mix, as a folder assembled from several exports may be
+        if name < "day_3":
+            (linked / name).symlink_to(os.path.join(folder, name))
+        else:
+            shutil.copy(os.path.join(folder, name), linked)
+    for path in (linked, f"{linked}/day_*.parquet"):
+        source = dataset(path)
+        assert source.splits == dataset(folder).splits
+        assert [rows_of(b) for b in take(source.train_batches(0), 3)] == [
+            rows_of(b) for b in take(dataset(folder).train_batches(0), 3)
+        ]
+    (linked / "day_9.parquet").symlink_to(tmp_path / "gone.parquet")
+    with pytest.raises(ConfigError, match=r"day_9.parquet is a symlink to .*gone.parquet, which does not exist"):
+        dataset(linked)
+    (linked / "day_9.parquet").unlink()
+    (linked / "day_9.parquet").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(ConfigError, match=r"day_9.parquet is a symlink to the folder .*, which --data_path does not"):
+        dataset(linked)
 
 
 @pytest.mark.unit

@@ -6,7 +6,8 @@ split into ranks needs (:mod:`apps.dlrm.data.parquet.order`); no data page is re
 footers also let the job refuse, before its first step, what would otherwise fail hours in or
 train on garbage. Each error is one line naming the file, the column and the fix:
 
-- a file that is not Parquet, or none at all under --data_path;
+- a file that is not Parquet, or none at all under --data_path; a symlink to nothing or to a folder
+  (symlinks to files are followed);
 - a column named by --label_column, --dense_columns or --sparse_columns that a file lacks, or of
   a type we do not read: numbers (integer, float, boolean) for the label and dense features,
   integers or lists of integers for sparse ones;
@@ -124,6 +125,7 @@ def _list(fs: fsspec.AbstractFileSystem, root: str, data_path: str) -> list[tupl
         found = {root: fs.info(root)}
     else:
         raise ConfigError(f"--data_path {data_path} does not exist: give a folder, glob or URL of Parquet files")
+    found = {path: _followed(fs, path, info) for path, info in found.items()}
     files = sorted(
         ((path, int(info["size"])) for path, info in found.items() if info["type"] == "file"),
         key=lambda entry: natural_key(entry[0]),
@@ -134,6 +136,25 @@ def _list(fs: fsspec.AbstractFileSystem, root: str, data_path: str) -> list[tupl
             "starting with _ or .): check the path, or give a glob of the files"
         )
     return files
+
+
+def _followed(fs: fsspec.AbstractFileSystem, path: str, info: dict) -> dict:
+    """``info`` of a listed entry, or for a symlink its target's: a listing describes the link
+    itself, neither file nor folder, and leaving it out would train on fewer files than given."""
+    if not info.get("islink"):
+        return info
+    try:
+        target = fs.info(path)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path} is a symlink to {info.get('destination')}, which does not exist: fix the link or remove it"
+        ) from None
+    if target["type"] != "file":
+        raise ConfigError(
+            f"{path} is a symlink to the folder {info.get('destination')}, which --data_path does not "
+            "search: give the folder's files by a glob, or copy them in"
+        )
+    return target
 
 
 def _is_data_file(relative: str) -> bool:
