@@ -314,6 +314,20 @@ def test_bad_values_in_files_without_statistics_stop_reading_naming_the_file(tmp
 
 
 @pytest.mark.unit
+def test_a_garbled_data_page_stops_reading_naming_file_and_row_group(tmp_path):
+    folder = write_one(tmp_path, "garbled", table(0, 300), row_group_size=100)
+    path = os.path.join(folder, "day_0.parquet")
+    chunk = pq.read_metadata(path).row_group(2).column(5)  # cat_0 of the test split's rows
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    with open(path, "r+b") as f:  # the page header: what a torn or corrupted write leaves
+        f.seek(start)
+        f.write(b"\xff" * 16)
+    source = dataset(folder, eval_fraction=0.5)  # the footer is intact: start-up cannot tell
+    with pytest.raises(ConfigError, match=r"day_0.parquet: row group 2 cannot be decoded \(.+\): the file is"):
+        list(source.eval_batches("test", 0))
+
+
+@pytest.mark.unit
 def test_missing_and_foreign_inputs_are_refused(tmp_path, folder):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "_SUCCESS").write_text("")

@@ -4,7 +4,9 @@ Fetching. The byte ranges of the needed column chunks of every row group asked f
 known from the footers, so they are requested together (``fs.cat_ranges``: an object store's
 filesystem issues them concurrently, a local one reads them in turn), and pyarrow then decodes the
 row groups from those bytes in memory. Only the columns training reads travel, and nothing but the
-row groups of this rank's share: a data set is never copied whole to any host.
+row groups of this rank's share: a data set is never copied whole to any host. A row group whose
+pages do not decode (a file damaged after its footer was written) stops training with an error
+naming the file and the row group.
 
 Files need not agree on a column's exact type: one file's ``int32`` ids beside another's
 ``int64``, ``float`` beside ``double``, a non-nullable column beside a nullable one (Spark's and
@@ -37,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.common.hashing import mix64
 from apps.dlrm.data.parquet.files import ColumnSpec, DataFile, check_id, leaf_columns, null_label_error
 from apps.dlrm.data.parquet.order import Piece
@@ -173,9 +176,18 @@ class RowGroupReader:
             )
             for f, file_parts in parts.items()
         }
-        return {
-            (f, g): readers[f].read_row_group(g, columns=self.spec.names).select(self.spec.names) for f, g in groups
-        }
+        return {(f, g): self._decoded_group(readers[f], f, g) for f, g in groups}
+
+    def _decoded_group(self, reader: pq.ParquetFile, f: int, g: int) -> pa.Table:
+        """Row group ``g`` of file ``f``, its columns of ``spec``; a page that does not decode
+        (torn or corrupted after its footer was written) is an error naming file and row group."""
+        try:
+            return reader.read_row_group(g, columns=self.spec.names).select(self.spec.names)
+        except (pa.ArrowException, OSError) as e:
+            raise ConfigError(
+                f"{self.files[f].url}: row group {g} cannot be decoded ({' '.join(str(e).split())}): the file is "
+                "corrupt; write it again, or leave it out of --data_path"
+            ) from e
 
     def _chunk_ranges(self, f: int, g: int) -> list[tuple[int, int]]:
         """The byte ranges of row group ``g``'s needed column chunks in file ``f``, merged."""
