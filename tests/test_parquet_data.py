@@ -287,6 +287,8 @@ def test_a_dot_in_a_column_name_is_part_of_the_name(tmp_path):
         (dict(int_1=pa.array([[1.0]] * 300)), {}, "column 'int_1' (--dense_columns) is list<element: double>"),
         (dict(cat_0=pa.array(np.full(300, 1000))), {}, "column 'cat_0' holds id 1000 (row group 0)"),
         (dict(label=pa.array([None] + [1] * 299, pa.int8())), {}, "label column 'label' has 1 null values"),
+        (dict(label=pa.array([0] * 299 + [2], pa.int8())), {}, "label column 'label' holds 2 (row group 0)"),
+        (dict(label=pa.array([-1.0] + [1.0] * 299)), {}, "label column 'label' holds -1 (row group 0)"),
         ({}, dict(dense_columns=["int_*"], num_dense_features=2), "--dense_columns int_* matches 3 columns"),
         ({}, dict(sparse_columns=["nope_*"]), "--sparse_columns nope_* matches no column"),
         ({}, dict(sparse_columns=["cat_0", "int_0"]), "int_0 would be read twice"),
@@ -306,10 +308,20 @@ def test_bad_inputs_are_refused_at_start_naming_file_and_column(tmp_path, change
 
 
 @pytest.mark.unit
-def test_bad_values_in_files_without_statistics_stop_reading_naming_the_file(tmp_path):
-    data = table(0, 300, cat_0=pa.array(np.r_[np.zeros(299, np.int64), -4]))
-    source = dataset(write_one(tmp_path, "nostats", data, write_statistics=False), eval_fraction=0.5)
-    with pytest.raises(ConfigError, match=r"day_0.parquet: column 'cat_0' holds id -4 \(row group 0\)"):
+@pytest.mark.parametrize(
+    "change, statistics, fragment",
+    [
+        (dict(cat_0=pa.array(np.r_[np.zeros(299, np.int64), -4])), False, "column 'cat_0' holds id -4 (row group 0)"),
+        (dict(label=pa.array([1.0] * 299 + [0.5])), False, "label column 'label' holds 0.5 (row group 0)"),
+        (dict(label=pa.array([1.0] * 299 + [np.nan])), True, "label column 'label' holds nan (row group 0)"),
+    ],
+)
+def test_bad_values_that_statistics_do_not_show_stop_reading_naming_the_file(tmp_path, change, statistics, fragment):
+    """Files written without statistics, and what statistics never show (a label between 0 and
+    1, NaN, which they leave out of min and max), are checked as their rows are read."""
+    data = table(0, 300, **change)
+    source = dataset(write_one(tmp_path, "nostats", data, write_statistics=statistics), eval_fraction=0.5)
+    with pytest.raises(ConfigError, match=re.escape(f"day_0.parquet: {fragment}")):
         list(source.eval_batches("test", 0))
 
 

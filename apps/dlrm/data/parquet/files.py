@@ -11,12 +11,14 @@ train on garbage. Each error is one line naming the file, the column and the fix
 - a column named by --label_column, --dense_columns or --sparse_columns that a file lacks, or of
   a type we do not read: numbers (integer, float, boolean) for the label and dense features,
   integers or lists of integers for sparse ones;
-- a null label: such a row cannot train (drop or fill it upstream);
+- a null label: such a row cannot train (drop or fill it upstream); a label other than 0 or 1,
+  which trains to a negative loss;
 - with ``--categorical_ids as_is``, an id outside its embedding table;
 
-the last two from the statistics that Parquet writers record per column chunk (Spark, BigQuery's
+the last three from the statistics that Parquet writers record per column chunk (Spark, BigQuery's
 exports and pyarrow do by default). For a file without them the same checks run as its rows are
-read (:mod:`apps.dlrm.data.parquet.read`), and stop training with the same message.
+read (:mod:`apps.dlrm.data.parquet.read`), and stop training with the same message; so do the labels
+that statistics cannot show (0.5 between a chunk's minimum 0 and maximum 1; NaN, which they leave out).
 
 Null counts: a null dense value trains as 0, a null sparse value as an empty bag (no id). Their
 counts per column, summed from the same statistics, are logged at start-up as the Criteo
@@ -300,6 +302,9 @@ def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[
                 count = stats.null_count if stats is not None and stats.has_null_count else None
                 if name == spec.label and count:
                     raise null_label_error(file.url, name, g, count)
+                if name == spec.label and stats is not None and stats.has_min_max:
+                    for value in (stats.min, stats.max):
+                        check_label(value, file.url, name, g)
                 if name in nulls:
                     nulls[name] = None if nulls[name] is None or count is None else nulls[name] + count
                 if name in ranges and stats is not None and stats.has_min_max:
@@ -330,6 +335,14 @@ def null_label_error(url: str, column: str, group: int, count: int) -> ConfigErr
         f"{url}: label column {column!r} has {count:,} null values (row group {group}): a "
         "row without its label cannot train; drop or fill those rows where the files are written"
     )
+
+
+def check_label(value: float, url: str, column: str, group: int) -> None:
+    if value not in (0, 1):
+        raise ConfigError(
+            f"{url}: label column {column!r} holds {value:g} (row group {group}), but a label is a "
+            "click (1) or not (0): map the labels to 0 and 1 where the files are written"
+        )
 
 
 def check_id(value: int, table_size: int, url: str, column: str, group: int) -> None:

@@ -16,8 +16,8 @@ one decoding makes anyway, so a row reads the same whichever rows it is read wit
 
 Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no loop over rows):
 
-- the label and dense columns become float32; a null dense value is 0, a null label an error
-  (:func:`apps.dlrm.data.parquet.files.null_label_error`);
+- the label and dense columns become float32; a null dense value is 0, a null label or one other
+  than 0 and 1 an error (:func:`apps.dlrm.data.parquet.files.null_label_error`, ``check_label``);
 - a sparse column becomes ids and per-row offsets, as a KeyedJaggedTensor holds them: an integer
   column one id per row (none for a null), a list column its elements (nulls in a list dropped,
   a null list empty); ``hash`` ids are SplitMix64 of the value (:func:`apps.dlrm.common.hashing.mix64`,
@@ -41,7 +41,14 @@ import torch
 
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.common.hashing import mix64
-from apps.dlrm.data.parquet.files import ColumnSpec, DataFile, check_id, leaf_columns, null_label_error
+from apps.dlrm.data.parquet.files import (
+    ColumnSpec,
+    DataFile,
+    check_id,
+    check_label,
+    leaf_columns,
+    null_label_error,
+)
 from apps.dlrm.data.parquet.order import Piece
 
 if TYPE_CHECKING:
@@ -230,6 +237,11 @@ class RowGroupReader:
             offsets.append(o)
         label_values = np.empty(table.num_rows, dtype=np.float32)
         _floats_into(labels, label_values)
+        unlabelled = (label_values != 0) & (label_values != 1)  # NaN too
+        if unlabelled.any():
+            k = int(np.flatnonzero(unlabelled)[0])
+            url, g = where(k)
+            check_label(float(label_values[k]), url, spec.label, g)
         return Rows(np.ascontiguousarray(dense.T), label_values, ids, offsets)
 
     def _ids(
