@@ -6,6 +6,7 @@ number (in file order), so each test can tell exactly which rows a batch holds.
 """
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -276,6 +277,23 @@ def test_a_dot_in_a_column_name_is_part_of_the_name(tmp_path):
     assert source.null_counts["cat.0"] == 0 and source.null_counts["label"] == 0
     batch = next(source.eval_batches("val", 1))
     assert batch.sparse_features["cat_0"].values().tolist() == [r % TABLES for r in rows_of(batch)]
+
+
+@pytest.mark.unit
+def test_nan_and_infinite_dense_values_train_as_nulls_do_and_are_counted(tmp_path, caplog):
+    r = np.arange(300)
+    values = r.astype(np.float64)
+    values[r % 10 == 3], values[r % 50 == 7], values[r % 50 == 8] = np.nan, np.inf, -np.inf
+    source = dataset(write_one(tmp_path, "nan", table(0, 300, int_1=pa.array(values))), eval_fraction=0.5)
+    with caplog.at_level(logging.WARNING, logger="apps.dlrm.data"):
+        batches = list(source.eval_batches("val", 0))  # reads the one row group, whole
+        rows = sum((rows_of(b) for b in batches), [])
+        expected = [v if np.isfinite(v) else 0.0 for v in values[rows]]
+        assert sum((b.dense_features[:, 1].tolist() for b in batches), []) == expected
+        assert source.nonfinite_counts == {"int_1": np.count_nonzero(~np.isfinite(values))}
+        take(source.train_batches(0), 1)  # the total so far is logged when training ends
+    assert "day_0.parquet: dense column 'int_1' holds NaN or infinite values (row group 0)" in caplog.text
+    assert re.search(r"NaN or infinite dense values read \(trained as 0, as nulls are\): int_1 \d+", caplog.text)
 
 
 @pytest.mark.unit

@@ -18,6 +18,10 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
 
 - the label and dense columns become float32; a null dense value is 0, a null label or one other
   than 0 and 1 an error (:func:`apps.dlrm.data.parquet.files.null_label_error`, ``check_label``);
+- a NaN or infinite dense value is 0 too, as a null is (it would train the model to NaN): counted
+  per column as read (:attr:`RowGroupReader.nonfinite`), a column's first ones logged naming the
+  file and row group. Statistics cannot count them (they leave NaN out), so they are found on the
+  decoded block, at the cost of one sum per feature when there are none;
 - a sparse column becomes ids and per-row offsets, as a KeyedJaggedTensor holds them: an integer
   column one id per row (none for a null), a list column its elements (nulls in a list dropped,
   a null list empty); ``hash`` ids are SplitMix64 of the value (:func:`apps.dlrm.common.hashing.mix64`,
@@ -29,6 +33,8 @@ numbers, and only numbers reach training.
 """
 
 import io
+import logging
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -53,6 +59,8 @@ from apps.dlrm.data.parquet.order import Piece
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer  # exists only for type checkers
+
+logger = logging.getLogger("apps.dlrm.data")
 
 #: Column chunks closer than this are fetched in one request (the gap's bytes are cheaper than a request).
 MERGE_GAP = 1 << 16
@@ -150,6 +158,9 @@ class RowGroupReader:
         self.hash_ids = categorical_ids == "hash"
         self.id_dtype = id_dtype
         self._cached: tuple[tuple[int, int], Rows] | None = None
+        #: NaN or infinite values read (and made 0) per dense column, by every thread that reads.
+        self.nonfinite: dict[str, int] = {}
+        self._nonfinite_lock = threading.Lock()
         self._leaves = [[i for name in spec.names for i in leaf_columns(file.metadata)[name]] for file in files]
 
     def read(self, pieces: list[Piece]) -> Rows:
@@ -230,6 +241,10 @@ class RowGroupReader:
         dense = np.empty((len(spec.dense), table.num_rows), dtype=np.float32)
         for j, name in enumerate(spec.dense):
             _floats_into(table.column(name), dense[j])
+        with np.errstate(over="ignore", invalid="ignore"):  # a sum is finite only if every value is
+            all_finite = np.isfinite(dense.sum(axis=1)).all()
+        if not all_finite:
+            self._zero_nonfinite(dense, where)
         ids, offsets = [], []
         for name, multi_hot, size in zip(spec.sparse, spec.multi_hot, self.table_sizes):
             values, o = _ragged(table.column(name).combine_chunks(), multi_hot)
@@ -243,6 +258,26 @@ class RowGroupReader:
             url, g = where(k)
             check_label(float(label_values[k]), url, spec.label, g)
         return Rows(np.ascontiguousarray(dense.T), label_values, ids, offsets)
+
+    def _zero_nonfinite(self, dense: np.ndarray, where: Callable[[int], tuple[str, int]]) -> None:
+        """Makes the NaN and infinite values of ``dense`` [features, rows] 0, as nulls are, and
+        counts them; a column's first ones are logged, naming their file and row group."""
+        bad = ~np.isfinite(dense)
+        dense[bad] = 0
+        counts = bad.sum(axis=1)
+        with self._nonfinite_lock:
+            for j in np.flatnonzero(counts):
+                name = self.spec.dense[j]
+                if name not in self.nonfinite:
+                    url, g = where(int(np.argmax(bad[j])))
+                    logger.warning(
+                        "%s: dense column %r holds NaN or infinite values (row group %d): they train as 0, as "
+                        "nulls do; their count is logged when training ends (fix them where the files are written)",
+                        url,
+                        name,
+                        g,
+                    )
+                self.nonfinite[name] = self.nonfinite.get(name, 0) + int(counts[j])
 
     def _ids(
         self,
