@@ -10,7 +10,7 @@ way, which makes our multi-hot Criteo batches those of the MLPerf reference (tes
 checks ours against the reference's output on a sample).
 
 The tables are held in memory by every training process, as in the reference: 4 bytes per id
-per row, about 23 GB for MLPerf's table sizes and multi-hot sizes, and drawing them takes a
+per row, 22.3 GiB for MLPerf's table sizes and multi-hot sizes (:func:`table_bytes`), and drawing them takes a
 while (one random number per extra id). They are drawn straight into int32, a few million ids at a
 time, so that drawing takes hardly more memory than holding; and a host whose available memory
 (or container limit) cannot hold them in all its training processes is refused before the first
@@ -73,10 +73,15 @@ def _draw_into(out: np.ndarray, generator: np.random.RandomState) -> None:
         part[:] = generator.randint(0, rows, size=part.shape, dtype=np.int32)
 
 
+def table_bytes(multi_hot_sizes: list[int], table_sizes: list[int]) -> int:
+    """The host memory that one training process's lookup tables take (what a plan adds per rank)."""
+    return np.dtype(np.int32).itemsize * sum(rows * size for rows, size in zip(table_sizes, multi_hot_sizes))
+
+
 def check_host_memory(multi_hot_sizes: list[int], table_sizes: list[int], processes: int) -> None:
     """Refuses, naming the figures, tables that this host's ``processes`` training processes
     (each draws and holds its own) cannot hold together in the memory available now."""
-    each = 4 * sum(rows * size for rows, size in zip(table_sizes, multi_hot_sizes))
+    each = table_bytes(multi_hot_sizes, table_sizes)
     available = available_host_memory()
     if available is not None and processes * each > available:
         raise ConfigError(
