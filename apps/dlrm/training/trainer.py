@@ -7,7 +7,7 @@ test with metrics synced across ranks, checkpoint on the way, and write summary.
 
 import contextlib
 import logging
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -257,7 +257,7 @@ class Trainer:
         if bad < n:
             self._diverged(step - n + 1 + bad)
 
-    def _diverged(self, step: int) -> None:
+    def _diverged(self, step: int) -> NoReturn:
         """Ends the run at ``step``, whose loss is not finite: summary.json records it."""
         error = TrainingDiverged(
             f"step {step}: the training loss is not finite (NaN or inf); training stopped without "

@@ -204,7 +204,7 @@ class RowGroupReader:
         except (pa.ArrowException, OSError) as e:
             raise ConfigError(
                 f"{self.files[f].url}: row group {g} cannot be decoded ({' '.join(str(e).split())}): the file is "
-                "corrupt; write it again, or leave it out of --data_path"
+                "corrupt, or was rewritten since the job started; write it again, or leave it out of --data_path"
             ) from e
 
     def _chunk_ranges(self, f: int, g: int) -> list[tuple[int, int]]:
@@ -300,9 +300,9 @@ class RowGroupReader:
 
 
 def _common_schema(spec: ColumnSpec) -> pa.Schema:
-    """One type per column that the types of any file cast to (safely, but for a large integer
-    that float32 rounds, as decoding rounds it, and uint64 ids, whose bits hashing reads anyway):
-    float32 for the label and dense features, int64 ids or lists of them."""
+    """One type per column, that any file's type of it casts to: float32 for the label and dense
+    features (what decoding makes of them: a large integer rounds as decoding rounds it), int64 ids
+    or lists of them (uint64 ids keep their bits, which is what hashing reads)."""
     ids = [pa.list_(pa.int64()) if multi_hot else pa.int64() for multi_hot in spec.multi_hot]
     types = [pa.float32()] * (1 + len(spec.dense)) + ids
     return pa.schema([pa.field(name, t) for name, t in zip(spec.names, types)])
