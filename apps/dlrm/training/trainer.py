@@ -7,7 +7,7 @@ test with metrics synced across ranks, checkpoint on the way, and write summary.
 
 import contextlib
 import logging
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -57,6 +57,11 @@ PIPELINE_CLASSES = {
 CEILING_NOTE = (
     "auroc_ceiling: the AUROC of the hidden teacher that labels the synthetic data, the best any model can reach"
 )
+
+
+class TrainingDiverged(ConfigError):
+    """The training loss stopped being finite: the run ends with this one line (exit 2), having
+    committed no checkpoint after the step it names. An error of the run's options or data."""
 
 
 def pipeline_class(cfg: LaunchConfig) -> type[TrainPipeline]:
@@ -214,6 +219,8 @@ class Trainer:
                 step = state.step
                 checkpoint_due = self.checkpointer.due(step)
                 log_due = step % cfg.evaluation.log_every == 0 or step == run.steps or checkpoint_due
+                if log_due or run.validates_after(step):
+                    self._check_losses(window, step)
                 # The only host sync of a training step, on log steps: it waits for the device to
                 # finish, so that the lap below times work done, not work queued.
                 window_losses = torch.stack(window).tolist() if log_due else []
@@ -253,6 +260,40 @@ class Trainer:
                 stopwatch.lap()  # validation and checkpoint time is not training time
         reporter.close_progress()
         return throughput, val
+
+    def _check_losses(self, window: list[torch.Tensor], step: int) -> None:
+        """Collective. Raises :class:`TrainingDiverged` if the loss of any step of ``window`` (one
+        loss per step up to ``step``, on the device) is not finite on any rank.
+
+        Each step's loss stays on the device until a log step fetches the window's at once, the
+        one host sync training has; a check per step would add one per step (a GPU stall). So the
+        window is checked where its losses are fetched anyway, and wherever else the run syncs
+        before anything can be committed: every checkpoint is taken on a log step, and the best
+        model's (and early stopping's) after a validation, which is checked too. Every step is
+        checked, every loss before its model is validated or saved, and every rank stops
+        together (the first bad step is all-reduced). Its cost: one all-reduce of one number.
+        """
+        n = len(window)
+        finite = torch.isfinite(torch.stack(window))
+        first = torch.where(finite, n, torch.arange(n, device=finite.device)).min().reshape(1)
+        dist.all_reduce(first, op=dist.ReduceOp.MIN)
+        bad = int(first.item())
+        if bad < n:
+            self._diverged(step - n + 1 + bad)
+
+    def _diverged(self, step: int) -> NoReturn:
+        """Ends the run at ``step``, whose loss is not finite: summary.json records it."""
+        error = TrainingDiverged(
+            f"step {step}: the training loss is not finite (NaN or inf); training stopped without "
+            "saving anything from that step on: lower --learning_rate and --dense_learning_rate, or "
+            "scale the dense features (large values overflow)"
+        )
+        self.reporter.close_progress()
+        self.reporter.write_summary(
+            {"failed": str(error), "failed_step": step, "run_id": self.run_id, "config": config_record(self.cfg)}
+        )
+        self.reporter.close()
+        raise error
 
     def evaluate_checkpoint(self, which: str) -> dict[str, Any]:
         """Evaluation only: loads the checkpoint ``which`` names (best, latest, a step) into this
