@@ -259,7 +259,13 @@ def check_loader(machine: Machine) -> list[Check]:
 
 def plan_in_hbm(rows: int, hbm_gb: float) -> bool:
     """Whether TorchRec's planner places 26 x ``rows`` x 128 tables in the HBM of one GPU of
-    ``hbm_gb``, all of them (a plan that caches some from host memory fits, but not in HBM)."""
+    ``hbm_gb``, all of them (a plan that caches some from host memory fits, but not in HBM).
+
+    Only the plan app's own verdict answers: any other exit (a crash exits 1) raises, so that a
+    broken preview never reads as "does not fit" and shrinks the tables to nothing.
+    """
+    from apps.dlrm.plan import DOES_NOT_FIT  # on use, as torch is: a bad --only needs no torchrec
+
     result = subprocess.run(
         [
             sys.executable,
@@ -278,8 +284,11 @@ def plan_in_hbm(rows: int, hbm_gb: float) -> bool:
         cwd=REPO,
         timeout=600,
     )
-    if result.returncode not in (0, 1):
-        raise RuntimeError(f"the plan preview failed: {result.stderr[-2000:]}")
+    if result.returncode not in (0, DOES_NOT_FIT):
+        raise RuntimeError(
+            f"the plan preview (python -m apps.dlrm.plan) failed with exit {result.returncode}, "
+            f"not a verdict; run it alone to see why: {result.stderr[-2000:]}"
+        )
     return result.returncode == 0 and "fused_uvm" not in result.stdout
 
 
