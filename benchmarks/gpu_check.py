@@ -111,7 +111,11 @@ def check_main_job(machine: Machine) -> list[Check]:
     n = str(machine.gpus)
     result = subprocess.run(
         [
-            os.path.join(os.path.dirname(sys.executable), "torchx"),
+            # torchx's CLI as a module: the GPU machine has torchx on PYTHONPATH (staged), and
+            # no `torchx` script beside its python.
+            sys.executable,
+            "-m",
+            "torchx.cli.main",
             "run",
             "-s",
             "local_cwd",
