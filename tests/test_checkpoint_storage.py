@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed._shard.sharded_tensor import Shard, ShardMetadata, init_from_local_shards
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -16,6 +15,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from apps.dlrm.checkpoint import storage as checkpoint_storage
 from apps.dlrm.checkpoint.storage import _CheckpointWriter, load_shards, save_shards
 from apps.dlrm.common.distributed import free_port
+from tests.shards import sharded, whole
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
@@ -108,23 +108,6 @@ def test_plain_tensors_are_read_into_their_targets_without_torch_load(tmp_path, 
     load_shards(loaded, str(tmp_path), local)
     assert_equal(loaded, saved)
     assert {name: tensor.data_ptr() for name, tensor in loaded.items()} == addresses
-
-
-def sharded(full: torch.Tensor, pieces: list[tuple[int, int, int, int]]):
-    """A sharded tensor of ``full``'s values, its pieces (rows r0:r1, columns c0:c1) all on this rank."""
-    shards = [
-        Shard(full[r0:r1, c0:c1].clone(), ShardMetadata([r0, c0], [r1 - r0, c1 - c0], "rank:0/cpu"))
-        for r0, r1, c0, c1 in pieces
-    ]
-    return init_from_local_shards(shards, *full.shape)
-
-
-def whole(tensor) -> torch.Tensor:
-    out = torch.zeros(tensor.size())
-    for shard in tensor.local_shards():
-        (r, c), (h, w) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-        out[r : r + h, c : c + w] = shard.tensor
-    return out
 
 
 ROWS = [(0, 3, 0, 4), (3, 6, 0, 4)]

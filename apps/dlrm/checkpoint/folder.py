@@ -37,6 +37,7 @@ from fsspec.implementations.local import LocalFileSystem
 from apps.dlrm.checkpoint.storage import (
     CheckpointError,
     CheckpointReader,
+    DamagedCheckpoint,
     HostStager,
     load_shards,
     save_shards,
@@ -194,6 +195,8 @@ class CheckpointStore:
             with self.fs.open(posixpath.join(path, MANIFEST), "r") as f:
                 json.load(f)
             metadata = CheckpointReader(self.step_url(step)).read_metadata()
+        except DamagedCheckpoint as e:
+            return f"damaged ({e})"
         except CheckpointError:
             raise  # planted, not damaged: refuse the location rather than resume past it
         except Exception as e:  # noqa: BLE001 - unreadable for any reason: damaged

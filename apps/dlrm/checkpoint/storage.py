@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import io
 import itertools
+import math
 import os
 import pickle
 import struct
@@ -63,6 +64,11 @@ _READ_BATCH_BYTES = 512 * 2**20
 
 class CheckpointError(ConfigError):
     """A checkpoint location or checkpoint cannot be used; the message says why and what to do."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint's files are not what it recorded, or its .metadata does not add up: it is
+    skipped as damaged (never resumed from), where a planted one refuses the whole location."""
 
 
 class _RestrictedUnpickler(pickle._Unpickler):
@@ -156,6 +162,9 @@ class CheckpointReader(FsspecReader):
             metadata = _MetadataUnpickler(cast(IO[bytes], f), str(path)).load()
         if not isinstance(metadata, dcp_metadata.Metadata):
             raise CheckpointError(f"{redact_urls(str(path))} holds a {type(metadata).__name__}, not DCP metadata")
+        problem = _metadata_problem(metadata)
+        if problem:
+            raise DamagedCheckpoint(f"{redact_urls(str(path))}: {problem}")
         if metadata.storage_meta is None:
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -182,6 +191,56 @@ class CheckpointReader(FsspecReader):
         for path, group in itertools.groupby(items, key=lambda item: item[1].relative_path):
             with self.fs.create_stream(self.fs.concat_path(self.path, path), "rb") as stream:
                 yield stream, 0, list(group)
+
+
+def _metadata_problem(metadata: dcp_metadata.Metadata) -> str | None:
+    """What in ``metadata`` does not add up, or None: an entry at a negative offset or of a negative
+    length (DCP would raise a traceback reading it), a tensor whose pieces do not tile it (DCP would
+    load the rest, leaving part of a table as it was), a piece or value without its entry."""
+    storage = metadata.storage_data or {}
+    for index, info in storage.items():
+        if not all(isinstance(n, int) and n >= 0 for n in (info.offset, info.length)):
+            return f"entry {index.fqn} has a negative offset or length ({info.offset}, {info.length})"
+    for fqn, md in metadata.state_dict_metadata.items():
+        if not isinstance(md, dcp_metadata.TensorStorageMetadata):
+            if dcp_metadata.MetadataIndex(fqn) not in storage:
+                return f"{fqn} has no entry"
+            continue
+        if not _tiles(tuple(md.size), [(tuple(c.offsets), tuple(c.sizes)) for c in md.chunks]):
+            pieces = ", ".join(f"{tuple(c.sizes)} at {tuple(c.offsets)}" for c in md.chunks)
+            return f"tensor {fqn} of size {tuple(md.size)} has pieces that do not tile it: {pieces}"
+        for chunk in md.chunks:
+            if dcp_metadata.MetadataIndex(fqn, chunk.offsets) not in storage:
+                return f"tensor {fqn} has no entry for its piece at {tuple(chunk.offsets)}"
+    return None
+
+
+def _tiles(size: tuple[int, ...], pieces: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
+    """Whether ``pieces`` ((offsets, sizes) each) tile a tensor of ``size``: every one inside it, as
+    many elements as it has in all, and no two overlapping (which, with the count, leaves no gap)."""
+    boxes = []
+    for offsets, sizes in pieces:
+        if not len(offsets) == len(sizes) == len(size):
+            return False
+        if any(o < 0 or n < 0 or o + n > whole for o, n, whole in zip(offsets, sizes, size)):
+            return False
+        boxes.append((offsets, tuple(o + n for o, n in zip(offsets, sizes))))
+    if sum(math.prod(e - s for s, e in zip(*box)) for box in boxes) != math.prod(size):
+        return False
+    return not _overlap(boxes)
+
+
+def _overlap(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
+    """Whether two of ``boxes`` ((start, end) corners) share an element. Swept along the first
+    dimension: each box is compared with those it meets there only (none but its neighbours where a
+    tensor is cut into rows, which keeps the check linear for the row-wise pieces of many ranks)."""
+    met: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for start, end in sorted(boxes):
+        met = [box for box in met if box[1][0] > start[0]]
+        if any(all(max(a, b) < min(c, d) for a, c, b, d in zip(start, end, *box)) for box in met):
+            return True
+        met.append((start, end))
+    return False
 
 
 class _SavePlanner(DefaultSavePlanner):
@@ -364,7 +423,7 @@ class _EntryView(io.RawIOBase):
             while filled < len(buffer):
                 got = self.readinto(buffer[filled:])
                 if not got:
-                    raise CheckpointError(
+                    raise DamagedCheckpoint(
                         f"shard file {self.info.relative_path} ends inside its entry at byte "
                         f"{self.info.offset}: it is truncated. Delete that step folder to resume "
                         "from the checkpoint before it"
@@ -381,7 +440,7 @@ def _load_item(entry: _EntryView, req: ReadItem, planner: LoadPlanner) -> None:
     target = planner.resolve_tensor(req).detach()
     source = _read_tensor(entry, req, target)
     if source.shape != target.shape:
-        raise CheckpointError(
+        raise DamagedCheckpoint(
             f"checkpoint entry {req.storage_index.fqn} holds a {tuple(source.shape)} piece where its "
             f".metadata says {tuple(target.shape)}: the checkpoint is damaged. Delete that step "
             "folder to resume from the checkpoint before it"
