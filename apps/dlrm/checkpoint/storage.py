@@ -15,6 +15,10 @@ DCP's own writer, load the same way.
 Nothing read here runs code: ``.metadata`` is read by an unpickler that builds DCP's metadata
 types and nothing else, a tensor entry's header by one that builds its layout and nothing else,
 and the entries that are not plain tensors load with ``torch.load(weights_only=True)``.
+
+Every byte read is checked: each shard file's blocks have a CRC-32, taken from the bytes as they
+are written (:class:`Checksums`), and a load checks every block it reads a byte of. A mismatch,
+an unreadable entry or .metadata that does not add up raise :class:`DamagedCheckpoint`.
 """
 
 import collections
@@ -27,9 +31,11 @@ import pickle
 import struct
 import sys
 import zipfile
+import zlib
 from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, Iterator, NamedTuple, cast
+from contextlib import contextmanager
+from typing import IO, Any, Callable, Iterator, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
@@ -41,6 +47,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as FsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import (
@@ -49,9 +56,11 @@ from torch.distributed.checkpoint.planner import (
     LoadPlanner,
     ReadItem,
     SavePlan,
+    SavePlanner,
     WriteItemType,
 )
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
+from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from apps.dlrm.common.errors import ConfigError
@@ -69,6 +78,126 @@ class CheckpointError(ConfigError):
 class DamagedCheckpoint(CheckpointError):
     """A checkpoint's files are not what it recorded, or its .metadata does not add up: it is
     skipped as damaged (never resumed from), where a planted one refuses the whole location."""
+
+
+# --- checksums -----------------------------------------------------------------------------------
+
+#: Shard files are checksummed in blocks of this many bytes, each a CRC-32 (a file's last block is
+#: shorter). A load checks every block it reads a byte of, so a rank that reads some of a tensor's
+#: rows (a resharded load) reads at most a block more at each end of them; 1 GB of shards has 256
+#: checksums, ~3 KB of the manifest.
+CHECKSUM_BLOCK_BYTES = 4 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class FileChecksums:
+    """A shard file's size and the CRC-32 of each of its blocks."""
+
+    size: int
+    crc32: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Checksums:
+    """The checksums of a checkpoint's shard files, by name, in blocks of ``block_bytes``: taken
+    from the bytes as they were written (no second read), kept in the checkpoint's manifest (JSON,
+    :meth:`record`), checked by every load (:class:`_CheckedSource`)."""
+
+    block_bytes: int
+    files: dict[str, FileChecksums]
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's record of them."""
+        files = {name: {"size": sums.size, "crc32": list(sums.crc32)} for name, sums in sorted(self.files.items())}
+        return {"block_bytes": self.block_bytes, "files": files}
+
+    @classmethod
+    def of(cls, record: Any) -> "Checksums | None":
+        """The checksums a manifest's ``record`` holds (None: a checkpoint written before they were
+        recorded); raises :class:`DamagedCheckpoint` where the record is not one."""
+        if record is None:
+            return None
+        try:
+            block = record["block_bytes"]
+            files = {name: FileChecksums(sums["size"], tuple(sums["crc32"])) for name, sums in record["files"].items()}
+        except (TypeError, KeyError, AttributeError) as e:
+            raise DamagedCheckpoint(
+                f"its manifest's checksums are not a record of them ({type(e).__name__}: {e})"
+            ) from None
+        if not (isinstance(block, int) and block > 0 and all(_fits(sums, block) for sums in files.values())):
+            raise DamagedCheckpoint("its manifest's checksums are not a record of them (sizes and blocks disagree)")
+        return cls(block, files)
+
+    def of_file(self, name: str) -> FileChecksums:
+        """The checksums of the shard file ``name``; raises :class:`DamagedCheckpoint` without them."""
+        if name not in self.files:
+            raise DamagedCheckpoint(f"shard file {name} has no checksums in its manifest")
+        return self.files[name]
+
+
+def _fits(sums: FileChecksums, block: int) -> bool:
+    """Whether ``sums`` holds one 32-bit checksum per block of ``block`` bytes of a file of its size."""
+    if not (isinstance(sums.size, int) and sums.size >= 0):
+        return False
+    blocks = -(-sums.size // block)
+    return len(sums.crc32) == blocks and all(isinstance(c, int) and 0 <= c < 2**32 for c in sums.crc32)
+
+
+class _BlockSums:
+    """The CRC-32 of each block of the bytes given to :meth:`add`, in the order they come."""
+
+    def __init__(self, block_bytes: int) -> None:
+        self.block_bytes = block_bytes
+        self.size = 0
+        self.done: list[int] = []
+        self.crc = 0  # of the block being filled
+
+    def add(self, data: memoryview) -> None:
+        while data:
+            room = self.block_bytes - self.size % self.block_bytes
+            self.crc = zlib.crc32(data[:room], self.crc)
+            self.size += min(room, len(data))
+            data = data[room:]
+            if self.size % self.block_bytes == 0:
+                self.done.append(self.crc)
+                self.crc = 0
+
+    def checksums(self) -> FileChecksums:
+        return FileChecksums(self.size, (*self.done, self.crc) if self.size % self.block_bytes else tuple(self.done))
+
+
+class _SummedStream:
+    """A file being written, whose bytes :class:`_BlockSums` sums as they pass: what DCP's writer
+    uses of a stream (write, tell, flush, fileno for fsync, close)."""
+
+    def __init__(self, stream: Any, sums: _BlockSums) -> None:
+        self.stream, self.sums = stream, sums
+
+    def write(self, data: Any) -> int:
+        written = self.stream.write(data)
+        with memoryview(data) as view, view.cast("B") as raw, raw[:written] as done:
+            self.sums.add(done)
+        return written
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _WrittenFile:
+    """A rank's shard file and its checksums, passed to rank 0 with the rank's DCP write results."""
+
+    name: str
+    checksums: FileChecksums
 
 
 class _RestrictedUnpickler(pickle._Unpickler):
@@ -151,8 +280,13 @@ class _MetadataUnpickler(_RestrictedUnpickler):
 
 class CheckpointReader(FsspecReader):
     """DCP's fsspec reader, reading ``.metadata`` with :class:`_MetadataUnpickler` instead of
-    ``pickle.load``, and tensors straight into the tensors they load into (:func:`_load_item`).
-    Every read of our checkpoints goes through it (and its subclass)."""
+    ``pickle.load``, and tensors straight into the tensors they load into (:func:`_load_item`),
+    checking every block read against ``checksums`` (None: a checkpoint written before they were
+    recorded, read unchecked). Every read of our checkpoints goes through it (and its subclass)."""
+
+    def __init__(self, path: str, checksums: Checksums | None = None) -> None:
+        super().__init__(path)
+        self.checksums = checksums
 
     def read_metadata(self) -> dcp_metadata.Metadata:
         # No **kwargs: DCP then never falls back to per-rank metadata files, which we never write.
@@ -178,19 +312,27 @@ class CheckpointReader(FsspecReader):
         )
         if any(info.transform_descriptors for _, info in items):
             return super().read_data(plan, planner)  # compressed/transformed: DCP's own path
-        for stream, start, group in self._sources(items):
+        for source, group in self._sources(items):
             for req, info in group:
-                _load_item(_EntryView(stream, info, start), req, planner)
+                _load_item(_EntryView(source, info), req, planner)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _sources(self, items: list) -> Iterator[tuple[Any, int, list]]:
-        """(a stream, the offset in its shard file where it starts, the items it holds) for every
-        ``(req, info)`` of ``items`` (sorted by file and offset): here each file, opened once."""
-        for path, group in itertools.groupby(items, key=lambda item: item[1].relative_path):
-            with self.fs.create_stream(self.fs.concat_path(self.path, path), "rb") as stream:
-                yield stream, 0, list(group)
+    def _sources(self, items: list) -> Iterator[tuple["_Source", list]]:
+        """(a source, the items it holds) for every ``(req, info)`` of ``items`` (sorted by file
+        and offset): here each file, opened once."""
+        for name, group in itertools.groupby(items, key=lambda item: item[1].relative_path):
+            with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as stream:
+                yield self._source(name, stream, 0), list(group)
+
+    def _source(self, name: str, stream: Any, start: int) -> "_Source":
+        """The shard file ``name`` from its byte ``start`` on, as ``stream`` holds it, checked
+        against its checksums where the checkpoint has them."""
+        if self.checksums is None:
+            return _Source(stream, start)
+        path = redact_urls(str(self.fs.concat_path(self.path, name)))
+        return _CheckedSource(stream, start, path, self.checksums.block_bytes, self.checksums.of_file(name))
 
 
 def _metadata_problem(metadata: dcp_metadata.Metadata) -> str | None:
@@ -260,8 +402,23 @@ class _SavePlanner(DefaultSavePlanner):
         return dataclasses.replace(plan, items=items)
 
 
-class _ServerSideRenames(FsspecFileSystem):
-    """DCP's fsspec file system, renaming objects by a server-side copy and a delete.
+class _SummedFiles(FsspecFileSystem):
+    """DCP's fsspec file system, taking the checksums of every file written through it as it is
+    written (:class:`_SummedStream`): :attr:`written` has them by file name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: dict[str, _BlockSums] = {}
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        with super().create_stream(path, mode) as stream:
+            sums = self.written[os.path.basename(path)] = _BlockSums(CHECKSUM_BLOCK_BYTES)
+            yield _SummedStream(stream, sums)
+
+
+class _ServerSideRenames(_SummedFiles):
+    """The checkpoint's file system on object stores, renaming objects by a server-side copy and a delete.
 
     DCP writes ``.metadata`` under a temporary name and renames it. On an object store a rename
     is a copy and a delete anyway, but gcsfs first asks for GCS's moveTo, which emulators (and
@@ -276,18 +433,38 @@ class _ServerSideRenames(FsspecFileSystem):
 
 class _CheckpointWriter(FsspecWriter):
     """DCP's fsspec writer, recording the checkpoint's URL in ``.metadata`` without credentials,
+    taking the checksums of the shard files as they are written (:attr:`checksums`, on rank 0),
     and renaming on object stores by copy and delete (:class:`_ServerSideRenames`)."""
 
     def __init__(self, path: str, sync_files: bool) -> None:
         super().__init__(path, sync_files=sync_files)
         opened = self.fs
         assert isinstance(opened, FsspecFileSystem), "FsspecWriter opens an fsspec filesystem"
-        if not isinstance(opened.fs, LocalFileSystem):  # a local rename is atomic: kept
-            files = _ServerSideRenames()
-            files.fs = opened.fs
-            # torch types the attribute as its base class's local FileSystem, though FsspecWriter
-            # itself keeps an fsspec FileSystem there, as here.
-            self.fs = files  # type: ignore[assignment]
+        # a local rename is atomic: kept
+        self.files = _SummedFiles() if isinstance(opened.fs, LocalFileSystem) else _ServerSideRenames()
+        self.files.fs = opened.fs
+        # torch types the attribute as its base class's local FileSystem, though FsspecWriter
+        # itself keeps an fsspec FileSystem there, as here.
+        self.fs = self.files  # type: ignore[assignment]
+        self.checksums: Checksums | None = None
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Writes this rank's shards as DCP does; its results, which DCP hands rank 0's
+        :meth:`finish`, also carry the checksums of the files (:class:`_WrittenFile`)."""
+        results: list[Any] = super().write_data(plan, planner).wait()
+        results += [_WrittenFile(name, sums.checksums()) for name, sums in self.files.written.items()]
+        done: Future[list[WriteResult]] = Future()
+        done.set_result(results)
+        return done
+
+    def finish(self, metadata: dcp_metadata.Metadata, results: list[list[WriteResult]]) -> None:
+        """Rank 0, every rank's shards written: keeps the checksums of their files in
+        :attr:`checksums`, then writes ``.metadata`` of the rest, as DCP does."""
+        written = {item.name: item.checksums for rank in results for item in rank if isinstance(item, _WrittenFile)}
+        results = [[item for item in rank if isinstance(item, WriteResult)] for rank in results]
+        names = {item.storage_data.relative_path for rank in results for item in rank}
+        self.checksums = Checksums(CHECKSUM_BLOCK_BYTES, {name: written[name] for name in names})
+        super().finish(metadata, results)
 
     def storage_meta(self) -> dcp_metadata.StorageMeta | None:
         meta = super().storage_meta()
@@ -317,6 +494,10 @@ def _load_plain_data(entry: Any, fqn: str) -> Any:
             "Someone else may have written into --checkpoint_dir: use a --checkpoint_dir only you "
             "can write to"
         ) from None
+    except DamagedCheckpoint:
+        raise
+    except Exception as e:  # noqa: BLE001 - anything else torch.load raises means the same: unreadable
+        raise DamagedCheckpoint(f"checkpoint entry {fqn} cannot be read ({type(e).__name__}: {e})") from None
 
 
 class BatchedFsspecReader(CheckpointReader):
@@ -329,7 +510,7 @@ class BatchedFsspecReader(CheckpointReader):
     next batch arrives.
     """
 
-    def _sources(self, items: list) -> Iterator[tuple[Any, int, list]]:
+    def _sources(self, items: list) -> Iterator[tuple["_Source", list]]:
         """The fetched batches; the next one is fetched while this one loads into the tensors."""
         batches = _batches(items)
         if not batches:
@@ -342,17 +523,17 @@ class BatchedFsspecReader(CheckpointReader):
                 yield from fetched
             yield from pending.result()
 
-    def _fetch(self, batch: list) -> list[tuple[io.BytesIO, int, list]]:
-        """The entries of ``batch`` fetched, each run of adjacent ones (DCP writes a rank's
-        tensors back to back) in one request."""
+    def _fetch(self, batch: list) -> list[tuple["_Source", list]]:
+        """The entries of ``batch`` fetched (with the rest of the checksum blocks they lie in),
+        each run of adjacent ones (DCP writes a rank's tensors back to back) in one request."""
         spans: list[list] = []  # [path, start, end, items]
         for item in batch:
-            info = item[1]
-            if spans and spans[-1][0] == info.relative_path and spans[-1][2] == info.offset:
-                spans[-1][2] = info.offset + info.length
+            start, end = self._extent(item[1])
+            if spans and spans[-1][0] == item[1].relative_path and start <= spans[-1][2]:
+                spans[-1][2] = max(spans[-1][2], end)
                 spans[-1][3].append(item)
             else:
-                spans.append([info.relative_path, info.offset, info.offset + info.length, [item]])
+                spans.append([item[1].relative_path, start, end, [item]])
         # torch types self.fs as the local FileSystem of FsspecReader's base class; FsspecReader sets its fsspec one.
         fs = self.fs
         assert isinstance(fs, FsspecFileSystem) and fs.fs is not None, "FsspecReader opened the checkpoint's filesystem"
@@ -363,7 +544,18 @@ class BatchedFsspecReader(CheckpointReader):
             on_error="raise",
         )
         # BytesIO shares the bytes: no copy
-        return [(io.BytesIO(blob), start, items) for (_, start, _, items), blob in zip(spans, blobs)]
+        return [
+            (self._source(name, io.BytesIO(blob), start), items) for (name, start, _, items), blob in zip(spans, blobs)
+        ]
+
+    def _extent(self, info: _StorageInfo) -> tuple[int, int]:
+        """The bytes of its file to fetch for the entry ``info``: its own, and where they are
+        checked, the rest of the blocks they lie in."""
+        start, end = info.offset, info.offset + info.length
+        if self.checksums is None:
+            return start, end
+        block = self.checksums.block_bytes
+        return start - start % block, min(-(-end // block) * block, self.checksums.of_file(info.relative_path).size)
 
 
 def _batches(items: list) -> list[list]:
@@ -383,15 +575,87 @@ def _batches(items: list) -> list[list]:
 # --- reading an entry ---------------------------------------------------------------------------
 
 
+class _Source:
+    """A shard file's bytes from its byte ``start`` on, as ``stream`` holds them (the file, or
+    bytes fetched from it)."""
+
+    def __init__(self, stream: Any, start: int) -> None:
+        self.stream, self.start = stream, start
+
+    def readinto(self, offset: int, buffer: memoryview) -> int:
+        """Reads the file's bytes from ``offset`` into ``buffer``; returns how many (fewer at its end)."""
+        self.stream.seek(offset - self.start)
+        return self.stream.readinto(buffer) or 0
+
+
+class _CheckedSource(_Source):
+    """A :class:`_Source` that checks every block of the file that it reads a byte of against
+    ``sums``: blocks a read covers whole where they were read into, a block it covers in part
+    read whole once, checked and kept for the reads after it (an entry's headers, the start of
+    the entry after it). ``path`` names the file in errors."""
+
+    #: Blocks read in part kept: an entry's first and last, and the next entry's.
+    KEPT = 4
+
+    def __init__(self, stream: Any, start: int, path: str, block: int, sums: FileChecksums) -> None:
+        super().__init__(stream, start)
+        self.path, self.block, self.sums = path, block, sums
+        self.kept: dict[int, bytes] = {}
+
+    def readinto(self, offset: int, buffer: memoryview) -> int:
+        end = min(offset + len(buffer), self.sums.size)
+        # where the blocks that [offset, end) covers whole end: the file's end is a block's
+        whole_to = end if end == self.sums.size else end - end % self.block
+        pos = offset
+        while pos < end:
+            index, into = divmod(pos, self.block)
+            if into == 0 and whole_to > pos:
+                self._read_checked(pos, buffer[pos - offset : whole_to - offset])
+                pos = whole_to
+            else:
+                kept = self._kept(index)
+                part = kept[into : into + end - pos]
+                buffer[pos - offset : pos - offset + len(part)] = part
+                pos += len(part)
+        return max(0, end - offset)
+
+    def _read_checked(self, offset: int, into: memoryview) -> None:
+        """Reads the whole blocks from ``offset`` into ``into``, then checks each there."""
+        got = super().readinto(offset, into)
+        while got < len(into):
+            more = super().readinto(offset + got, into[got:])
+            if not more:
+                raise DamagedCheckpoint(
+                    f"{self.path} ends at byte {offset + got}, not {self.sums.size}: it is truncated"
+                )
+            got += more
+        for start in range(0, len(into), self.block):
+            self._check((offset + start) // self.block, into[start : start + self.block])
+
+    def _check(self, index: int, data: memoryview | bytes) -> None:
+        if zlib.crc32(data) != self.sums.crc32[index]:
+            first = index * self.block
+            raise DamagedCheckpoint(f"{self.path}: bytes {first}-{first + len(data) - 1} do not match their checksum")
+
+    def _kept(self, index: int) -> bytes:
+        """Block ``index``, read whole and checked."""
+        if index not in self.kept:
+            data = bytearray(min(self.block, self.sums.size - index * self.block))
+            self._read_checked(index * self.block, memoryview(data))
+            if len(self.kept) == self.KEPT:
+                del self.kept[min(self.kept)]
+            self.kept[index] = bytes(data)
+        return self.kept[index]
+
+
 class _EntryView(io.RawIOBase):
     """One entry of a shard file as a file of its own: the ``info.length`` bytes at
-    ``info.offset`` of the shard file, read from ``stream``, which starts at the file's byte
-    ``start``. Reads never leave the entry: a damaged one cannot spill into its neighbours."""
+    ``info.offset`` of the shard file, read from ``source``. Reads never leave the entry (but to
+    check the blocks they lie in): a damaged one cannot spill into its neighbours."""
 
-    def __init__(self, stream: Any, info: _StorageInfo, start: int) -> None:
+    def __init__(self, source: _Source, info: _StorageInfo) -> None:
         super().__init__()
-        self.stream, self.info = stream, info
-        self.base = info.offset - start
+        self.source, self.info = source, info
         self.pos = 0
 
     def readable(self) -> bool:
@@ -410,8 +674,7 @@ class _EntryView(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         left = max(0, self.info.length - self.pos)
         with memoryview(buffer) as view, view.cast("B") as raw, raw[:left] as wanted:
-            self.stream.seek(self.base + self.pos)
-            got = self.stream.readinto(wanted) or 0
+            got = self.source.readinto(self.info.offset + self.pos, wanted)
         self.pos += got
         return got
 
@@ -424,9 +687,7 @@ class _EntryView(io.RawIOBase):
                 got = self.readinto(buffer[filled:])
                 if not got:
                     raise DamagedCheckpoint(
-                        f"shard file {self.info.relative_path} ends inside its entry at byte "
-                        f"{self.info.offset}: it is truncated. Delete that step folder to resume "
-                        "from the checkpoint before it"
+                        f"shard file {self.info.relative_path} ends inside its entry at byte {self.info.offset}: it is truncated"
                     )
                 filled += got
         return tensor
@@ -442,8 +703,7 @@ def _load_item(entry: _EntryView, req: ReadItem, planner: LoadPlanner) -> None:
     if source.shape != target.shape:
         raise DamagedCheckpoint(
             f"checkpoint entry {req.storage_index.fqn} holds a {tuple(source.shape)} piece where its "
-            f".metadata says {tuple(target.shape)}: the checkpoint is damaged. Delete that step "
-            "folder to resume from the checkpoint before it"
+            f".metadata says {tuple(target.shape)}"
         )
     if source is not target:
         target.copy_(source)
@@ -524,6 +784,8 @@ def _stored_tensor(entry: _EntryView) -> _StoredTensor | None:
         start = _data_start(entry, storage)
         tensor = torch.empty(layout.storage.numel, dtype=layout.storage.dtype, device="meta")
         tensor = tensor.as_strided(layout.size, layout.stride, layout.offset)
+    except DamagedCheckpoint:
+        raise  # a ValueError too, but no other reader could read what failed its checksum
     except _NOT_PLAIN:
         return None
     numel = layout.storage.numel
@@ -618,11 +880,14 @@ class _TensorUnpickler(_RestrictedUnpickler):
         return _Storage(dtype, key, numel)
 
 
-def save_shards(state: dict[str, Any], url: str, local: bool) -> None:
+def save_shards(state: dict[str, Any], url: str, local: bool) -> Checksums | None:
     """Collective: every rank writes its shards of ``state`` under ``url``; returns once rank 0
-    has written ``.metadata`` (so every rank's shards are complete). ``local`` files are
-    fsync'ed: a checkpoint is committed only after its bytes are on disk."""
-    dcp.save(state, storage_writer=_CheckpointWriter(url, sync_files=local), planner=_SavePlanner())
+    has written ``.metadata`` (so every rank's shards are complete), with the checksums of
+    every rank's files on rank 0 (None elsewhere). ``local`` files are fsync'ed: a checkpoint is
+    committed only after its bytes are on disk."""
+    writer = _CheckpointWriter(url, sync_files=local)
+    dcp.save(state, storage_writer=writer, planner=_SavePlanner())
+    return writer.checksums
 
 
 class HostStager(BlockingAsyncStager):
@@ -644,24 +909,48 @@ class HostStager(BlockingAsyncStager):
 
 
 def save_shards_async(
-    state: dict[str, Any], url: str, local: bool, group: dist.ProcessGroup, stager: HostStager
+    state: dict[str, Any],
+    url: str,
+    local: bool,
+    group: dist.ProcessGroup,
+    stager: HostStager,
+    then: Callable[[Checksums | None], Any],
 ) -> ConcurrentFuture:
     """Collective: copies this rank's shards of ``state`` to host memory with ``stager`` now,
-    then writes them in a background thread that coordinates over ``group``. The future
-    completes once rank 0 wrote ``.metadata``: every rank's shards are then complete. ``group``
-    must be a gloo group that nothing else uses, since its collectives run in that thread while
-    training uses the default group."""
+    then writes them in a background thread that coordinates over ``group``. Once rank 0 wrote
+    ``.metadata`` (every rank's shards are then complete), that thread calls ``then`` with what
+    :func:`save_shards` returns; the future gives what ``then`` returns, or raises what went
+    wrong. ``group`` must be a gloo group that nothing else uses, since its collectives run in
+    that thread while training uses the default group."""
     writer = _CheckpointWriter(url, sync_files=local)
     written = dcp.async_save(
         state, storage_writer=writer, planner=_SavePlanner(), process_group=group, async_stager=stager
     )
     # DCP returns an AsyncSaveResponse only for a stager that stages in the background.
     assert isinstance(written, ConcurrentFuture), "HostStager stages before async_save returns"
-    return written
+    done: ConcurrentFuture = ConcurrentFuture()
+
+    def finish(saved: ConcurrentFuture) -> None:  # in DCP's writer thread
+        try:
+            saved.result()
+            done.set_result(then(writer.checksums))
+        except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is one; re-raised by result()
+            done.set_exception(e)
+
+    written.add_done_callback(finish)
+    return done
 
 
-def load_shards(state: dict[str, Any], url: str, local: bool) -> None:
-    """Collective: every rank reads into ``state`` the pieces it holds under its current sharding."""
+def load_shards(state: dict[str, Any], url: str, local: bool, checksums: Checksums | None) -> None:
+    """Collective: every rank reads into ``state`` the pieces it holds under its current sharding,
+    checked against ``checksums`` (None: unchecked). Raises :class:`DamagedCheckpoint` on every
+    rank where a rank found the checkpoint damaged."""
     # A local file is read in place; an object store's in large batches of requests.
-    reader = CheckpointReader(url) if local else BatchedFsspecReader(url)
-    dcp.load(state, storage_reader=reader, planner=_WeightsOnlyLoadPlanner())
+    reader = CheckpointReader(url, checksums) if local else BatchedFsspecReader(url, checksums)
+    try:
+        dcp.load(state, storage_reader=reader, planner=_WeightsOnlyLoadPlanner())
+    except CheckpointException as e:  # every rank's errors, on every rank
+        damage = next((error for error, _ in e.failures.values() if isinstance(error, DamagedCheckpoint)), None)
+        if damage is None:
+            raise
+        raise damage from None
