@@ -23,11 +23,13 @@ an unreadable entry or .metadata that does not add up raise :class:`DamagedCheck
 
 import collections
 import dataclasses
+import errno
 import io
 import itertools
 import math
 import os
 import pickle
+import posixpath
 import struct
 import sys
 import zipfile
@@ -78,6 +80,22 @@ class CheckpointError(ConfigError):
 class DamagedCheckpoint(CheckpointError):
     """A checkpoint's files are not what it recorded, or its .metadata does not add up: it is
     skipped as damaged (never resumed from), where a planted one refuses the whole location."""
+
+
+class SaveFailed(CheckpointError):
+    """A checkpoint could not be written (no space left); the committed ones are kept."""
+
+
+#: The errors of a write that found the disk (or the user's quota) full.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _no_space(error: BaseException) -> bool:
+    """Whether ``error`` is a write's running out of space, here or, within DCP's error of a save
+    (which holds every rank's), on any rank."""
+    if isinstance(error, CheckpointException):
+        return any(_no_space(failure) for failure, _ in error.failures.values())
+    return isinstance(error, OSError) and error.errno in _NO_SPACE
 
 
 # --- checksums -----------------------------------------------------------------------------------
@@ -168,13 +186,19 @@ class _BlockSums:
 
 class _SummedStream:
     """A file being written, whose bytes :class:`_BlockSums` sums as they pass: what DCP's writer
-    uses of a stream (write, tell, flush, fileno for fsync, close)."""
+    uses of a stream (write, tell, flush, fileno for fsync, close). ``failed`` keeps the error a
+    write raised: torch.save reports it as another one (``enforce fail ... unexpected pos``)."""
 
     def __init__(self, stream: Any, sums: _BlockSums) -> None:
         self.stream, self.sums = stream, sums
+        self.failed: OSError | None = None
 
     def write(self, data: Any) -> int:
-        written = self.stream.write(data)
+        try:
+            written = self.stream.write(data)
+        except OSError as e:
+            self.failed = e
+            raise
         with memoryview(data) as view, view.cast("B") as raw, raw[:written] as done:
             self.sums.add(done)
         return written
@@ -412,9 +436,17 @@ class _SummedFiles(FsspecFileSystem):
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        """The stream; an error while it is written is raised as the write's own (no space
+        left...), where the writer raised another on its account."""
         with super().create_stream(path, mode) as stream:
-            sums = self.written[os.path.basename(path)] = _BlockSums(CHECKSUM_BLOCK_BYTES)
-            yield _SummedStream(stream, sums)
+            summed = _SummedStream(stream, _BlockSums(CHECKSUM_BLOCK_BYTES))
+            self.written[os.path.basename(path)] = summed.sums
+            try:
+                yield summed
+            except Exception as e:
+                if summed.failed is None or summed.failed is e:
+                    raise
+                raise summed.failed from e
 
 
 class _ServerSideRenames(_SummedFiles):
@@ -447,6 +479,26 @@ class _CheckpointWriter(FsspecWriter):
         # itself keeps an fsspec FileSystem there, as here.
         self.fs = self.files  # type: ignore[assignment]
         self.checksums: Checksums | None = None
+        self.planned = 0  # bytes of tensors to write: this rank's, on rank 0 every rank's
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        self.planned = _planned_bytes([plan])
+        return super().prepare_local_plan(plan)
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        self.planned = _planned_bytes(plans)  # rank 0
+        return super().prepare_global_plan(plans)
+
+    def explained(self, error: BaseException) -> BaseException:
+        """``error``, or where a rank ran out of space, :class:`SaveFailed` saying so (DCP's
+        CheckpointException, which lists every rank's errors, and writes a traceback for each)."""
+        if not _no_space(error):
+            return error
+        folder = redact_urls(posixpath.dirname(str(self.path).rstrip("/")))
+        return SaveFailed(
+            f"no space left on {folder} (need ~{self.planned / 1e9:.3g} GB for a checkpoint): free space "
+            "there, or give --checkpoint_dir a disk with room; the committed checkpoints are kept"
+        )
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Writes this rank's shards as DCP does; its results, which DCP hands rank 0's
@@ -556,6 +608,16 @@ class BatchedFsspecReader(CheckpointReader):
             return start, end
         block = self.checksums.block_bytes
         return start - start % block, min(-(-end // block) * block, self.checksums.of_file(info.relative_path).size)
+
+
+def _planned_bytes(plans: list[SavePlan]) -> int:
+    """The bytes of the tensor pieces that ``plans`` write (without torch.save's few per entry)."""
+    return sum(
+        math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+        for plan in plans
+        for item in plan.items
+        if item.tensor_data is not None
+    )
 
 
 def _batches(items: list) -> list[list]:
@@ -884,9 +946,13 @@ def save_shards(state: dict[str, Any], url: str, local: bool) -> Checksums | Non
     """Collective: every rank writes its shards of ``state`` under ``url``; returns once rank 0
     has written ``.metadata`` (so every rank's shards are complete), with the checksums of
     every rank's files on rank 0 (None elsewhere). ``local`` files are fsync'ed: a checkpoint is
-    committed only after its bytes are on disk."""
+    committed only after its bytes are on disk. Raises :class:`SaveFailed` on every rank where
+    one ran out of space."""
     writer = _CheckpointWriter(url, sync_files=local)
-    dcp.save(state, storage_writer=writer, planner=_SavePlanner())
+    try:
+        dcp.save(state, storage_writer=writer, planner=_SavePlanner())
+    except CheckpointException as e:  # every rank's errors, on every rank
+        raise writer.explained(e) from None
     return writer.checksums
 
 
@@ -920,8 +986,8 @@ def save_shards_async(
     then writes them in a background thread that coordinates over ``group``. Once rank 0 wrote
     ``.metadata`` (every rank's shards are then complete), that thread calls ``then`` with what
     :func:`save_shards` returns; the future gives what ``then`` returns, or raises what went
-    wrong. ``group`` must be a gloo group that nothing else uses, since its collectives run in
-    that thread while training uses the default group."""
+    wrong (running out of space: :class:`SaveFailed`). ``group`` must be a gloo group that nothing
+    else uses, since its collectives run in that thread while training uses the default group."""
     writer = _CheckpointWriter(url, sync_files=local)
     written = dcp.async_save(
         state, storage_writer=writer, planner=_SavePlanner(), process_group=group, async_stager=stager
@@ -935,7 +1001,7 @@ def save_shards_async(
             saved.result()
             done.set_result(then(writer.checksums))
         except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is one; re-raised by result()
-            done.set_exception(e)
+            done.set_exception(writer.explained(e))
 
     written.add_done_callback(finish)
     return done

@@ -172,6 +172,19 @@ class Trainer:
         """Waits for the last save, still being written, to commit: before the process group goes."""
         self.checkpointer.close()
 
+    def record_failure(self, error: Exception) -> None:
+        """Writes summary.json of a run that ``error`` ended after it started: why, and how far it got."""
+        summary = {
+            "failed": str(error),
+            "steps": self.state.step,
+            "run_id": self.run_id,
+            "config": config_record(self.cfg),
+        }
+        path = self.reporter.write_summary(summary)
+        if path:
+            self.reporter.log("wrote %s, with the failure", path)
+        self.reporter.close()
+
     def _train(self) -> tuple[Throughput, dict[str, float]]:
         """Trains from ``state.step`` to the run's last step, logging, validating and
         checkpointing on the way, or until early stopping; returns the throughput and the last
