@@ -336,27 +336,28 @@ class CheckpointReader(FsspecReader):
         )
         if any(info.transform_descriptors for _, info in items):
             return super().read_data(plan, planner)  # compressed/transformed: DCP's own path
-        for source, group in self._sources(items):
-            for req, info in group:
-                _load_item(_EntryView(source, info), req, planner)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-check") as checker:
+            for source, group in self._sources(items, checker):
+                for req, info in group:
+                    _load_item(_EntryView(source, info), req, planner)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _sources(self, items: list) -> Iterator[tuple["_Source", list]]:
+    def _sources(self, items: list, checker: ThreadPoolExecutor) -> Iterator[tuple["_Source", list]]:
         """(a source, the items it holds) for every ``(req, info)`` of ``items`` (sorted by file
-        and offset): here each file, opened once."""
+        and offset): here each file, opened once. Its checksums are checked by ``checker``."""
         for name, group in itertools.groupby(items, key=lambda item: item[1].relative_path):
             with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as stream:
-                yield self._source(name, stream, 0), list(group)
+                yield self._source(name, stream, 0, checker), list(group)
 
-    def _source(self, name: str, stream: Any, start: int) -> "_Source":
+    def _source(self, name: str, stream: Any, start: int, checker: ThreadPoolExecutor) -> "_Source":
         """The shard file ``name`` from its byte ``start`` on, as ``stream`` holds it, checked
-        against its checksums where the checkpoint has them."""
+        by ``checker`` against its checksums where the checkpoint has them."""
         if self.checksums is None:
             return _Source(stream, start)
         path = redact_urls(str(self.fs.concat_path(self.path, name)))
-        return _CheckedSource(stream, start, path, self.checksums.block_bytes, self.checksums.of_file(name))
+        return _CheckedSource(stream, start, path, self.checksums.block_bytes, self.checksums.of_file(name), checker)
 
 
 def _metadata_problem(metadata: dcp_metadata.Metadata) -> str | None:
@@ -562,20 +563,20 @@ class BatchedFsspecReader(CheckpointReader):
     next batch arrives.
     """
 
-    def _sources(self, items: list) -> Iterator[tuple["_Source", list]]:
+    def _sources(self, items: list, checker: ThreadPoolExecutor) -> Iterator[tuple["_Source", list]]:
         """The fetched batches; the next one is fetched while this one loads into the tensors."""
         batches = _batches(items)
         if not batches:
             return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-fetch") as fetcher:
-            pending = fetcher.submit(self._fetch, batches[0])
+            pending = fetcher.submit(self._fetch, batches[0], checker)
             for following in batches[1:]:
                 fetched = pending.result()
-                pending = fetcher.submit(self._fetch, following)
+                pending = fetcher.submit(self._fetch, following, checker)
                 yield from fetched
             yield from pending.result()
 
-    def _fetch(self, batch: list) -> list[tuple["_Source", list]]:
+    def _fetch(self, batch: list, checker: ThreadPoolExecutor) -> list[tuple["_Source", list]]:
         """The entries of ``batch`` fetched (with the rest of the checksum blocks they lie in),
         each run of adjacent ones (DCP writes a rank's tensors back to back) in one request."""
         spans: list[list] = []  # [path, start, end, items]
@@ -597,7 +598,8 @@ class BatchedFsspecReader(CheckpointReader):
         )
         # BytesIO shares the bytes: no copy
         return [
-            (self._source(name, io.BytesIO(blob), start), items) for (name, start, _, items), blob in zip(spans, blobs)
+            (self._source(name, io.BytesIO(blob), start, checker), items)
+            for (name, start, _, items), blob in zip(spans, blobs)
         ]
 
     def _extent(self, info: _StorageInfo) -> tuple[int, int]:
@@ -654,14 +656,23 @@ class _CheckedSource(_Source):
     """A :class:`_Source` that checks every block of the file that it reads a byte of against
     ``sums``: blocks a read covers whole where they were read into, a block it covers in part
     read whole once, checked and kept for the reads after it (an entry's headers, the start of
-    the entry after it). ``path`` names the file in errors."""
+    the entry after it). ``path`` names the file in errors.
+
+    ``checker`` (a thread) checks each run of blocks while the next is read: reads and zlib's
+    CRC-32 both release the GIL, so a large read costs about as long as the longer of the two
+    (in series, CRC-32 at ~3.5 GB/s on one core made a 512 MB load from disk 1.5x as long).
+    """
 
     #: Blocks read in part kept: an entry's first and last, and the next entry's.
     KEPT = 4
+    #: Blocks read before they are handed to the checker.
+    RUN = 4
 
-    def __init__(self, stream: Any, start: int, path: str, block: int, sums: FileChecksums) -> None:
+    def __init__(
+        self, stream: Any, start: int, path: str, block: int, sums: FileChecksums, checker: ThreadPoolExecutor
+    ) -> None:
         super().__init__(stream, start)
-        self.path, self.block, self.sums = path, block, sums
+        self.path, self.block, self.sums, self.checker = path, block, sums, checker
         self.kept: dict[int, bytes] = {}
 
     def readinto(self, offset: int, buffer: memoryview) -> int:
@@ -682,7 +693,20 @@ class _CheckedSource(_Source):
         return max(0, end - offset)
 
     def _read_checked(self, offset: int, into: memoryview) -> None:
-        """Reads the whole blocks from ``offset`` into ``into``, then checks each there."""
+        """Reads the whole blocks from ``offset`` into ``into``, each run of them checked while the
+        next is read."""
+        run = self.block * self.RUN
+        checked: ConcurrentFuture | None = None
+        for start in range(0, len(into), run):
+            part = into[start : start + run]
+            self._read_exactly(offset + start, part)
+            if checked is not None:
+                checked.result()
+            checked = self.checker.submit(self._check, offset + start, part)
+        if checked is not None:
+            checked.result()
+
+    def _read_exactly(self, offset: int, into: memoryview) -> None:
         got = super().readinto(offset, into)
         while got < len(into):
             more = super().readinto(offset + got, into[got:])
@@ -691,13 +715,16 @@ class _CheckedSource(_Source):
                     f"{self.path} ends at byte {offset + got}, not {self.sums.size}: it is truncated"
                 )
             got += more
-        for start in range(0, len(into), self.block):
-            self._check((offset + start) // self.block, into[start : start + self.block])
 
-    def _check(self, index: int, data: memoryview | bytes) -> None:
-        if zlib.crc32(data) != self.sums.crc32[index]:
-            first = index * self.block
-            raise DamagedCheckpoint(f"{self.path}: bytes {first}-{first + len(data) - 1} do not match their checksum")
+    def _check(self, offset: int, data: memoryview) -> None:
+        """Checks the whole blocks ``data`` read from ``offset``."""
+        for start in range(0, len(data), self.block):
+            block = data[start : start + self.block]
+            if zlib.crc32(block) != self.sums.crc32[(offset + start) // self.block]:
+                first = offset + start
+                raise DamagedCheckpoint(
+                    f"{self.path}: bytes {first}-{first + len(block) - 1} do not match their checksum"
+                )
 
     def _kept(self, index: int) -> bytes:
         """Block ``index``, read whole and checked."""
