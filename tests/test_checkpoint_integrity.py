@@ -238,3 +238,29 @@ def test_a_resharded_load_verifies_the_bytes_it_reads(location, env, pieces, mon
     store.fs.pipe_file(shard, bytes(data))
     with pytest.raises(DamagedCheckpoint, match="__0_0.distcp: bytes .* do not match their checksum"):
         store.load(store.newest(), target)
+
+
+def grow_shard(folder) -> str:
+    """Appends to the shard file; returns what the store should say of it."""
+    size = (folder / "__0_0.distcp").stat().st_size
+    with open(folder / "__0_0.distcp", "ab") as f:
+        f.write(b"more")
+    return f"shard file __0_0.distcp is {size + 4} bytes, not the {size} written"
+
+
+def garble_checksums(folder) -> str:
+    """Drops a checksum from the manifest; returns what the store should say of it."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["checksums"]["files"]["__0_0.distcp"]["crc32"].pop()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return "manifest.json's checksums are malformed (a file's size and its blocks disagree)"
+
+
+@pytest.mark.parametrize(
+    "change", [grow_shard, garble_checksums], ids=["a shard longer than written", "checksums garbled"]
+)
+def test_files_that_differ_from_their_checksums_record_are_skipped_as_damaged(tmp_path, env, change, caplog):
+    store = saved(tmp_path / "ckpt", env)
+    problem = change(tmp_path / "ckpt" / "step_00000020")
+    assert store.newest().step == 10
+    assert f"skipping checkpoint {store.step_url(20)}: damaged ({problem})" in caplog.text

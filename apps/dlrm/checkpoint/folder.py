@@ -228,7 +228,7 @@ class CheckpointStore:
             if found < size:
                 raise DamagedCheckpoint(f"shard file {name} is missing or truncated")
             if checksums is not None and found != (written := checksums.of_file(name).size):
-                raise DamagedCheckpoint(f"shard file {name} is {found} bytes, written {written}")
+                raise DamagedCheckpoint(f"shard file {name} is {found} bytes, not the {written} written")
 
     # --- writing -----------------------------------------------------------------------------
 

@@ -139,17 +139,15 @@ class Checksums:
             block = record["block_bytes"]
             files = {name: FileChecksums(sums["size"], tuple(sums["crc32"])) for name, sums in record["files"].items()}
         except (TypeError, KeyError, AttributeError) as e:
-            raise DamagedCheckpoint(
-                f"its manifest's checksums are not a record of them ({type(e).__name__}: {e})"
-            ) from None
+            raise DamagedCheckpoint(f"manifest.json's checksums are malformed ({type(e).__name__}: {e})") from None
         if not (isinstance(block, int) and block > 0 and all(_fits(sums, block) for sums in files.values())):
-            raise DamagedCheckpoint("its manifest's checksums are not a record of them (sizes and blocks disagree)")
+            raise DamagedCheckpoint("manifest.json's checksums are malformed (a file's size and its blocks disagree)")
         return cls(block, files)
 
     def of_file(self, name: str) -> FileChecksums:
         """The checksums of the shard file ``name``; raises :class:`DamagedCheckpoint` without them."""
         if name not in self.files:
-            raise DamagedCheckpoint(f"shard file {name} has no checksums in its manifest")
+            raise DamagedCheckpoint(f"shard file {name} has no checksums in manifest.json")
         return self.files[name]
 
 
