@@ -2,6 +2,7 @@
 early when they or their location cannot be used."""
 
 import json
+import math
 import os
 import pathlib
 import re
@@ -163,6 +164,25 @@ def test_uncommitted_and_damaged_checkpoints_are_skipped(uninterrupted, tmp_path
     (tmp_path / "ckpt" / "step_00000030" / ".metadata").write_bytes(b"garbage")
     assert store.newest() is None
     assert "step_00000030: damaged" in caplog.text
+
+
+def test_a_shard_damaged_in_place_is_skipped_and_the_last_good_checkpoint_kept(uninterrupted, tmp_path):
+    """Issue 24: 4,000 bytes of an embedding shard of the newest checkpoint overwritten, its size
+    unchanged, resumed silently ("loss nan"), and the next commit pruned the last good one."""
+    ckpt, _ = uninterrupted
+    shutil.copytree(ckpt, tmp_path / "ckpt")
+    shard = tmp_path / "ckpt" / "step_00000040" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 4000] = bytes(4000)
+    shard.write_bytes(bytes(data))
+    args = ["--checkpoint_dir", str(tmp_path / "ckpt"), "--steps", "50", "--checkpoint_every", "10", "--keep_last", "2"]
+    result, summary = train_app(tmp_path, "out", *RECIPE, *args)
+    assert_ok(result)
+    assert f"skipping checkpoint {tmp_path}/ckpt/step_00000040: damaged (" in result.stderr
+    assert summary["resumed_from_step"] == 30 and math.isfinite(summary["final_train_loss"])
+    # 40 and 50 are the two newest; 30, the one that verified, stays beside them
+    steps = sorted(name for name in os.listdir(tmp_path / "ckpt") if name.startswith("step_"))
+    assert steps == ["step_00000030", "step_00000040", "step_00000050"]
 
 
 def test_incompatible_checkpoint_is_refused_before_training_and_kept(uninterrupted, tmp_path):
