@@ -25,6 +25,7 @@ from torchx.runner import get_runner
 from torchx.specs.finder import ComponentValidationException
 
 from schedulers.kubeflow.scheduler import KubeflowApiError
+from schedulers.setup_checks import SetupError
 from tests.conftest import BIN, run
 from tests.kubeflow_server import RESPONSES, TOKEN, FakeCluster, fake_cluster
 from tests.kubeflow_validation import validate_pytorchjob, validate_recorded, validate_trainjob
@@ -545,7 +546,7 @@ def test_a_handle_that_is_not_a_kubeflow_one_says_what_one_looks_like(cluster, h
 def test_without_a_kubeconfig_the_error_says_where_kubectls_is_looked_for(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     monkeypatch.setenv("HOME", str(tmp_path))
-    with pytest.raises(KubeflowApiError, match="no Kubernetes cluster to talk to .*: set KUBECONFIG to a kubeconfig"):
+    with pytest.raises(SetupError, match="finds no Kubernetes cluster to talk to in KUBECONFIG=.*: set KUBECONFIG to"):
         get_runner().status("kubeflow://torchx/default:pytorchjob:dlrm-bx3k9w2q")
 
 
