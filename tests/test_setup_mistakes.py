@@ -47,11 +47,11 @@ def torchx(*args: str, cwd: str | None = None, **env: str) -> subprocess.Complet
 
 
 def says_in_one_line(result: subprocess.CompletedProcess, message: str) -> bool:
-    """Whether the command failed with ``message`` on a line of its own (a log line's prefix
-    aside), and without a traceback."""
+    """Whether the command failed with ``message`` ending a line (a log line's prefix aside), and
+    without a traceback."""
     out = result.stdout + result.stderr
-    lines = [line for line in out.splitlines() if message in line]
-    return result.returncode != 0 and len(lines) >= 1 and lines[0].rstrip().endswith(message) and "Traceback" not in out
+    ends = any(line.rstrip().endswith(message) for line in out.splitlines())
+    return result.returncode != 0 and ends and "Traceback" not in out
 
 
 # ── Slurm ───────────────────────────────────────────────────────────────────────────────────
@@ -70,6 +70,121 @@ def test_slurm_without_sbatch_on_path(tmp_path, cfg):
     # A dry run needs no Slurm: it prints the script.
     dry = torchx("run", "--dryrun", "-s", "slurm", "components.dlrm:train", cwd=str(tmp_path), PATH=BIN)
     assert dry.returncode == 0 and "#SBATCH" in dry.stdout, dry.stderr[-3000:]
+
+
+# ── Docker and Kubernetes ───────────────────────────────────────────────────────────────────
+
+
+def no_docker(tmp_path) -> dict[str, str]:
+    """The environment of a machine without a Docker engine (and without a cluster)."""
+    return {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock", "KUBECONFIG": str(tmp_path / "no-kubeconfig")}
+
+
+@pytest.mark.parametrize(
+    "scheduler, cfg, request_text",
+    [("kubernetes", "queue=default", "kind: Job"), ("aws_batch", "queue=dlrm", '"jobQueue": "dlrm"')],
+)
+def test_a_dry_run_needs_no_docker(tmp_path, scheduler, cfg, request_text):
+    # The default workspace (the folder torchx runs in) would be built into an image.
+    result = torchx(
+        "run",
+        "--dryrun",
+        "-s",
+        scheduler,
+        "-cfg",
+        cfg,
+        "components.dlrm:train",
+        cwd=str(tmp_path),
+        **no_docker(tmp_path),
+    )
+    assert result.returncode == 0 and request_text in result.stdout, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (docker,) = [line for line in result.stderr.splitlines() if "Docker does not answer here" in line]
+    assert f"the request shows --image torchrec-dlrm:latest without the workspace {tmp_path} built" in docker
+    if scheduler == "kubernetes":  # nor a cluster, whose API server would check the request
+        (cluster,) = [line for line in result.stderr.splitlines() if "finds no Kubernetes cluster" in line]
+        assert "the API server does not check this request (validate_spec): -s kubernetes finds no" in cluster
+
+
+@pytest.mark.parametrize("scheduler, cfg", [("kubernetes", "queue=default"), ("aws_batch", "queue=dlrm")])
+def test_submitting_a_workspace_without_docker(tmp_path, scheduler, cfg):
+    result = torchx(
+        "run", "-s", scheduler, "-cfg", cfg, "components.dlrm:train", cwd=str(tmp_path), **no_docker(tmp_path)
+    )
+    assert says_in_one_line(
+        result,
+        f"-s {scheduler} builds the workspace {tmp_path} into an image with Docker, which does not answer here "
+        f"(Error while fetching server API version: ('Connection aborted.', FileNotFoundError(2, 'No such file or "
+        f'directory\'))): start Docker, or pass --workspace "" to run --image as it is',
+    ), result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("scheduler, cfg", [("kubeflow", "namespace=default"), ("kubernetes", "queue=default")])
+@pytest.mark.parametrize("kubeconfig", ["missing", "not-yaml"])
+def test_submitting_without_a_kubeconfig(tmp_path, scheduler, cfg, kubeconfig):
+    path = tmp_path / kubeconfig
+    if kubeconfig == "not-yaml":
+        path.write_text("users: [{token: s3cr3t-token\n")
+    reason = {
+        "missing": "Invalid kube-config file. No configuration found.",
+        "not-yaml": "while parsing a flow mapping",
+    }[kubeconfig]
+    result = torchx(
+        "run", "-s", scheduler, "-cfg", cfg, "--workspace", "", "components.dlrm:train",
+        cwd=str(tmp_path), KUBECONFIG=str(path), HOME=str(tmp_path),
+    )  # fmt: skip
+    assert says_in_one_line(
+        result,
+        f"-s {scheduler} finds no Kubernetes cluster to talk to in KUBECONFIG={path} ({reason}): set KUBECONFIG to "
+        "kubectl's kubeconfig file, or write ~/.kube/config; a dry run (--dryrun) needs no cluster",
+    ), result.stderr[-3000:]
+    assert "s3cr3t" not in result.stdout + result.stderr
+
+
+# ── AWS Batch ───────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (
+            {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": SECRET},
+            "-s aws_batch has no AWS region to submit to: set AWS_DEFAULT_REGION (e.g. AWS_DEFAULT_REGION=us-west-2), "
+            "or run `aws configure`",
+        ),
+        (
+            {"AWS_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": SECRET},
+            "-s aws_batch has no AWS region to submit to: boto3 does not read AWS_REGION=eu-west-1: set "
+            "AWS_DEFAULT_REGION=eu-west-1",
+        ),
+        (
+            {"AWS_DEFAULT_REGION": "us-west-2"},
+            "-s aws_batch found no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+            "AWS_PROFILE), run `aws configure`, or run where an IAM role gives them",
+        ),
+        (
+            {"AWS_DEFAULT_REGION": "us-west-2", "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"},
+            "-s aws_batch cannot read the AWS configuration (Partial credentials found in env, missing: "
+            "AWS_SECRET_ACCESS_KEY): fix AWS_PROFILE, the AWS_* variables or ~/.aws/config, or run `aws configure`",
+        ),
+        (
+            {
+                "AWS_DEFAULT_REGION": "us-west-2",
+                "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+                "AWS_SECRET_ACCESS_KEY": SECRET,
+                "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+            },
+            "-s aws_batch cannot reach AWS Batch: the endpoint http://127.0.0.1:9 refuses the connection: check "
+            "AWS_ENDPOINT_URL=http://127.0.0.1:9 and that the server is up",
+        ),
+    ],
+    ids=["no-region", "aws-region-only", "no-credentials", "half-a-key", "refused-endpoint"],
+)
+def test_submitting_to_aws_batch_without_its_setup(tmp_path, env, message):
+    cmd = [os.path.join(BIN, "torchx"), "run", "-s", "aws_batch", "-cfg", "queue=dlrm", "--workspace", ""]
+    result = run_without_aws([*cmd, "components.dlrm:train"], str(tmp_path), **env)
+    assert says_in_one_line(result, message), result.stderr[-3000:]
+    assert SECRET not in result.stdout + result.stderr
 
 
 # ── S3 (checkpoints and data, read by the trainers) ─────────────────────────────────────────
