@@ -187,6 +187,31 @@ def test_submitting_to_aws_batch_without_its_setup(tmp_path, env, message):
     assert SECRET not in result.stdout + result.stderr
 
 
+# ── The project's Python ────────────────────────────────────────────────────────────────────
+
+
+def test_trainers_run_with_torchxs_python_where_the_environment_is_not_activated(tmp_path):
+    """``.venv/bin/torchx`` run with another ``python`` first on PATH (the environment not activated):
+    the trainers used to run with that one (``ModuleNotFoundError: No module named 'torch'``)."""
+    system = tmp_path / "system-bin"
+    system.mkdir()
+    python = system / "python"
+    python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n")
+    python.chmod(0o755)
+    torchx = os.path.join(BIN, "torchx")
+    cmd = [torchx, "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x1", *tiny(steps=4)]
+    result = subprocess.run(
+        [*cmd, "--output_dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
+        env=process_env(PATH=f"{system}{os.pathsep}/usr/bin{os.pathsep}/bin"),
+    )
+    assert result.returncode == 0 and (tmp_path / "out" / "summary.json").exists(), result.stderr[-3000:]
+    assert "ModuleNotFoundError" not in result.stdout + result.stderr
+
+
 # ── S3 (checkpoints and data, read by the trainers) ─────────────────────────────────────────
 
 
