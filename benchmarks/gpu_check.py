@@ -265,7 +265,7 @@ def plan_in_hbm(rows: int, hbm_gb: float) -> bool:
             sys.executable,
             "-m",
             "apps.dlrm.plan",
-            "--j",
+            "-j",
             "1x1",
             "--gpu",
             "1",

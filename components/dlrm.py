@@ -15,7 +15,7 @@ from typing import Any
 from torchx import specs
 from torchx.components import utils
 
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import PlanConfig, TrainConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.launch.target import PlanTarget
 from apps.dlrm.options import to_argv
@@ -23,6 +23,7 @@ from apps.dlrm.training.run_folder import output_folder
 from components.cpu_launch import CpuLaunch
 from components.launch import DEFAULT_IMAGE, Launch
 from components.plan_check import PlanCheck
+from components.preflight import check_before_submitting
 from components.signature import component_args, reject_unknown, take
 from schedulers.slurm import LOG_DIR
 
@@ -42,6 +43,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     launch = take(Launch, kwargs)
     cfg = take(TrainConfig, kwargs)
     take(PlanCheck, kwargs).run(launch, cfg)
+    check_before_submitting(launch, cfg)
     app = launch.torchrun_app("apps.dlrm.train", to_argv(cfg))
     if cfg.evaluation.output_dir:
         # The folder the run will write to (the app names it alike: app.name is the job's name that
@@ -51,7 +53,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     return app
 
 
-@component_args(PlanTarget, TrainConfig)
+@component_args(PlanTarget, PlanConfig)
 def plan(**kwargs: Any) -> specs.AppDef:
     """Previews TorchRec's sharding plan of a training job and says whether it fits.
 
@@ -61,9 +63,9 @@ def plan(**kwargs: Any) -> specs.AppDef:
     planner and estimates, then ``fits: ...`` or ``does not fit: needs X GiB HBM on rank r,
     has Y`` (and exits 1).
     """
-    reject_unknown(kwargs, PlanTarget, TrainConfig)
+    reject_unknown(kwargs, PlanTarget, PlanConfig)
     target = take(PlanTarget, kwargs)
-    cfg = take(TrainConfig, kwargs)
+    cfg = take(PlanConfig, kwargs)
     return utils.python(
         *to_argv(target),
         *to_argv(cfg),

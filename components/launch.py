@@ -139,6 +139,11 @@ class Launch:
             ) from None
 
     @property
+    def gpus_per_node(self) -> int:
+        """The GPUs each node asks for: the -h type's, else --gpu."""
+        return self.resource.gpu if self.resource else self.gpu
+
+    @property
     def instance_env(self) -> dict[str, str]:
         """NCCL/EFA settings for the ``-h`` instance type (none without one)."""
         if self.resource is None or not (self.resource.gpu and self.resource.devices.get(EFA_DEVICE)):

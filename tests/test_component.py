@@ -6,6 +6,8 @@ import shlex
 import subprocess
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from torchx import specs
 from torchx.specs.builders import materialize_appdef
@@ -167,6 +169,52 @@ def test_torchx_refuses_a_bad_component_argument_without_a_traceback(tmp_path):
     result = torchx("run", "--dryrun", "-s", "local_cwd", "components.dlrm:train", "-j", "1y2", cwd=str(tmp_path))
     assert result.returncode == 1
     assert "-j '1y2' is not a job size" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(pipeline="semi_sync"), "--pipeline semi_sync needs GPUs"),
+        (dict(embedding_optimizer="adam"), "--embedding_optimizer adam needs GPUs"),
+        (dict(compile_dense="reduce-overhead"), "--compile_dense reduce-overhead replays CUDA graphs"),
+    ],
+)
+def test_gpu_only_options_on_a_job_without_gpus_are_refused_at_submission(kwargs, fragment):
+    with pytest.raises(InvalidComponentArgument, match=fragment) as error:
+        dlrm.train(**kwargs)
+    assert str(error.value).endswith("(this job asks for no GPUs: for GPU nodes give -h or --gpu)")
+    # Asking for GPU nodes, they are the job's to use.
+    dlrm.train(j="2", h="aws_p4d.24xlarge", **kwargs)
+    dlrm.train(j="1x2", gpu=2, **kwargs)
+
+
+def test_local_parquet_data_that_cannot_serve_the_options_is_refused_at_submission(tmp_path):
+    folder = tmp_path / "clicks"
+    folder.mkdir()
+    columns = {"label": [0, 1] * 8, "int_0": [0.5] * 16, "cat_0": list(range(16))}
+    pq.write_table(pa.table(columns), folder / "part-0.parquet")
+    data = dict(data="parquet", data_path=str(folder), dense_columns="int_0", sparse_columns="cat_0")
+    dlrm.train(**data)
+    with pytest.raises(InvalidComponentArgument, match="part-0.parquet has no column 'click'"):
+        dlrm.train(**data, label_column="click")
+    with pytest.raises(
+        InvalidComponentArgument, match="column 'cat_0' holds id 15 .*outside its embedding table of 10 rows"
+    ):
+        dlrm.train(**data, categorical_ids="as_is", num_embeddings=10)
+    # Data that is not on this machine is the job's to read.
+    dlrm.train(**{**data, "data_path": str(tmp_path / "on_the_cluster")}, label_column="click")
+    dlrm.train(**{**data, "data_path": "s3://bucket/clicks"}, label_column="click")
+
+
+def test_torchx_refuses_a_missing_parquet_column_at_submission_in_one_line(tmp_path):
+    folder = tmp_path / "clicks"
+    folder.mkdir()
+    pq.write_table(pa.table({"label": [0, 1], "int_0": [0.5, 1.0], "cat_0": [3, 4]}), folder / "part-0.parquet")
+    args = ["--data", "parquet", "--data_path", str(folder), "--dense_columns", "int_0", "--sparse_columns", "cat_1"]
+    result = torchx("run", "--dryrun", "components.dlrm:train", *args, cwd=str(tmp_path))
+    assert result.returncode == 1
+    assert "part-0.parquet has no column 'cat_1' (--sparse_columns)" in result.stderr
     assert "Traceback" not in result.stderr
 
 

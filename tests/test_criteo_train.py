@@ -48,6 +48,15 @@ def test_preprocess_then_train_two_ranks_on_the_criteo_files(tmp_path):
     assert report["rows_written"] == sum(day.rows_written for day in days)
     assert report["skipped"]["wrong_column_count"] == sum(day.skipped["wrong_column_count"] for day in days)
 
+    # Tables smaller than those the folder was preprocessed for: refused at submission, not by the job.
+    result = run(
+        [os.path.join(BIN, "torchx"), "run", "--dryrun", "components.dlrm:train", "--data", "criteo"]
+        + ["--data_path", str(data), "--num_embeddings", "1000"],
+        cwd=str(tmp_path),
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{data} was preprocessed for embedding tables of 2000," in result.stderr
+
     out = tmp_path / "outputs"
     result = torchrun(
         [

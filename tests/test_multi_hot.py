@@ -201,7 +201,7 @@ def test_dlrmv2_preset_trains_scaled_down_under_torchrun(tmp_path):
 
 
 def test_plan_previews_the_dlrmv2_preset_on_a_p5():
-    result = run([sys.executable, "-m", "apps.dlrm.plan", "--preset", "dlrmv2", "--j", "1x8", "--h", "aws_p5.48xlarge"])
+    result = run([sys.executable, "-m", "apps.dlrm.plan", "--preset", "dlrmv2", "-j", "1x8", "-h", "aws_p5.48xlarge"])
     assert_ok(result)
     assert "1 node x 8 GPUs (8 ranks) of aws_p5.48xlarge, batch 8192 per rank" in result.stdout
     assert "t_cat_20  40,000,000  128" in result.stdout

@@ -50,7 +50,7 @@ MLPERF_ARGS = [
 # 50M rows x 16 x 26 tables: 41 GiB per rank on 2 CPU ranks of the default 8 GB node.
 TOO_BIG_FOR_CPU = ["--num_embeddings", "50000000"]
 # One GPU planned with 8 GiB of HBM, 64 GiB of host memory, and 38 GiB of tables (8 x 10M x 128).
-ONE_GPU_ARGS = ["--j", "1x1", "--gpu", "1", "--memMB", "65536", "--hbm_gb", "8"]
+ONE_GPU_ARGS = ["-j", "1x1", "--gpu", "1", "--memMB", "65536", "--hbm_gb", "8"]
 ONE_GPU = dict(
     num_sparse_features=8,
     num_embeddings=10_000_000,
@@ -193,7 +193,7 @@ def test_what_a_cpu_job_cannot_run_is_refused_as_the_job_would(cfg, fragment):
 
 def test_plan_app_exits_1_with_a_plain_verdict_when_it_does_not_fit(capsys):
     with pytest.raises(SystemExit) as exit:
-        plan_app(["--j", "1x2", *TOO_BIG_FOR_CPU])
+        plan_app(["-j", "1x2", *TOO_BIG_FOR_CPU])
     assert exit.value.code == 1
     assert (
         capsys.readouterr()
@@ -205,7 +205,7 @@ def test_plan_app_exits_1_with_a_plain_verdict_when_it_does_not_fit(capsys):
 @pytest.mark.unit
 def test_plan_app_refuses_a_bad_value_in_one_line(capsys):
     with pytest.raises(SystemExit) as exit:
-        plan_app(["--h", "aws_p4d.24xlarge", "--j", "1x16"])
+        plan_app(["-h", "aws_p4d.24xlarge", "-j", "1x16"])
     assert exit.value.code == 2
     assert capsys.readouterr().err == (
         "python -m apps.dlrm.plan: error: -j '1x16' asks for 16 processes per node but -h "
@@ -214,11 +214,33 @@ def test_plan_app_refuses_a_bad_value_in_one_line(capsys):
 
 
 @pytest.mark.unit
+def test_plan_app_takes_the_components_flags_and_only_what_the_plan_depends_on(capsys):
+    # -h is the instance type, as for the component; help is --help.
+    with pytest.raises(SystemExit) as exit:
+        plan_app(["--help"])
+    assert exit.value.code == 0
+    usage = capsys.readouterr().out
+    assert "[-j J] [-h H]" in usage and "--embedding_dim" in usage and "--sharding_type" in usage
+    for training_only in ("--learning_rate", "--checkpoint_dir", "--data_path", "--val_batches", "--steps"):
+        assert training_only not in usage
+    with pytest.raises(SystemExit) as exit:
+        plan_app(["-j", "1x2", "--learning_rate", "3"])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m apps.dlrm.plan: error: --learning_rate 3: not an option of the plan (training-only "
+        "options do not change where the tables go; drop them): see --help\n"
+    )
+    # The component offers the same arguments.
+    with pytest.raises(InvalidComponentArgument, match="unknown component arguments: learning_rate"):
+        dlrm.plan(learning_rate="3")
+
+
+@pytest.mark.unit
 def test_plan_component_passes_its_arguments_to_the_app():
     app = dlrm.plan(j="2x8", h="aws_p4d.24xlarge", batch_size=8192)
     (role,) = app.roles
     assert role.entrypoint == "python" and role.num_replicas == 1
-    assert role.args == ["-m", "apps.dlrm.plan", "--j", "2x8", "--h", "aws_p4d.24xlarge", "--batch_size", "8192"]
+    assert role.args == ["-m", "apps.dlrm.plan", "-j", "2x8", "-h", "aws_p4d.24xlarge", "--batch_size", "8192"]
     with pytest.raises(InvalidComponentArgument, match="is not a known instance type"):
         dlrm.plan(h="aws_p9.24xlarge")
 
@@ -228,7 +250,7 @@ def test_plan_component_plans_with_the_jobs_hbm_gb():
     """--hbm_gb is TrainConfig's: declared once, it reaches the preview app, which plans with it."""
     app = materialize_appdef(dlrm.plan, ["-j", "1x1", "--gpu", "1", "--hbm_gb", "8"])
     (role,) = app.roles
-    assert role.args == ["-m", "apps.dlrm.plan", "--j", "1x1", "--gpu", "1", "--hbm_gb", "8.0"]
+    assert role.args == ["-m", "apps.dlrm.plan", "-j", "1x1", "--gpu", "1", "--hbm_gb", "8.0"]
     with pytest.raises(InvalidComponentArgument, match="--hbm_gb 8 is for GPU nodes"):
         dlrm.plan(hbm_gb="8")
 

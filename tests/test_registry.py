@@ -50,11 +50,11 @@ def test_plugins_load_without_errors():
     assert "aws_batch" in registry.get(plugins.PluginType.SCHEDULER)
 
 
-def test_default_scheduler_stays_local_cwd(tmp_path):
-    # A plugin scheduler comes first among the schedulers, so it is TorchX's default...
-    assert list(get_scheduler_factories())[0] == get_default_scheduler_name() == "aws_batch"
-    # ...unless .torchxconfig names one: the repository's does, from its root or through TORCHXCONFIG.
-    for cwd, env in [(REPO, {}), (str(tmp_path), {"TORCHXCONFIG": os.path.join(REPO, ".torchxconfig")})]:
-        result = torchx("run", "--dryrun", "--json", "components.dlrm:train", cwd=cwd, **env)
+def test_default_scheduler_is_local_cwd_in_any_directory(tmp_path):
+    # TorchX's default is the first plugin scheduler: ours re-registers local_cwd ahead of the rest...
+    assert list(get_scheduler_factories())[0] == get_default_scheduler_name() == "local_cwd"
+    # ...so a missing -s runs here from the repository, from any other folder, and from apps/.
+    for cwd in (REPO, str(tmp_path), os.path.join(REPO, "apps")):
+        result = torchx("run", "--dryrun", "--json", "components.dlrm:train", cwd=cwd)
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["scheduler"] == "local_cwd", cwd

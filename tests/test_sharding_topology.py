@@ -57,7 +57,7 @@ def test_hbm_gb_larger_than_the_gpu_is_refused_in_one_line():
 
 def test_hbm_gb_on_cpu_ranks_is_refused_not_ignored():
     with pytest.raises(ConfigError, match=r"--hbm_gb 8 is for GPU ranks, but this job runs on cpu"):
-        check_device_support(train_config(hbm_gb=8), torch.device("cpu"))
+        check_device_support(train_config(hbm_gb=8), "cpu")
 
 
 def test_the_app_plans_the_tables_and_kernels_the_preview_predicts():

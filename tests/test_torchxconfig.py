@@ -37,12 +37,6 @@ def torchx_in_repo(*args: str, home) -> subprocess.CompletedProcess:
     )
 
 
-def test_run_defaults_to_local_cwd_although_plugins_add_schedulers(tmp_path):
-    result = torchx_in_repo("run", "--dryrun", "components.dlrm:train", home=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "local_cwd://" in result.stdout
-
-
 def test_scheduler_defaults_reach_a_submission(tmp_path):
     # -s kubernetes needs a Volcano queue: the file's `queue = default` provides it.
     result = torchx_in_repo(

@@ -12,7 +12,7 @@ from apps.dlrm import presets
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES
 from apps.dlrm.data.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
-from apps.dlrm.options import Options, check_choices, field_default, option, parse_config, section
+from apps.dlrm.options import Options, check_choices, field_default, option, options_of, parse_config, section
 
 SHARDING_TYPES = (
     "auto",
@@ -661,6 +661,20 @@ def check_int8_comms(cfg: LaunchConfig, sharding_types: list[str]) -> None:
 
 def is_pattern(text: str) -> bool:
     return any(char in text for char in PATTERN_CHARS)
+
+
+class PlanConfig(TrainConfig):
+    """A training job's configuration as its sharding plan sees it (``python -m apps.dlrm.plan``,
+    ``components.dlrm:plan``): only the options the plan depends on are offered (the model, how it
+    runs on the devices, the batch size, the embedding optimizer's state, a --preset); the others
+    keep their defaults, so the preview's help lists what matters to it."""
+
+    __slots__ = ()
+
+    OFFERED = frozenset(
+        ["preset", "batch_size", "embedding_optimizer"]
+        + [field.name for cls in (ModelConfig, LaunchConfig) for field in options_of(cls)]
+    )
 
 
 def _require_positive(name: str, value: float) -> None:

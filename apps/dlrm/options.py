@@ -17,7 +17,7 @@ import copy
 import dataclasses
 import math
 import typing
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 
 from apps.dlrm.common.errors import ConfigError
 
@@ -47,6 +47,11 @@ class Options:
     silently adding an attribute nothing reads."""
 
     __slots__ = ()
+
+    #: The options offered (flat names) on the command line and as component arguments; None: all.
+    #: A subclass that a tool reads only in part (the plan preview reads the model's) narrows it,
+    #: and its other options keep their defaults.
+    OFFERED: ClassVar[frozenset[str] | None] = None
 
     @classmethod
     def preset_defaults(cls, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,14 +182,21 @@ def format_value(value: Any) -> str:
 
 
 def options_of(cls: type) -> list[dataclasses.Field]:
-    """Every option of the dataclass ``cls``, its sections' included, in declaration order."""
+    """Every option the dataclass ``cls`` offers (:attr:`Options.OFFERED`), its sections'
+    included, in declaration order."""
     options = []
     for field in dataclasses.fields(cls):
         if "section" in field.metadata:
             options += options_of(field.metadata["section"])
         elif "help" in field.metadata:
             options.append(field)
-    return options
+    offered = getattr(cls, "OFFERED", None)
+    return options if offered is None else [field for field in options if field.name in offered]
+
+
+def flag(name: str) -> str:
+    """An option's flag, as TorchX's CLI spells a component argument: ``-j``, ``--batch_size``."""
+    return f"-{name}" if len(name) == 1 else f"--{name}"
 
 
 def option_types(cls: type) -> dict[str, Any]:
@@ -224,11 +236,14 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
         if field.metadata.get("choices"):
             kwargs["choices"] = field.metadata["choices"]
             kwargs["metavar"] = "{" + ",".join(field.metadata["choices"]) + "}"
-        parser.add_argument(f"--{field.name}", **kwargs)
+        parser.add_argument(flag(field.name), **kwargs)
 
 
 def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    """A parser of ``cls``'s options; help is ``--help`` alone where an option takes ``-h``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
+    takes_h = any(field.name == "h" for field in options_of(cls))
+    parser.add_argument(*(["--help"] if takes_h else ["-h", "--help"]), action="help", help="show this help and exit")
     add_options(parser, cls)
     return parser
 
@@ -249,12 +264,13 @@ def to_argv(config: Any) -> list[str]:
     values = option_values(config)
     defaults = {field.name: field_default(field) for field in options_of(type(config))}
     if isinstance(config, Options):
-        defaults.update(type(config).preset_defaults({name: values[name] for name in ("preset",) if name in values}))
+        preset = type(config).preset_defaults({name: values[name] for name in ("preset",) if name in values})
+        defaults.update((name, value) for name, value in preset.items() if name in defaults)
     return [
         token
-        for name, value in values.items()
-        if value != defaults[name]
-        for token in (f"--{name}", format_value(value))
+        for name, default in defaults.items()
+        if values[name] != default
+        for token in (flag(name), format_value(values[name]))
     ]
 
 

@@ -35,7 +35,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingPlan
 
 from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.config import TrainConfig, check_int8_comms
+from apps.dlrm.config import PlanConfig, TrainConfig, check_int8_comms
 from apps.dlrm.launch.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 from apps.dlrm.model import table_configs
 from apps.dlrm.options import add_options, build_parser, options_of
@@ -164,7 +164,7 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
     The model is built and its optimizer fused exactly as the training app does, on the meta
     device, so the planner sees the same tables and estimates the same storage.
     """
-    check_device_support(cfg, torch.device(cluster.device))
+    check_device_support(cfg, cluster.device)
     model, sharder = model_to_shard(cfg, dense_device=torch.device("meta"))
     if not planner_offers(cfg.launch, sharder, cluster.device):
         raise ConfigError(
@@ -264,17 +264,24 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m apps.dlrm.plan",
         description="Preview TorchRec's sharding plan and each rank's memory for a training job "
         "(the same -j/-h and model options as components.dlrm:train), on any machine, and say "
-        "whether it fits. Exits 1 if it does not.",
+        "whether it fits. Exits 1 if it does not. Options of the training job that the plan does "
+        "not depend on are not taken.",
     )
     parser.epilog = (
         "--hbm_gb 0 plans with the HBM of the GPU of the -h instance type, known for: " + ", ".join(GPU_HBM_GIB) + "."
     )
-    add_options(parser, TrainConfig)
-    args = vars(parser.parse_args(argv))
+    add_options(parser, PlanConfig)
+    parsed, unknown = parser.parse_known_args(argv)
+    args = vars(parsed)
     try:
+        if unknown:
+            raise ConfigError(
+                f"{' '.join(unknown)}: not an option of the plan (training-only options do not change "
+                "where the tables go; drop them): see --help"
+            )
         target_names = {field.name for field in options_of(PlanTarget)}
         target_args = {name: args.pop(name) for name in target_names & set(args)}
-        cfg = TrainConfig.from_options(args)
+        cfg = PlanConfig.from_options(args)
         # The job's --hbm_gb, which its training app plans with too (apps/dlrm/training/sharding.py).
         target = PlanTarget(**target_args, hbm_gb=cfg.launch.hbm_gb)
         result = preview(cfg, target.cluster)

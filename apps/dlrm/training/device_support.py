@@ -6,8 +6,6 @@ silently ignored); this check names the option and the CPU alternative instead.
 
 from typing import Iterator
 
-import torch
-
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig
 
@@ -19,11 +17,12 @@ GPU_PIPELINES = {
 }
 
 
-def check_device_support(cfg: TrainConfig, device: torch.device) -> None:
-    """Refuses, with the first one's fix, the options of ``cfg`` that ``device`` cannot run."""
-    if device.type == "cuda":
+def check_device_support(cfg: TrainConfig, device_type: str) -> None:
+    """Refuses, with the first one's fix, the options of ``cfg`` that ranks on ``device_type``
+    ("cuda", "cpu") cannot run. Needs no torch: the components check a job before submitting it."""
+    if device_type == "cuda":
         return
-    for problem in _gpu_only_options(cfg, device.type):
+    for problem in _gpu_only_options(cfg, device_type):
         raise ConfigError(problem)
 
 

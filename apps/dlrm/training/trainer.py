@@ -68,7 +68,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
-        check_device_support(cfg, env.device)
+        check_device_support(cfg, env.device.type)
         self.cfg, self.env = cfg, env
         folder = open_checkpoints(cfg, env)  # before the model: a bad --checkpoint_dir fails in seconds
         self.run_id = folder.run_id

@@ -321,3 +321,17 @@ def open_folder(folder: str) -> tuple[dict, list[DayArrays]]:
             )
         days.append(DayArrays(day, **arrays))
     return manifest, days
+
+
+def check_table_sizes(preprocessed: list[int], training: list[int], folder: str) -> None:
+    """Refuses tables smaller than those the folder's ids were preprocessed for (ids would overflow them)."""
+    small = [f for f, (p, t) in enumerate(zip(preprocessed, training)) if t < p]
+    if small:
+        raise ConfigError(
+            f"{folder} was preprocessed for embedding tables of "
+            f"{','.join(map(str, preprocessed))} rows, but features "
+            f"{', '.join(map(str, small[:5]))}{' ...' if len(small) > 5 else ''} have smaller "
+            f"tables here ({','.join(map(str, training))}): train with "
+            f"--num_embeddings_per_feature {','.join(map(str, preprocessed))} (or the "
+            "--table_size_preset it was preprocessed with)"
+        )

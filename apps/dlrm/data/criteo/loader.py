@@ -43,7 +43,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.common.splits import Range, held_out_split
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, open_folder
+from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, check_table_sizes, open_folder
 from apps.dlrm.data.criteo.multi_hot import expand, multi_hot_tables
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
@@ -63,7 +63,7 @@ class CriteoClickLogs:
         self.pin_memory = pin_memory
         self.keys = feature_names(CAT_FEATURES)
         manifest, self.days = open_folder(folder)
-        _check_table_sizes(manifest["num_embeddings_per_feature"], cfg.model.table_sizes, folder)
+        check_table_sizes(manifest["num_embeddings_per_feature"], cfg.model.table_sizes, folder)
         self._day_starts = np.cumsum([0] + [day.rows for day in self.days])
         self.splits = held_out_split(
             [day.rows for day in self.days], cfg.data.eval_days, cfg.data.eval_fraction, folder
@@ -232,16 +232,3 @@ class _EpochOrder:
             first += n
             k += 1
         return ranges
-
-
-def _check_table_sizes(preprocessed: list[int], training: list[int], folder: str) -> None:
-    small = [f for f, (p, t) in enumerate(zip(preprocessed, training)) if t < p]
-    if small:
-        raise ConfigError(
-            f"{folder} was preprocessed for embedding tables of "
-            f"{','.join(map(str, preprocessed))} rows, but features "
-            f"{', '.join(map(str, small[:5]))}{' ...' if len(small) > 5 else ''} have smaller "
-            f"tables here ({','.join(map(str, training))}): train with "
-            f"--num_embeddings_per_feature {','.join(map(str, preprocessed))} (or the "
-            "--table_size_preset it was preprocessed with)"
-        )

@@ -91,6 +91,25 @@ def open_files(data_path: str) -> tuple[fsspec.AbstractFileSystem, list[DataFile
     return fs, [DataFile(url, path, size, metadata) for url, (path, size), metadata in zip(urls, entries, footers)]
 
 
+
+@dataclass(frozen=True)
+class CheckedFiles:
+    """The Parquet files of a job's --data_path and the columns it reads, checked against its
+    options as far as the footers tell (schemas, and column statistics: null labels, ids out of
+    range); what the loader opens, and what a job's submission checks (data/preflight.py)."""
+
+    fs: fsspec.AbstractFileSystem
+    files: list[DataFile]
+    spec: ColumnSpec
+    null_counts: dict[str, int | None]  # per flat column: nulls counted by the statistics (None: unknown)
+
+    @classmethod
+    def open(cls, cfg: TrainConfig) -> "CheckedFiles":
+        fs, files = open_files(cfg.data.data_path)
+        spec = resolve_columns(cfg, files)
+        as_is = cfg.data.categorical_ids == "as_is"
+        return cls(fs, files, spec, check_statistics(files, spec, cfg.model.table_sizes if as_is else None))
+
 def _list(fs: fsspec.AbstractFileSystem, root: str, data_path: str) -> list[tuple[str, int]]:
     """(path, size) of the data files: a glob's matches, a folder's .parquet files (at any depth;
     names starting with _ or ., such as Spark's _SUCCESS and _metadata, left out), or one file."""

@@ -38,7 +38,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.common.splits import held_out_split
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.parquet.files import check_statistics, null_report, open_files, resolve_columns
+from apps.dlrm.data.parquet.files import CheckedFiles, null_report
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs
 from apps.dlrm.data.parquet.read import RowGroupReader, Rows
 from apps.dlrm.data.prefetch import prefetched
@@ -63,10 +63,8 @@ class ParquetClickLogs:
         self.world_size = world_size
         self.pin_memory = pin_memory
         self.keys = feature_names(cfg.model.num_sparse_features)
-        fs, self.files = open_files(cfg.data.data_path)
-        self.spec = resolve_columns(cfg, self.files)
-        as_is = cfg.data.categorical_ids == "as_is"
-        self.null_counts = check_statistics(self.files, self.spec, cfg.model.table_sizes if as_is else None)
+        checked = CheckedFiles.open(cfg)
+        fs, self.files, self.spec, self.null_counts = checked.fs, checked.files, checked.spec, checked.null_counts
         int32_ids = max(cfg.model.table_sizes) <= INT32_IDS
         id_dtype = np.dtype(np.int32 if int32_ids else np.int64)
         self._ids_dtype = torch.int32 if int32_ids else torch.int64

@@ -1,0 +1,37 @@
+"""The data's own checks, run where a job is submitted, before it is.
+
+A training job opens its data only once torchrun, the process group and the model are up: 20-30 s
+on a laptop, a queue's wait on a cluster. Data that cannot serve the options (a Criteo folder
+preprocessed for larger tables, a Parquet column that is not there, ids out of range) is then
+refused late and far from the command. Where ``--data_path`` is on the submitting machine (always
+under ``-s local_cwd``; on a shared filesystem under Slurm), the loaders' own checks read the same
+facts now: a Criteo folder's manifest and arrays, the Parquet files' footers (schemas and column
+statistics, not their data). A path that is not here (it may exist only on the cluster) and URLs
+(an object store may need credentials that only the cluster has) are left to the job.
+"""
+
+import glob
+
+from apps.dlrm.config import TrainConfig
+from apps.dlrm.urls import is_url
+
+
+def check_local_data(cfg: TrainConfig) -> None:
+    """Raises the loader's ConfigError for local data that ``cfg`` cannot train on; quick
+    (metadata only), and silent for synthetic data, URLs and paths this machine does not have."""
+    data_path = cfg.data.data_path
+    if cfg.data.data == "synthetic" or is_url(data_path):
+        return
+    local = data_path.removeprefix("file://")
+    if not glob.glob(local):
+        return
+    if cfg.data.data == "criteo":
+        # Imported on use: the components import this module, and most jobs need neither reader.
+        from apps.dlrm.data.criteo.layout import check_table_sizes, open_folder
+
+        manifest, _ = open_folder(local)
+        check_table_sizes(manifest["num_embeddings_per_feature"], cfg.model.table_sizes, local)
+    else:
+        from apps.dlrm.data.parquet.files import CheckedFiles
+
+        CheckedFiles.open(cfg)
