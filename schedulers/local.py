@@ -7,7 +7,7 @@ all (``python: command not found``). Here the folder of torchx's interpreter com
 PATH (TorchX's ``extra_paths``), so the trainers run with the interpreter that loaded the component,
 which imports torch itself: where it cannot, ``torchx run`` fails before launching anything.
 
-Registered in ``torchx_plugins/schedulers/dlrm_local.py`` under TorchX's own name, which it replaces.
+Registered in ``torchx_plugins/schedulers/dlrm_0_local_cwd.py`` under TorchX's own name, which it replaces.
 """
 
 import os

@@ -91,7 +91,6 @@ def open_files(data_path: str) -> tuple[fsspec.AbstractFileSystem, list[DataFile
     return fs, [DataFile(url, path, size, metadata) for url, (path, size), metadata in zip(urls, entries, footers)]
 
 
-
 @dataclass(frozen=True)
 class CheckedFiles:
     """The Parquet files of a job's --data_path and the columns it reads, checked against its
@@ -109,6 +108,7 @@ class CheckedFiles:
         spec = resolve_columns(cfg, files)
         as_is = cfg.data.categorical_ids == "as_is"
         return cls(fs, files, spec, check_statistics(files, spec, cfg.model.table_sizes if as_is else None))
+
 
 def _list(fs: fsspec.AbstractFileSystem, root: str, data_path: str) -> list[tuple[str, int]]:
     """(path, size) of the data files: a glob's matches, a folder's .parquet files (at any depth;
