@@ -86,17 +86,8 @@ def no_docker(tmp_path) -> dict[str, str]:
 )
 def test_a_dry_run_needs_no_docker(tmp_path, scheduler, cfg, request_text):
     # The default workspace (the folder torchx runs in) would be built into an image.
-    result = torchx(
-        "run",
-        "--dryrun",
-        "-s",
-        scheduler,
-        "-cfg",
-        cfg,
-        "components.dlrm:train",
-        cwd=str(tmp_path),
-        **no_docker(tmp_path),
-    )
+    args = ["run", "--dryrun", "-s", scheduler, "-cfg", cfg, "components.dlrm:train"]
+    result = torchx(*args, cwd=str(tmp_path), **no_docker(tmp_path))
     assert result.returncode == 0 and request_text in result.stdout, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     (docker,) = [line for line in result.stderr.splitlines() if "Docker does not answer here" in line]
@@ -129,10 +120,8 @@ def test_submitting_without_a_kubeconfig(tmp_path, scheduler, cfg, kubeconfig):
         "missing": "Invalid kube-config file. No configuration found.",
         "not-yaml": "while parsing a flow mapping",
     }[kubeconfig]
-    result = torchx(
-        "run", "-s", scheduler, "-cfg", cfg, "--workspace", "", "components.dlrm:train",
-        cwd=str(tmp_path), KUBECONFIG=str(path), HOME=str(tmp_path),
-    )  # fmt: skip
+    args = ["run", "-s", scheduler, "-cfg", cfg, "--workspace", "", "components.dlrm:train"]
+    result = torchx(*args, cwd=str(tmp_path), KUBECONFIG=str(path), HOME=str(tmp_path))
     assert says_in_one_line(
         result,
         f"-s {scheduler} finds no Kubernetes cluster to talk to in KUBECONFIG={path} ({reason}): set KUBECONFIG to "
