@@ -35,6 +35,8 @@ TIER = "integration"
 
 TRAIN_2X8 = ["-j", "2x8", "-h", "aws_p4d.24xlarge", "--batch_size", "8192"]
 QUEUED = {"queue": "dlrm", "service_account": "dlrm-trainer", "image_pull_secrets": ["regcred"]}
+#: -s kubeflow makes a TrainJob unless told otherwise.
+PYTORCHJOB = {"api": "pytorchjob"}
 S = specs.AppState
 
 
@@ -77,7 +79,7 @@ def runtime_pod(job: dict) -> dict:
 
 @pytest.mark.unit
 def test_pytorchjob_of_a_2_node_p4d_job_is_a_master_and_a_worker_meeting_at_master_addr():
-    job = manifest({**QUEUED, "workload_priority_class": "research"}, *TRAIN_2X8)
+    job = manifest({**PYTORCHJOB, **QUEUED, "workload_priority_class": "research"}, *TRAIN_2X8)
     assert validate_pytorchjob(job) == []
     name = job["metadata"]["name"]
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "dlrm"
@@ -125,8 +127,16 @@ def test_trainjob_of_a_2_node_p4d_job_runs_on_the_torch_runtime_meeting_at_pet_m
 
 
 @pytest.mark.unit
+def test_the_default_kind_is_a_trainjob():
+    # Kueue deprecated its integration of the training operator's (v1) PyTorchJobs, and Kubeflow's
+    # distribution no longer ships that operator: Kubeflow Trainer's TrainJob is where clusters go.
+    job = manifest({}, "-j", "2x1")
+    assert job["kind"] == "TrainJob" and validate_trainjob(job) == []
+
+
+@pytest.mark.unit
 def test_retries_become_the_restart_policy_and_backoff_limit_the_operator_applies():
-    job = manifest({}, "-j", "3x2", "--max_retries", "2")
+    job = manifest(PYTORCHJOB, "-j", "3x2", "--max_retries", "2")
     assert validate_pytorchjob(job) == []
     assert job["spec"]["runPolicy"]["backoffLimit"] == 2
     replicas = job["spec"]["pytorchReplicaSpecs"]
@@ -141,7 +151,7 @@ def test_retries_become_the_restart_policy_and_backoff_limit_the_operator_applie
 
 @pytest.mark.unit
 def test_elastic_job_is_workers_only_with_the_operators_elastic_policy():
-    job = manifest({}, "-j", "1:4x2", "--max_retries", "3")
+    job = manifest(PYTORCHJOB, "-j", "1:4x2", "--max_retries", "3")
     assert validate_pytorchjob(job) == []
     name = job["metadata"]["name"]
     assert job["spec"]["elasticPolicy"] == {"minReplicas": 1, "maxReplicas": 4, "rdzvBackend": "c10d", "maxRestarts": 3}
@@ -160,7 +170,7 @@ def test_elastic_job_is_workers_only_with_the_operators_elastic_policy():
 
 @pytest.mark.unit
 def test_single_node_job_is_a_master_alone():
-    job = manifest({}, "-j", "1x2")
+    job = manifest(PYTORCHJOB, "-j", "1x2")
     assert validate_pytorchjob(job) == []
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
 
@@ -220,7 +230,7 @@ def test_output_writes_the_manifest_kubectl_applies_and_the_dry_run_submits_noth
     assert result.returncode == 0, result.stderr
     printed = result.stdout.split("=== SCHEDULER REQUEST ===\n", 1)[1]
     assert path.read_text().strip() == printed.strip()
-    assert validate_pytorchjob(yaml.safe_load(path.read_text())) == []
+    assert validate_trainjob(yaml.safe_load(path.read_text())) == []  # the default kind
 
 
 @pytest.mark.unit
@@ -232,8 +242,12 @@ def test_output_writes_the_manifest_kubectl_applies_and_the_dry_run_submits_noth
         ({"queue": "a/b"}, [], "queue='a/b' is not a Kubernetes name"),
         ({"image_pull_secrets": ["reg cred"]}, [], "image_pull_secrets: 'reg cred' is not a Secret's name"),
         ({"workload_priority_class": "high"}, [], "workload_priority_class=high is read by Kueue only: give"),
-        ({"runtime": "torch-distributed"}, [], "runtime=torch-distributed applies to a TrainJob only: add api=trainer"),
-        ({"api": "trainer", "priority_class": "high"}, [], "a TrainJob cannot set its pods' PriorityClass"),
+        (
+            {**PYTORCHJOB, "runtime": "torch-distributed"},
+            [],
+            "runtime=torch-distributed applies to a TrainJob only: add api=trainer",
+        ),
+        ({"priority_class": "high"}, [], "a TrainJob cannot set its pods' PriorityClass"),
         ({"output": "/nonexistent/job.yaml"}, [], "output='/nonexistent/job.yaml' cannot be written (No such file"),
         ({"api": "trainer"}, ["-j", "1:4x2"], "a TrainJob runs a fixed number of nodes: use -j 4xNPROC, or api="),
         ({"api": "trainer"}, ["--env", "PET_NNODES=3"], "--env PET_NNODES: the TrainJob's Torch runtime sets these"),
@@ -349,7 +363,7 @@ def job_of(handle: str) -> tuple[str, str, str]:
 
 
 def test_run_creates_the_object_that_status_describe_and_list_then_report(cluster):
-    result = torchx("run", "-s", "kubeflow", "-cfg", "queue=dlrm", "components.dlrm:train", "-j", "2x1")
+    result = torchx("run", "-s", "kubeflow", "-cfg", "api=pytorchjob,queue=dlrm", "components.dlrm:train", "-j", "2x1")
     assert result.returncode == 0, result.stderr
     handle = result.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"kubeflow://torchx/default:pytorchjob:dlrm-[a-z0-9]{8}", handle), result.stdout
@@ -433,7 +447,7 @@ def test_status_follows_what_the_operator_writes(cluster, recorded, state, messa
 
 
 def test_log_reads_each_replicas_pod_filtered_and_followed(cluster):
-    result = torchx("run", "-s", "kubeflow", "components.dlrm:train", "-j", "2x1")
+    result = torchx("run", "-s", "kubeflow", "-cfg", "api=pytorchjob", "components.dlrm:train", "-j", "2x1")
     handle = result.stdout.strip().splitlines()[-1]
     plural, namespace, name = job_of(handle)
     cluster.operator_writes(plural, namespace, name, "pytorchjob_running")
@@ -456,7 +470,7 @@ def test_log_reads_each_replicas_pod_filtered_and_followed(cluster):
 
 
 def test_log_of_a_replica_whose_pod_is_not_there_says_why(cluster):
-    handle = submit({"queue": "dlrm"}, "-j", "2x1")
+    handle = submit({**PYTORCHJOB, "queue": "dlrm"}, "-j", "2x1")
     cluster.operator_writes(*job_of(handle), "pytorchjob_suspended")
     no_pod = r"replica 1 of PyTorchJob default/dlrm-\w+ has no pod yet \(the job is PENDING\): try again once it runs"
     with pytest.raises(ValueError, match=no_pod):
@@ -466,7 +480,7 @@ def test_log_of_a_replica_whose_pod_is_not_there_says_why(cluster):
 
 
 def test_cancel_deletes_the_job_in_the_foreground(cluster):
-    handle = submit({}, "-j", "2x1")
+    handle = submit(PYTORCHJOB, "-j", "2x1")
     plural, namespace, name = job_of(handle)
     cluster.operator_writes(plural, namespace, name, "pytorchjob_running")
     cancelled = torchx("cancel", handle)
@@ -504,7 +518,7 @@ def test_trainjob_is_submitted_followed_logged_and_cancelled_through_the_trainer
 
 def test_a_cluster_without_the_operator_is_named_as_the_cause(cluster):
     del cluster.kinds[("kubeflow.org", "v1", "pytorchjobs")]
-    result = torchx("run", "-s", "kubeflow", "components.dlrm:train")
+    result = torchx("run", "-s", "kubeflow", "-cfg", "api=pytorchjob", "components.dlrm:train")
     assert result.returncode != 0
     assert (
         "creating PyTorchJob default/dlrm-" in result.stderr
@@ -553,7 +567,7 @@ def test_without_a_kubeconfig_the_error_says_where_kubectls_is_looked_for(tmp_pa
 @pytest.mark.unit
 def test_trainers_command_line_is_shell_text_that_keeps_the_app_id_quoted():
     # The namespace is part of the app id, which TorchX writes into `bash -c`: it can hold no shell syntax.
-    job = manifest({"namespace": "ml-team"}, "-j", "2x1")
+    job = manifest({**PYTORCHJOB, "namespace": "ml-team"}, "-j", "2x1")
     (container, _) = containers(job)
     words = shlex.split(command(container))
     assert words[words.index("--rdzv_id") + 1] == f"ml-team:pytorchjob:{job['metadata']['name']}"

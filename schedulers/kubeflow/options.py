@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from torchx.schedulers.api import StructuredOpts
 from torchx.specs import InvalidRunConfigException
 
-#: ``api`` values: the Kubeflow training operator's PyTorchJob, or Kubeflow Trainer's TrainJob.
+#: ``api`` values: Kubeflow Trainer's TrainJob (the default), or the Kubeflow training operator's
+#: PyTorchJob. TrainJob, as that is where the clusters go: Kueue deprecated its integration of the
+#: training operator's (v1) jobs, off by default since mid-2026 and to be removed, and Kubeflow's
+#: community distribution no longer ships the training operator v1.
 API_PYTORCHJOB = "pytorchjob"
 API_TRAINER = "trainer"
 DEFAULT_RUNTIME = "torch-distributed"
@@ -26,8 +29,8 @@ _SUBDOMAIN_HINT = "lowercase letters, digits, '-' and '.', starting and ending w
 class KubeflowOpts(StructuredOpts):
     """Run options of ``-s kubeflow``."""
 
-    api: str = API_PYTORCHJOB
-    """pytorchjob (a PyTorchJob of the Kubeflow training operator) or trainer (a Kubeflow Trainer TrainJob)."""
+    api: str = API_TRAINER
+    """trainer (a Kubeflow Trainer TrainJob) or pytorchjob (a PyTorchJob of the Kubeflow training operator v1)."""
 
     namespace: str = "default"
     """Kubernetes namespace the job runs in."""

@@ -1,4 +1,4 @@
-"""``-cfg api=pytorchjob`` (the default): an app as a PyTorchJob (kubeflow.org/v1) of the Kubeflow
+"""``-cfg api=pytorchjob``: an app as a PyTorchJob (kubeflow.org/v1) of the Kubeflow
 training operator (v1.7 or later; validated against the models of kubeflow-training 1.9).
 
 Replicas: ``-j NxM`` is a Master (TorchX replica 0) and N-1 Workers, one pod each, with
