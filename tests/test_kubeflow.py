@@ -166,6 +166,8 @@ def test_elastic_job_is_workers_only_with_the_operators_elastic_policy():
     assert variables["TORCHX_REPLICA_ID"] == {
         "fieldRef": {"fieldPath": "metadata.labels['training.kubeflow.org/replica-index']"}
     }
+    # The operator appends PET_MAX_RESTARTS (maxRestarts) to each pod's variables: ours would be a second one.
+    assert "PET_MAX_RESTARTS" not in variables
 
 
 @pytest.mark.unit
