@@ -216,6 +216,17 @@ def test_job_names_are_rfc1035_labels_that_leave_room_for_the_pods_hostnames(api
     assert (validate_pytorchjob if api == "pytorchjob" else validate_trainjob)(job) == []
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("api", ["pytorchjob", "trainer"])
+@pytest.mark.parametrize("name", ["run_", "ctr/run-", "a.b.", "x" * 62 + "_y"])
+def test_job_names_ending_in_what_a_label_value_cannot_end_in_become_label_values(api, name):
+    # TorchX writes the job's name into labels, ending them in '.' where the name ends in '-', '_' or '.'.
+    job = manifest({"api": api}, "-j", "2x1", "--name", name)
+    assert (validate_pytorchjob if api == "pytorchjob" else validate_trainjob)(job) == []
+    app_name = job["metadata"]["labels"]["torchx.pytorch.org/app-name"]
+    assert app_name == name.rpartition("/")[2][:63].strip("-_."), app_name
+
+
 def test_output_writes_the_manifest_kubectl_applies_and_the_dry_run_submits_nothing(tmp_path):
     path = tmp_path / "dlrm-job.yaml"
     result = torchx(
@@ -253,12 +264,56 @@ def test_output_writes_the_manifest_kubectl_applies_and_the_dry_run_submits_noth
         ({"output": "/nonexistent/job.yaml"}, [], "output='/nonexistent/job.yaml' cannot be written (No such file"),
         ({"api": "trainer"}, ["-j", "1:4x2"], "a TrainJob runs a fixed number of nodes: use -j 4xNPROC, or api="),
         ({"api": "trainer"}, ["--env", "PET_NNODES=3"], "--env PET_NNODES: the TrainJob's Torch runtime sets these"),
+        (
+            {},
+            ["--mounts", "type=volume,src=configmap:Bad_Name,dst=/etc/dlrm"],
+            "--mounts src='configmap:Bad_Name': 'Bad_Name' is not a ConfigMap's name: use lowercase letters, digits",
+        ),
+        (
+            PYTORCHJOB,
+            ["--mounts", "type=volume,src=secret:../../x,dst=/etc/s3"],
+            "--mounts src='secret:../../x': '../../x' is not a Secret's name: use lowercase letters",
+        ),
+        ({}, ["--mounts", "type=volume,src=configmap:,dst=/etc/dlrm"], "'' is not a ConfigMap's name"),
+        ({}, ["--mounts", "type=volume,src=Criteo,dst=/data"], "'Criteo' is not a PersistentVolumeClaim's name"),
+        ({}, ["--mounts", "type=bind,src=data,dst=/data"], "--mounts src='data' is not a host path the API takes"),
+        (
+            {},
+            ["--mounts", "type=bind,src=/fsx,dst=/data,type=volume,src=criteo,dst=/data/"],
+            "--mounts dst=/data/ is mounted twice (src=/fsx and src=criteo): give each mount a dst of its own",
+        ),
+        (
+            PYTORCHJOB,
+            ["--mounts", "type=bind,src=/fsx,dst=/dev/shm"],
+            "--mounts dst=/dev/shm is mounted twice (the pod's memory-backed /dev/shm and src=/fsx)",
+        ),
+        ({}, ["--mounts", "type=bind,src=/fsx,dst=fsx"], "--mounts dst='fsx' is not an absolute path in the container"),
+        (
+            {},
+            ["--image", "torchrec dlrm:latest"],
+            "--image 'torchrec dlrm:latest' is not a container image reference: use [REGISTRY/]REPOSITORY[:TAG]",
+        ),
+        (
+            PYTORCHJOB,
+            ["--image", "torchrec-dlrm:latest\n"],
+            "--image 'torchrec-dlrm:latest\\n' is not a container image",
+        ),
     ],
 )
 def test_what_a_cluster_would_refuse_is_refused_naming_the_value_and_the_fix(cfg, component_args, fragment):
     with pytest.raises((specs.InvalidRunConfigException, ComponentValidationException)) as refused:
         manifest(cfg, *component_args)
     assert fragment in str(refused.value)
+
+
+def test_a_refused_mount_is_one_line_on_the_command_line_not_a_traceback():
+    mounts = "type=volume,src=configmap:Bad_Name,dst=/etc/dlrm"
+    result = torchx("run", "--dryrun", "-s", "kubeflow", "components.dlrm:train", "--mounts", mounts)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.rstrip().endswith(
+        "--mounts src='configmap:Bad_Name': 'Bad_Name' is not a ConfigMap's name: use lowercase letters, digits, "
+        "'-' and '.', starting and ending with a letter or digit"
+    ), result.stderr
 
 
 def test_a_refused_option_is_one_line_on_the_command_line_not_a_traceback():
@@ -324,6 +379,39 @@ def _spec(job: dict) -> dict:
             "must not have reserved envs ['PET_MASTER_ADDR']",
         ),
         ("trainer", lambda job: job["spec"]["runtimeRef"].pop("name"), "name: Input should be a valid string"),
+        (
+            "pytorchjob",
+            lambda job: job["metadata"]["labels"].update({"torchx.pytorch.org/app-name": "run."}),
+            "metadata.labels[torchx.pytorch.org/app-name]: 'run.' is not a label value",
+        ),
+        (
+            "trainer",
+            lambda job: runtime_pod(job)["metadata"]["labels"].update({"app.kubernetes.io/name": "run_"}),
+            "'run_' is not a label value",
+        ),
+        (
+            "pytorchjob",
+            lambda job: _spec(job)["volumes"].append({"name": "m", "configMap": {"name": "Bad_Name"}}),
+            "spec.volumes[m]: 'Bad_Name' is not a DNS-1123 subdomain",
+        ),
+        (
+            "pytorchjob",
+            lambda job: _spec(job)["volumes"].append({"name": "m", "hostPath": {"path": "/data/../etc"}}),
+            "hostPath.path '/data/../etc': must not contain '..'",
+        ),
+        (
+            "pytorchjob",
+            lambda job: _spec(job)["containers"][0]["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"}),
+            "mountPath '/dev/shm' must be unique",
+        ),
+        (
+            "trainer",
+            lambda job: runtime_pod(job)["spec"]["containers"][0]["volumeMounts"].append(
+                {"name": "m", "mountPath": "d"}
+            ),
+            "mountPath 'd' is not absolute",
+        ),
+        ("trainer", lambda job: job["spec"]["trainer"].update(image="my image"), "'my image': the kubelet refuses it"),
     ],
 )
 def test_validation_refuses_what_the_api_server_and_the_operators_would(api, break_it, fragment):
