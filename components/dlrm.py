@@ -10,6 +10,7 @@ ones under TorchX's own ``dist.torchrun``; the app's options are the component's
 ``torchx run components.dlrm:train --help`` is the app's manual too.
 """
 
+import os
 from typing import Any
 
 from torchx import specs
@@ -19,13 +20,17 @@ from apps.dlrm.config import PlanConfig, TrainConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.launch.target import PlanTarget
 from apps.dlrm.options import to_argv
-from apps.dlrm.training.run_folder import output_folder
+from apps.dlrm.training.run_folder import TORCHRUN_LOGS, output_folder
+from components import torchx_logs
 from components.cpu_launch import CpuLaunch
 from components.launch import DEFAULT_IMAGE, Launch
 from components.plan_check import PlanCheck
 from components.preflight import check_before_submitting
 from components.signature import component_args, reject_unknown, take
 from schedulers.slurm import LOG_DIR
+
+# Before `torchx run` logs them: see components/torchx_logs.py for why here.
+torchx_logs.drop_notices()
 
 
 @component_args(Launch, PlanCheck, TrainConfig)
@@ -37,7 +42,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     input all-to-all with compute, and validation/test AUROC, log loss and accuracy are synced
     across ranks. NCCL on GPUs, gloo on CPUs. summary.json and TensorBoard events go to
     --output_dir, by default a new folder per run under outputs/ (named by the job's name and app
-    id), where Slurm also writes the job's logs.
+    id), where Slurm also writes the job's logs, and torchrun each attempt's logs and error files.
     """
     reject_unknown(kwargs, Launch, PlanCheck, TrainConfig)
     launch = take(Launch, kwargs)
@@ -47,9 +52,13 @@ def train(**kwargs: Any) -> specs.AppDef:
     app = launch.torchrun_app("apps.dlrm.train", to_argv(cfg))
     if cfg.evaluation.output_dir:
         # The folder the run will write to (the app names it alike: app.name is the job's name that
-        # TorchX gives it), for the schedulers that write logs beside the job (-s slurm).
+        # TorchX gives it), for the schedulers that write logs beside the job (-s slurm). torchrun's
+        # logs and error files of each attempt go into it too (PET_LOG_DIR is torchrun's --log_dir,
+        # its {run} named by apps.dlrm.torchrun), not to a temporary folder (on local_cwd, one that
+        # TorchX deletes when the job ends).
         for role in app.roles:
             role.metadata[LOG_DIR] = output_folder(cfg.evaluation.output_dir, app.name, specs.macros.app_id)
+            role.env.setdefault("PET_LOG_DIR", os.path.join(cfg.evaluation.output_dir, TORCHRUN_LOGS))
     return app
 
 
@@ -61,7 +70,7 @@ def plan(**kwargs: Any) -> specs.AppDef:
     give it the -j/-h (or gpu/memMB) and model options of the components.dlrm:train job to
     check. It prints each table's placement and each rank's HBM and host memory by TorchRec's
     planner and estimates, then ``fits: ...`` or ``does not fit: needs X GiB HBM on rank r,
-    has Y`` (and exits 1).
+    has Y`` (and exits 3).
     """
     reject_unknown(kwargs, PlanTarget, PlanConfig)
     target = take(PlanTarget, kwargs)

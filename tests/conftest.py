@@ -9,7 +9,7 @@ the tiers unseen:
   the GCS emulator, network namespaces);
 - ``slurm``: real Slurm clusters in debootstrapped roots (root; the first run builds them);
 - ``gpu``: needs CUDA GPUs, skipped with the reason where there are none;
-- ``slow``: minutes (a container build), left out of ``make test`` (``make test-slow``).
+- ``slow``: minutes (a container build, the GPU machine's row), left out of ``make test`` (``make test-slow``).
 """
 
 import os
@@ -75,16 +75,24 @@ def tiny(**overrides) -> list[str]:
     return [part for item in values.items() for part in item]
 
 
-def process_env(**extra: str) -> dict[str, str]:
+def process_env(**extra: str | None) -> dict[str, str]:
+    """This environment for a child process, with ``extra`` set over it (None: unset, as for a job
+    run the way a user runs it)."""
     env = dict(os.environ)
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # torchrun and torchx of this venv
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
+    for name, value in extra.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return env
 
 
-def run(cmd: list[str], *, timeout: int = 600, cwd: str | None = None, **env: str) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], *, timeout: int = 600, cwd: str | None = None, **env: str | None
+) -> subprocess.CompletedProcess:
     """Runs ``cmd`` to its end; its exit status is the job's: any failure fails the test."""
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=process_env(**env))
 

@@ -3,6 +3,8 @@ early when they or their location cannot be used."""
 
 import json
 import os
+import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -281,12 +283,19 @@ def test_unusable_s3_location_is_refused_at_start(aws, tmp_path, monkeypatch, ur
 
 
 def test_a_killed_trainer_is_restarted_from_the_last_checkpoint(tmp_path):
+    """A restart says so in one line, not in the surviving rank's traceback (issue 23), which its
+    error file keeps in the folder the line names."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     job = subprocess.Popen(
         [
             *LOCAL_TRAIN_1X2,
             "--max_retries",
             "1",
+            # torchrun looks at its trainers every 3 s, not every 0.1 s: the surviving rank then
+            # fails on the lost one's absence (gloo: "Connection reset by peer") before torchrun
+            # stops it, as on a host that does not see another host's death.
+            "--env",
+            "PET_MONITOR_INTERVAL=3",
             *tiny(steps=400),
             "--checkpoint_every",
             "50",
@@ -316,6 +325,16 @@ def test_a_killed_trainer_is_restarted_from_the_last_checkpoint(tmp_path):
     # no more than one checkpoint interval was redone
     assert summary["resumed_from_step"] >= committed
     assert f"resumed from {ckpt}/step_" in log
+    said = [line for line in log.splitlines() if "restarting the trainers" in line]
+    assert len(said) == 1, log[-5000:]
+    assert re.search(
+        r"apps\.dlrm\.torchrun: rank [01] died \(SIGKILL\); restarting the trainers \(restart 1 of 1\)", said[0]
+    )
+    assert not [text for text in ("Traceback", "Connection reset", "Connection closed") if text in log], log[-5000:]
+    attempt = pathlib.Path(said[0].split("the failed attempt's logs and errors: ", 1)[1])
+    assert attempt.parent.parent == out / "torchrun"
+    (survivor,) = [json.loads(f.read_text())["message"] for f in attempt.glob("*/error.json")]
+    assert "Traceback" in survivor["extraInfo"]["py_callstack"] and "RuntimeError" in survivor["message"]
 
 
 # --- pure logic ------------------------------------------------------------------------------

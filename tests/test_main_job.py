@@ -4,10 +4,24 @@ import json
 import os
 
 from apps.dlrm.config import SYNTHETIC_STEPS
+from apps.dlrm.training.trainer import CEILING_NOTE
 from tests.conftest import LOCAL_TRAIN_1X2, assert_ok, run
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
+
+
+#: What a successful job's output must not show (issue 23): torchrun's OMP_NUM_THREADS banner,
+#: TorchX's notices, and a progress bar's redraws glued to log lines.
+NOISE = (
+    "OMP_NUM_THREADS",
+    "tracker configurations",
+    "Log directory not set",
+    "log directory is",
+    "%|",
+    "step/s",
+    "\r",
+)
 
 
 def test_main_job_trains_a_sharded_dlrm_that_learns(tmp_path):
@@ -19,8 +33,10 @@ def test_main_job_trains_a_sharded_dlrm_that_learns(tmp_path):
             str(out),
         ],
         cwd=str(tmp_path),  # any directory: the component and app come from the installed project
+        OMP_NUM_THREADS=None,  # as a user runs it: the trainers' threads are the job's to set
     )
     assert_ok(result)
+    assert_quiet(result.stdout + result.stderr, result.stderr, out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2
     assert summary["steps"] == SYNTHETIC_STEPS == 1500  # synthetic data has no epochs
@@ -35,3 +51,23 @@ def test_main_job_trains_a_sharded_dlrm_that_learns(tmp_path):
     ranks = {line.rsplit(" ", 1)[-1] for line in summary["sharding_plan"]}
     assert {"0", "1"} <= set(",".join(ranks).split(","))
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(out / "tensorboard"))
+
+
+def assert_quiet(output: str, log: str, out) -> None:
+    """The job's output is its own lines: no noise, the sharding plan in one line (the whole plan
+    in the run's plan.txt), the ceiling explained once beside the first validation that shows
+    it, and last, where the results are. ``log``: the job's lines in order (torchx's stderr)."""
+    assert not [noise for noise in NOISE if noise in output], output[-5000:]
+    lines = [line.split(" INFO ", 1)[-1] for line in log.splitlines() if line.startswith("train/0 ")]
+    assert [line for line in lines if "sharding plan" in line or "t_cat_" in line] == [
+        f"sharding plan (auto): 26 tables (26 table_wise) on 2 ranks, 13 per rank; the whole plan: {out}/plan.txt"
+    ]
+    assert len((out / "plan.txt").read_text().splitlines()) == 26
+    noted = [i for i, line in enumerate(lines) if line == CEILING_NOTE]
+    assert len(noted) == 1 and "auroc_ceiling" in lines[noted[0] - 1], lines
+    assert lines[-3:] == [
+        f"summary: {out}/summary.json",
+        f"curves: {out}/curves.png",
+        f"TensorBoard: tensorboard --logdir {out}",
+    ]
+    assert (out / "curves.png").is_file()

@@ -5,7 +5,9 @@ previewing its plan."""
 
 import hashlib
 import json
+import re
 import sys
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -14,6 +16,8 @@ from torchmetrics.classification import BinaryAUROC
 
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import parse_train_config, train_config
+from apps.dlrm.data.criteo import multi_hot
+from apps.dlrm.data.criteo.loader import CriteoClickLogs
 from apps.dlrm.data.criteo.multi_hot import MLPERF_MULTI_HOT_SIZES, expand, multi_hot_tables
 from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.data.synthetic import SyntheticClickLogs
@@ -116,6 +120,45 @@ def test_criteo_loader_makes_multi_hot_batches(tmp_path):
         ids = per_sample(batch, f"cat_{f}", sizes[f])
         assert ids[:, 0].tolist() == one_hot
         assert np.array_equal(ids, tables[f][one_hot])
+
+
+@pytest.mark.unit
+def test_multi_hot_tables_are_drawn_without_a_wide_temporary():
+    """The tables are int32; a draw of int64 ids for a whole table beside them took 3x their
+    size at MLPerf's sizes (a 15 GiB temporary), enough to kill a host that holds the tables."""
+    tracemalloc.start()
+    try:
+        tables = multi_hot_tables([1, 100], [10, 200_000])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    held = sum(table.nbytes for table in tables)
+    assert held == (10 + 200_000 * 100) * 4 and peak < 1.25 * held, (peak, held)
+
+
+@pytest.mark.unit
+def test_multi_hot_tables_that_host_memory_cannot_hold_are_refused_before_they_are_drawn(tmp_path, monkeypatch):
+    folder = write_folder(tmp_path / "npy", [300, 300])
+    sizes = [100] * 26  # 26 tables of 1000 x 100 int32 ids: 9.9 MiB in each training process
+    monkeypatch.setattr(multi_hot, "available_host_memory", lambda: 30 << 20)
+    assert len(dataset(folder, multi_hot_sizes=sizes).keys) == 26  # 3 processes fit
+    cfg = train_config(data="criteo", data_path=folder, num_embeddings=TABLES, multi_hot_sizes=sizes, batch_size=50)
+    with pytest.raises(ConfigError, match=re.escape("take 9.9 MiB in each of this host's 4 training processes")) as e:
+        CriteoClickLogs(cfg, folder, 0, 4, pin_memory=False, local_world_size=4)
+    assert "(39.7 MiB in all), but 30.0 MiB is available" in str(e.value)
+
+
+@pytest.mark.unit
+def test_a_containers_memory_limit_is_what_is_available(tmp_path, monkeypatch):
+    """Under a limit (Kubernetes, AWS Batch) the kernel kills at the limit, whatever the host has
+    free; its reclaimable page cache (the mapped days') counts as free."""
+    files = [tmp_path / name for name in ("max", "current", "stat")]
+    for path, text in zip(files, ["3000000", "2000000", "anon 1\ninactive_file 500000\n"]):
+        path.write_text(text)
+    monkeypatch.setattr(multi_hot, "_CGROUPS", ((*map(str, files), "inactive_file"),))
+    assert multi_hot.available_host_memory() == 1_500_000
+    files[0].write_text("max\n")  # no limit: the host's MemAvailable
+    assert multi_hot.available_host_memory() > 1_500_000
 
 
 # --- sharded = unsharded ---------------------------------------------------------------------

@@ -6,8 +6,10 @@ number (in file order), so each test can tell exactly which rows a batch holds.
 """
 
 import json
+import logging
 import os
 import re
+import shutil
 import sys
 import threading
 
@@ -217,6 +219,83 @@ def test_list_columns_are_multi_hot_and_nulls_are_counted_and_filled(tmp_path):
     assert kjt.values().shape[0] == sum(kjt.length_per_key())
 
 
+def contents(batch) -> tuple[list, ...]:
+    """Everything a batch holds, as lists: to compare the batches of two sources."""
+    kjt = batch.sparse_features
+    return batch.labels.tolist(), batch.dense_features.tolist(), kjt.values().tolist(), kjt.lengths().tolist()
+
+
+def write_two(folder, first: pa.Table, second: pa.Table) -> str:
+    """A folder of two files."""
+    os.makedirs(folder)
+    pq.write_table(first, os.path.join(folder, "day_0.parquet"))
+    pq.write_table(second, os.path.join(folder, "day_1.parquet"))
+    return str(folder)
+
+
+def retyped(data: pa.Table, name: str, field: pa.Field) -> pa.Table:
+    return data.set_column(data.schema.get_field_index(name), field, data.column(name).cast(field.type))
+
+
+def id_lists(first: int, rows: int) -> pa.Array:
+    """Rows ``first ...`` of a list column: row r holds 0, 1 or 2 ids (r % 3)."""
+    return pa.array([[r % TABLES, (r + 1) % TABLES][: r % 3] for r in range(first, first + rows)], pa.list_(pa.int64()))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "name, field",
+    [
+        ("cat_0", pa.field("cat_0", pa.int32())),
+        ("int_0", pa.field("int_0", pa.int32())),
+        ("int_1", pa.field("int_1", pa.float32())),
+        ("label", pa.field("label", pa.float32())),
+        ("label", pa.field("label", pa.bool_())),
+        ("cat_2", pa.field("cat_2", pa.int64(), nullable=False)),
+        ("cat_1", pa.field("cat_1", pa.list_(pa.int32()))),
+        ("cat_1", pa.field("cat_1", pa.list_(pa.field("item", pa.int64(), nullable=False)))),
+    ],
+)
+def test_files_whose_types_differ_only_in_width_or_nullability_read_as_one(tmp_path, name, field):
+    """Spark's and BigQuery's exports often differ so from file to file: each column reads as one
+    type, with the values of files that agree (windows of 1000 rows mix both files' rows)."""
+    first, second = (table(r, 300, cat_1=id_lists(r, 300)) for r in (0, 300))
+    same = write_two(tmp_path / "same", first, second)
+    mixed = write_two(tmp_path / "mixed", first, retyped(second, name, field))
+    options = dict(eval_fraction=0.5, batch_size=50, shuffle_buffer_rows=1000)
+    expected = [contents(b) for b in take(dataset(same, **options).train_batches(0), 9)]
+    assert [contents(b) for b in take(dataset(mixed, **options).train_batches(0), 9)] == expected
+
+
+@pytest.mark.unit
+def test_a_dot_in_a_column_name_is_part_of_the_name(tmp_path):
+    """``cat.0`` is a column of its own, not a field of ``cat``; ``label.x`` beside ``label``
+    (its nulls recorded in its statistics) is not the label."""
+    data = table(0, 300).rename_columns(["label", *DENSE, "cat.0", *SPARSE[1:]])
+    data = data.append_column("label.x", pa.array([None] * 300, pa.int8()))
+    source = dataset(write_one(tmp_path, "dots", data), sparse_columns=["cat.0", *SPARSE[1:]], eval_fraction=0.5)
+    assert source.null_counts["cat.0"] == 0 and source.null_counts["label"] == 0
+    batch = next(source.eval_batches("val", 1))
+    assert batch.sparse_features["cat_0"].values().tolist() == [r % TABLES for r in rows_of(batch)]
+
+
+@pytest.mark.unit
+def test_nan_and_infinite_dense_values_train_as_nulls_do_and_are_counted(tmp_path, caplog):
+    r = np.arange(300)
+    values = r.astype(np.float64)
+    values[r % 10 == 3], values[r % 50 == 7], values[r % 50 == 8] = np.nan, np.inf, -np.inf
+    source = dataset(write_one(tmp_path, "nan", table(0, 300, int_1=pa.array(values))), eval_fraction=0.5)
+    with caplog.at_level(logging.WARNING, logger="apps.dlrm.data"):
+        batches = list(source.eval_batches("val", 0))  # reads the one row group, whole
+        rows = sum((rows_of(b) for b in batches), [])
+        expected = [v if np.isfinite(v) else 0.0 for v in values[rows]]
+        assert sum((b.dense_features[:, 1].tolist() for b in batches), []) == expected
+        assert source.nonfinite_counts == {"int_1": np.count_nonzero(~np.isfinite(values))}
+        take(source.train_batches(0), 1)  # the total so far is logged when training ends
+    assert "day_0.parquet: dense column 'int_1' holds NaN or infinite values (row group 0)" in caplog.text
+    assert re.search(r"NaN or infinite dense values read \(trained as 0, as nulls are\): int_1 \d+", caplog.text)
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "change, kwargs, fragment",
@@ -226,6 +305,8 @@ def test_list_columns_are_multi_hot_and_nulls_are_counted_and_filled(tmp_path):
         (dict(int_1=pa.array([[1.0]] * 300)), {}, "column 'int_1' (--dense_columns) is list<element: double>"),
         (dict(cat_0=pa.array(np.full(300, 1000))), {}, "column 'cat_0' holds id 1000 (row group 0)"),
         (dict(label=pa.array([None] + [1] * 299, pa.int8())), {}, "label column 'label' has 1 null values"),
+        (dict(label=pa.array([0] * 299 + [2], pa.int8())), {}, "label column 'label' holds 2 (row group 0)"),
+        (dict(label=pa.array([-1.0] + [1.0] * 299)), {}, "label column 'label' holds -1 (row group 0)"),
         ({}, dict(dense_columns=["int_*"], num_dense_features=2), "--dense_columns int_* matches 3 columns"),
         ({}, dict(sparse_columns=["nope_*"]), "--sparse_columns nope_* matches no column"),
         ({}, dict(sparse_columns=["cat_0", "int_0"]), "int_0 would be read twice"),
@@ -245,10 +326,34 @@ def test_bad_inputs_are_refused_at_start_naming_file_and_column(tmp_path, change
 
 
 @pytest.mark.unit
-def test_bad_values_in_files_without_statistics_stop_reading_naming_the_file(tmp_path):
-    data = table(0, 300, cat_0=pa.array(np.r_[np.zeros(299, np.int64), -4]))
-    source = dataset(write_one(tmp_path, "nostats", data, write_statistics=False), eval_fraction=0.5)
-    with pytest.raises(ConfigError, match=r"day_0.parquet: column 'cat_0' holds id -4 \(row group 0\)"):
+@pytest.mark.parametrize(
+    "change, statistics, fragment",
+    [
+        (dict(cat_0=pa.array(np.r_[np.zeros(299, np.int64), -4])), False, "column 'cat_0' holds id -4 (row group 0)"),
+        (dict(label=pa.array([1.0] * 299 + [0.5])), False, "label column 'label' holds 0.5 (row group 0)"),
+        (dict(label=pa.array([1.0] * 299 + [np.nan])), True, "label column 'label' holds nan (row group 0)"),
+    ],
+)
+def test_bad_values_that_statistics_do_not_show_stop_reading_naming_the_file(tmp_path, change, statistics, fragment):
+    """Files written without statistics, and what statistics never show (a label between 0 and
+    1, NaN, which they leave out of min and max), are checked as their rows are read."""
+    data = table(0, 300, **change)
+    source = dataset(write_one(tmp_path, "nostats", data, write_statistics=statistics), eval_fraction=0.5)
+    with pytest.raises(ConfigError, match=re.escape(f"day_0.parquet: {fragment}")):
+        list(source.eval_batches("test", 0))
+
+
+@pytest.mark.unit
+def test_a_garbled_data_page_stops_reading_naming_file_and_row_group(tmp_path):
+    folder = write_one(tmp_path, "garbled", table(0, 300), row_group_size=100)
+    path = os.path.join(folder, "day_0.parquet")
+    chunk = pq.read_metadata(path).row_group(2).column(5)  # cat_0 of the test split's rows
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    with open(path, "r+b") as f:  # the page header: what a torn or corrupted write leaves
+        f.seek(start)
+        f.write(b"\xff" * 16)
+    source = dataset(folder, eval_fraction=0.5)  # the footer is intact: start-up cannot tell
+    with pytest.raises(ConfigError, match=r"day_0.parquet: row group 2 cannot be decoded \(.+\): the file is"):
         list(source.eval_batches("test", 0))
 
 
@@ -273,6 +378,30 @@ def test_missing_and_foreign_inputs_are_refused(tmp_path, folder):
         dataset(other)
     with pytest.raises(ConfigError, match="fewer than one batch per rank"):
         dataset(folder, batch_size=3000)
+
+
+@pytest.mark.unit
+def test_symlinked_files_are_read_as_the_files_they_name(tmp_path, folder):
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for name in os.listdir(folder):  # a mix, as a folder assembled from several exports may be
+        if name < "day_3":
+            (linked / name).symlink_to(os.path.join(folder, name))
+        else:
+            shutil.copy(os.path.join(folder, name), linked)
+    for path in (linked, f"{linked}/day_*.parquet"):
+        source = dataset(path)
+        assert source.splits == dataset(folder).splits
+        assert [rows_of(b) for b in take(source.train_batches(0), 3)] == [
+            rows_of(b) for b in take(dataset(folder).train_batches(0), 3)
+        ]
+    (linked / "day_9.parquet").symlink_to(tmp_path / "gone.parquet")
+    with pytest.raises(ConfigError, match=r"day_9.parquet is a symlink to .*gone.parquet, which does not exist"):
+        dataset(linked)
+    (linked / "day_9.parquet").unlink()
+    (linked / "day_9.parquet").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(ConfigError, match=r"day_9.parquet is a symlink to the folder .*, which --data_path does not"):
+        dataset(linked)
 
 
 @pytest.mark.unit

@@ -17,7 +17,7 @@ from torchx.specs.builders import materialize_appdef
 
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import train_config
-from apps.dlrm.training.run_folder import make_run_folder, output_folder
+from apps.dlrm.training.run_folder import TORCHRUN_LOGS, make_run_folder, output_folder, torchrun_log_dir
 from components import dlrm
 from schedulers.slurm import SlurmScheduler
 from tests.conftest import LOCAL_TRAIN_1X2, TINY, assert_ok, run, tiny
@@ -142,6 +142,25 @@ def test_the_component_and_the_app_name_a_slurm_jobs_folder_alike(tmp_path):
     assert folder == str(tmp_path / role.metadata["slurm/log_dir"].replace("${app_id}", "42"))
     assert output_folder("", "dlrm", "42") == ""  # --output_dir "": no folder, and no log folder
     assert "slurm/log_dir" not in materialize_appdef(dlrm.train, ["--output_dir", ""]).roles[0].metadata
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "scheduler_env",
+    [LOCAL_CWD, {"TORCHX_JOB_ID": "slurm://torchx/42", "TORCHELASTIC_RUN_ID": "42"}],
+    ids=["local_cwd", "slurm"],
+)
+def test_torchruns_logs_go_into_the_run_folder_the_trainers_write(tmp_path, scheduler_env):
+    """The component gives torchrun's --log_dir as <--output_dir>/torchrun; apps.dlrm.torchrun names
+    its {run} by the job's rendezvous id, as the trainers name their folder."""
+    (role,) = materialize_appdef(dlrm.train, ["--output_dir", str(tmp_path / "{run}")]).roles
+    seen = dict(role.env, **scheduler_env)
+    log_dir = torchrun_log_dir(seen["PET_LOG_DIR"], seen, rdzv_id=scheduler_env["TORCHELASTIC_RUN_ID"])
+    assert log_dir == os.path.join(make_run_folder(str(tmp_path / "{run}"), "r", False, seen, NOON), TORCHRUN_LOGS)
+    assert torchrun_log_dir(seen["PET_LOG_DIR"], {}, rdzv_id="demo") == ""  # no TorchX job: torchrun's own folder
+    assert torchrun_log_dir("/given/logs", seen, rdzv_id="42") == "/given/logs"
+    (role,) = materialize_appdef(dlrm.train, ["--env", "PET_LOG_DIR=/mine"]).roles
+    assert role.env["PET_LOG_DIR"] == "/mine"
 
 
 def test_slurm_writes_the_jobs_logs_into_its_run_folder_and_torchx_log_reads_them(tmp_path, monkeypatch):

@@ -152,7 +152,7 @@ def test_dlrm_job_on_slurm_succeeds_and_reports_status_and_logs(slurm_path, subm
 
     assert_ok(logs)
     assert "train/0" in logs.stdout and "validation: accuracy" in logs.stdout, logs.stdout[-4000:]
-    assert f"wrote {out}/summary.json" in logs.stdout
+    assert f"summary: {out}/summary.json" in logs.stdout
     app_id = handle.rsplit("/", 1)[-1]
     assert not list(tmp_path.glob("slurm-*"))  # every log in the run's folder, the script's own too
     assert {f"slurm-{app_id}.out", f"slurm-{app_id}-train-0.out", f"slurm-{app_id}-train-0.err"} <= set(os.listdir(out))

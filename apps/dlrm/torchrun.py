@@ -1,4 +1,4 @@
-"""torchrun, with this host's address and network interface chosen for multi-node jobs.
+"""torchrun for our trainers: this host's address chosen for multi-node jobs, and a quiet log.
 
     python -m apps.dlrm.torchrun TORCHRUN_ARGS...
 
@@ -7,7 +7,12 @@ For a job of more than one node it first completes them with how the other hosts
 (:mod:`apps.dlrm.launch.torchrun_args`: ``--local_addr``, ``--rdzv_conf is_host=1``,
 ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``), which torchrun and the trainers would
 otherwise guess from the hostname, wrongly wherever it resolves to loopback. What the user set is
-kept. The components run every trainer through it (components/launch.py).
+kept. On every job it also sets the trainers' ``OMP_NUM_THREADS`` (this host's cores shared
+among them, :func:`~apps.dlrm.launch.torchrun_args.trainer_threads`), names the run's folder in
+torchrun's ``--log_dir`` (:func:`~apps.dlrm.training.run_folder.torchrun_log_dir`), and says in
+one line why it restarts the trainers or why the job failed (:mod:`apps.dlrm.launch.agent`), in
+place of torchrun's warnings, tracebacks and failure table. The components run every trainer
+through it (components/launch.py).
 """
 
 import logging
@@ -17,9 +22,12 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
+from torch.distributed.run import parse_args
 
 from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.launch.torchrun_args import multi_node_args
+from apps.dlrm.launch.agent import describe_failure, report_restarts, root_failure
+from apps.dlrm.launch.torchrun_args import multi_node_args, trainer_threads
+from apps.dlrm.training.run_folder import torchrun_log_dir
 
 logger = logging.getLogger("apps.dlrm.torchrun")
 
@@ -35,16 +43,27 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         sys.exit(f"apps.dlrm.torchrun: {e}")
     os.environ.update(variables)
+    _prepare_trainers(args)
+    report_restarts()
     try:
         torchrun_main(args)
     except ChildFailedError as e:
-        # The trainer printed its error (and @record gave TorchX its traceback): one line here,
-        # not torchrun's traceback and failure table under it.
-        rank, failure = e.get_first_failure()
+        # A trainer that exits with an error printed it (and @record gave TorchX its traceback):
+        # one line here, not torchrun's traceback and failure table under it.
+        rank, failure = root_failure(e.failures)
         sys.exit(
-            f"apps.dlrm.torchrun: {e.name} failed on {socket.gethostname()}: rank {rank} exited "
-            f"with {failure.exitcode}; its error is above"
+            f"apps.dlrm.torchrun: {e.name} failed on {socket.gethostname()}: {describe_failure(rank, failure)}"
+            + ("; its error is above" if failure.exitcode > 0 else "")
         )
+
+
+def _prepare_trainers(args: list[str]) -> None:
+    """Sets the trainers' OMP_NUM_THREADS, and names the run's folder in torchrun's log folder
+    (PET_LOG_DIR, which the training component sets; a --log_dir flag would take precedence)."""
+    parsed = parse_args(args)  # torchrun's own reading: its flags, else their PET_ variables
+    os.environ.update(trainer_threads(parsed.nproc_per_node, dict(os.environ)))
+    if "PET_LOG_DIR" in os.environ:
+        os.environ["PET_LOG_DIR"] = torchrun_log_dir(os.environ["PET_LOG_DIR"], os.environ, parsed.rdzv_id)
 
 
 if __name__ == "__main__":

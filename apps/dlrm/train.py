@@ -2,6 +2,9 @@
 
 The command: parse the configuration, join the process group, and let a
 :class:`~apps.dlrm.training.trainer.Trainer` run the training; a configuration error is one line, exit 2.
+Any other error is a traceback, unless torchrun restarts the trainers after it: then the traceback
+goes to the rank's error file only, and torchrun's agent says in one line which rank failed and
+how (apps/dlrm/launch/agent.py).
 """
 
 import logging
@@ -9,9 +12,9 @@ import sys
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
-from apps.dlrm.common.distributed import DistEnv, init_distributed
+from apps.dlrm.common.distributed import DistEnv, init_distributed, restarts_left
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.training.report import setup_logging
@@ -40,6 +43,13 @@ def main(argv: list[str] | None = None) -> None:
         if env.is_main:
             logger.error("%s", e)
         sys.exit(2)
+    except Exception as e:
+        if not restarts_left():
+            raise
+        # Mostly a collective that lost the rank which failed first: ranks' tracebacks would bury
+        # the agent's one line about it. Kept in this rank's error file, which the line names.
+        get_error_handler().record_exception(e)
+        sys.exit(1)
     finally:
         dist.destroy_process_group()
 

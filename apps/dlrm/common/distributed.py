@@ -73,6 +73,12 @@ def init_distributed(timeout_s: int = 600) -> DistEnv:
     return env
 
 
+def restarts_left() -> int:
+    """How many more times torchrun restarts this node's trainers if they fail now (``--max_restarts``
+    less the restarts so far); 0 outside torchrun."""
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
 def free_port() -> int:
     """A TCP port on loopback that is free now."""
     with socket.socket() as s:

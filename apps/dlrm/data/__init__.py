@@ -54,7 +54,9 @@ def make_dataset(cfg: TrainConfig, env: DistEnv) -> ClickLogs:
     if cfg.data.data == "criteo":
         # A URL is copied to a node-local cache once per node, by its first local rank.
         folder = local_folder(cfg.data.data_path, cfg.data.data_cache_dir, copier=env.local_rank == 0)
-        return CriteoClickLogs(cfg, folder, rank=env.rank, world_size=env.world_size, pin_memory=pin_memory)
+        return CriteoClickLogs(
+            cfg, folder, env.rank, env.world_size, pin_memory=pin_memory, local_world_size=env.local_world_size
+        )
     if cfg.data.data == "parquet":
         # Streamed where the files are: each rank reads only its share of the row groups.
         return ParquetClickLogs(cfg, rank=env.rank, world_size=env.world_size, pin_memory=pin_memory)

@@ -1,5 +1,5 @@
 """torchrun's arguments for a multi-node job, completed with this host's address and network
-interface: the machinery of ``python -m apps.dlrm.torchrun``.
+interface, and the trainers' thread count: the machinery of ``python -m apps.dlrm.torchrun``.
 
 For a job of more than one node it finds how the other hosts reach this one
 (:mod:`apps.dlrm.launch.network`) and adds what torchrun and the trainers would otherwise guess from
@@ -12,9 +12,13 @@ the hostname, wrongly wherever it resolves to loopback:
 - ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``: the interface gloo and NCCL connect over.
 
 What the user set (``--local_addr``, ``is_host``, the two variables) is kept.
+
+On any job it also sets the trainers' ``OMP_NUM_THREADS`` where a node runs several
+(:func:`trainer_threads`), unless the user did.
 """
 
 import logging
+import os
 import socket
 
 from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
@@ -25,6 +29,8 @@ from apps.dlrm.launch.network import host_address
 logger = logging.getLogger("apps.dlrm.torchrun")
 
 _IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+#: cgroup v2's CPU quota of this process's container: "QUOTA PERIOD" in microseconds, or "max ...".
+_CPU_MAX = "/sys/fs/cgroup/cpu.max"
 
 
 def _torchrun_part(args: list[str]) -> int:
@@ -94,3 +100,28 @@ def multi_node_args(args: list[str], env: dict[str, str]) -> tuple[list[str], di
         this.interface,
     )
     return args, variables
+
+
+def trainer_threads(nproc_per_node: str, env: dict[str, str], cpu_max: str = _CPU_MAX) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for several trainers on this host: its cores shared among them (at least
+    1 each). Nothing where the user set it, or for one trainer, whose threads PyTorch's default
+    (the physical cores) already fits, or where the count is not a number.
+
+    Where a node runs several trainers torchrun otherwise sets 1, whatever the cores, and says
+    so in a five-line warning in every job's log.
+    """
+    if "OMP_NUM_THREADS" in env or not nproc_per_node.isdigit() or int(nproc_per_node) < 2:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, available_cores(cpu_max) // int(nproc_per_node)))}
+
+
+def available_cores(cpu_max: str = _CPU_MAX) -> int:
+    """The cores this process may run on: its CPU affinity, capped by its container's CPU quota
+    (a Kubernetes CPU limit, which the affinity does not show), rounded down."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):  # cgroup v1, or no container
+        return cores
+    return cores if quota == "max" else max(1, min(cores, int(quota) // int(period)))

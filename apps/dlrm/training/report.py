@@ -1,4 +1,5 @@
-"""What a run tells its user: log lines, a progress bar, TensorBoard scalars and summary.json.
+"""What a run tells its user: log lines, a progress bar on a terminal, TensorBoard scalars,
+summary.json and the other files of its folder, and at its end where they are.
 
 Only rank 0 reports; the other ranks get a reporter that stays silent.
 """
@@ -24,6 +25,8 @@ SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
 #: The run's curves drawn from METRICS_FILE at its end: training loss, validation AUROC and log loss.
 CURVES_FILE = "curves.png"
+#: The run's sharding plan, one line per table (the log has it in one line).
+PLAN_FILE = "plan.txt"
 
 
 class _ProgressBar(tqdm):
@@ -81,16 +84,14 @@ def setup_logging(rank: int) -> None:
 
 
 class Reporter:
-    """Rank 0's progress bar, TensorBoard event files and summary.json."""
+    """Rank 0's log lines, progress bar, TensorBoard event files and the run folder's files."""
 
     def __init__(self, output_dir: str, enabled: bool) -> None:
         self.output_dir = output_dir
         self.enabled = enabled
         self._writer = None
         self._bar: _ProgressBar | None = None
-        # On a terminal the bar redraws in place; in a log file (torchx, a scheduler) it is
-        # printed as a line every 30 s and log lines are not interleaved with redraws.
-        self._interactive = sys.stderr.isatty()
+        self._noted: set[str] = set()
         if enabled and output_dir:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -98,14 +99,18 @@ class Reporter:
             self._writer = SummaryWriter(log_dir=os.path.join(output_dir, "tensorboard"))
 
     def progress(self, total: int, initial: int) -> None:
-        """Starts the training progress bar."""
+        """Starts the training progress bar, on a terminal only. In a log (torchx, a scheduler)
+        a bar is fragments: each redraw starts with a carriage return, which log readers take
+        for a line break, and ends without one, so the next log line is glued to it. There the
+        step lines (--log_every) say the progress."""
+        if not (self.enabled and sys.stderr.isatty()):
+            return
         self._bar = _ProgressBar(
             total=total,
             initial=initial,
             unit="step",
             desc="train",
-            disable=not self.enabled,
-            mininterval=0.5 if self._interactive else 30.0,
+            mininterval=0.5,
             dynamic_ncols=True,
             file=sys.stderr,
         )
@@ -168,15 +173,33 @@ class Reporter:
     def log(self, message: str, *args: Any) -> None:
         if not self.enabled:
             return
-        redrawn = self._bar if self._interactive else None  # the bar, cleared around the line
-        if redrawn is not None:
-            redrawn.clear()
+        if self._bar is not None:  # cleared around the line, redrawn under it
+            self._bar.clear()
         logger.info(message, *args)
-        if redrawn is not None:
-            redrawn.refresh()
+        if self._bar is not None:
+            self._bar.refresh()
+
+    def note(self, message: str) -> None:
+        """Logs ``message`` the first time only: what a term in the log means, beside its first use."""
+        if message not in self._noted:
+            self._noted.add(message)
+            self.log("%s", message)
+
+    def log_results(self) -> None:
+        """The run's last lines: where its results are, and the command that shows its curves
+        in TensorBoard (which finds the event files under the run's folder)."""
+        if self.enabled and self.output_dir:
+            self.log("summary: %s", os.path.join(self.output_dir, SUMMARY_FILE))
+            self.log("curves: %s", os.path.join(self.output_dir, CURVES_FILE))
+            self.log("TensorBoard: tensorboard --logdir %s", self.output_dir)
 
     def write_summary(self, summary: dict[str, Any]) -> str | None:
-        """Writes summary.json atomically (a reader never sees half a file).
+        """Writes summary.json; returns its path (None where this reporter writes nothing)."""
+        return self.write_file(SUMMARY_FILE, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+    def write_file(self, name: str, text: str) -> str | None:
+        """Writes the run folder's file ``name`` atomically (a reader never sees half a file);
+        returns its path (None where this reporter writes nothing).
 
         The temporary file has a new, unique name in the same folder, created exclusively: a
         file or symlink someone left at a predictable name is never followed or overwritten,
@@ -184,15 +207,14 @@ class Reporter:
         """
         if not (self.enabled and self.output_dir):
             return None
-        path = os.path.join(self.output_dir, SUMMARY_FILE)
-        tmp = os.path.join(self.output_dir, f".{SUMMARY_FILE}.{uuid.uuid4().hex}.tmp")
+        path = os.path.join(self.output_dir, name)
+        tmp = os.path.join(self.output_dir, f".{name}.{uuid.uuid4().hex}.tmp")
         # O_EXCL: fails on anything already there, a symlink included. Mode 0666 less the
-        # umask, as a plain open() would give summary.json (mkstemp's would be 0600).
+        # umask, as a plain open() would give the file (mkstemp's would be 0600).
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump(summary, f, indent=2, sort_keys=True)
-                f.write("\n")
+                f.write(text)
             os.replace(tmp, path)
         finally:
             if os.path.lexists(tmp):

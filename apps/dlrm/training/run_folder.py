@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 
 #: The file that names the run a folder belongs to.
 RUN_FILE = "RUN"
+#: The folder in a run's folder where torchrun keeps each attempt's logs and error files (its
+#: ``--log_dir``, which the training component sets).
+TORCHRUN_LOGS = "torchrun"
 #: The link beside the runs' folders that points at the newest.
 LATEST = "latest"
 #: The job's name where TorchX gave none (``python -m apps.dlrm.train``, a bare torchrun).
@@ -79,16 +82,35 @@ def make_run_folder(
     if last != RUN_PLACEHOLDER:
         claim(output_dir, run_id, resuming)
         return output_dir
-    job_name = _safe(environ.get("TORCHX_TRACKING_RUN_NAME", "")) or DEFAULT_JOB_NAME
-    app_id = _torchx_app_id(environ)
     os.makedirs(head or ".", exist_ok=True)
-    if app_id:  # every attempt of the job: the same folder
-        folder = os.path.join(head, run_folder_name(job_name, app_id, now))
-    else:
-        folder = _new_folder(head, run_folder_name(job_name, None, now))
+    # Every attempt of a TorchX job: the same folder. Otherwise a new one, named by the time.
+    folder = job_folder(output_dir, environ, _torchx_app_id(environ)) or _new_folder(
+        head, run_folder_name(_job_name(environ), None, now)
+    )
     claim(folder, run_id, resuming)
     point_latest(head, os.path.basename(folder))
     return folder
+
+
+def job_folder(output_dir: str, environ: Mapping[str, str], app_id: str | None) -> str | None:
+    """The folder that the run of TorchX app ``app_id`` writes to, as :func:`make_run_folder` names
+    it, and before it does; None for a ``{run}`` folder without an app id (named when made)."""
+    head, last = os.path.split(output_dir.rstrip("/"))
+    if last != RUN_PLACEHOLDER:
+        return output_dir
+    return os.path.join(head, run_folder_name(_job_name(environ), app_id)) if app_id else None
+
+
+def torchrun_log_dir(log_dir: str, environ: Mapping[str, str], rdzv_id: str) -> str:
+    """torchrun's ``--log_dir`` with its run folder named: the training component gives it as
+    ``<--output_dir>/torchrun`` (TORCHRUN_LOGS), whose ``{run}`` only the job can name, by its app
+    id (torchrun's rendezvous id). Empty (torchrun's temporary folder) where the job cannot."""
+    output_dir, logs = os.path.split(log_dir)
+    if os.path.basename(output_dir) != RUN_PLACEHOLDER:
+        return log_dir
+    app_id = _torchx_app_id({**environ, "TORCHELASTIC_RUN_ID": rdzv_id})
+    folder = job_folder(output_dir, environ, app_id)
+    return os.path.join(folder, logs) if folder else ""
 
 
 def claim(folder: str, run_id: str, resuming: bool) -> None:
@@ -143,6 +165,11 @@ def _torchx_app_id(environ: Mapping[str, str]) -> str | None:
     if "TORCHX_JOB_ID" not in environ or rendezvous in ("", "none"):
         return None
     return rendezvous
+
+
+def _job_name(environ: Mapping[str, str]) -> str:
+    """The job's name that TorchX gave it, made safe for a folder's name."""
+    return _safe(environ.get("TORCHX_TRACKING_RUN_NAME", "")) or DEFAULT_JOB_NAME
 
 
 def _safe(text: str) -> str:

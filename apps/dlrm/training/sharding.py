@@ -2,6 +2,7 @@
 
 import logging
 import warnings
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -250,6 +251,18 @@ def describe_plan(plan: ShardingPlan) -> str:
         f"{table}: {s['type']} ({s['kernel']}) on ranks {','.join(map(str, s['ranks'])) or '-'}"
         for table, s in plan_tables(plan).items()
     )
+
+
+def summarize_plan(plan: ShardingPlan, world_size: int) -> str:
+    """The plan in a few words, for a log line: its tables by sharding type, and how many tables
+    each rank holds shards of (``26 tables (26 table_wise) on 2 ranks, 13 per rank``)."""
+    tables = plan_tables(plan).values()
+    kinds = ", ".join(f"{n} {kind}" for kind, n in Counter(s["type"] for s in tables).most_common())
+    held = Counter(rank for s in tables for rank in s["ranks"])
+    fewest, most = min(held[r] for r in range(world_size)), max(held[r] for r in range(world_size))
+    per_rank = str(most) if fewest == most else f"{fewest} to {most}"
+    ranks = f"{world_size} rank" + ("s" if world_size != 1 else "")
+    return f"{len(tables)} tables ({kinds}) on {ranks}, {per_rank} per rank"
 
 
 def _table_index(name: str) -> int:

@@ -7,7 +7,7 @@ test with metrics synced across ranks, checkpoint on the way, and write summary.
 
 import contextlib
 import logging
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -26,10 +26,17 @@ from apps.dlrm.model import speed_up_dense
 from apps.dlrm.training.device_support import check_device_support
 from apps.dlrm.training.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.training.optim import LRSchedule, LRShape, training_optimizer
-from apps.dlrm.training.report import Reporter
+from apps.dlrm.training.report import PLAN_FILE, Reporter
 from apps.dlrm.training.run_folder import open_output_dir
 from apps.dlrm.training.run_length import RunLength
-from apps.dlrm.training.sharding import build_plan, describe_plan, model_to_shard, plan_tables, shard_model
+from apps.dlrm.training.sharding import (
+    build_plan,
+    describe_plan,
+    model_to_shard,
+    plan_tables,
+    shard_model,
+    summarize_plan,
+)
 from apps.dlrm.training.validations import Validations
 from apps.dlrm.urls import config_record, redact_urls
 
@@ -44,6 +51,17 @@ PIPELINE_CLASSES = {
     "sparse_dist_lite": "TrainPipelineSparseDistLite",
     "prefetch": "PrefetchTrainPipelineSparseDist",
 }
+
+
+#: What the validation's auroc_ceiling is, said once beside the first.
+CEILING_NOTE = (
+    "auroc_ceiling: the AUROC of the hidden teacher that labels the synthetic data, the best any model can reach"
+)
+
+
+class TrainingDiverged(ConfigError):
+    """The training loss stopped being finite: the run ends with this one line (exit 2), having
+    committed no checkpoint after the step it names. An error of the run's options or data."""
 
 
 def pipeline_class(cfg: LaunchConfig) -> type[TrainPipeline]:
@@ -106,7 +124,7 @@ class Trainer:
         cfg, env, run = self.cfg, self.env, self.run_length
         if self.reporter.output_dir:
             self.reporter.log("run %s writes its results to %s", self.run_id, self.reporter.output_dir)
-        self.reporter.log("sharding plan (%s):\n%s", cfg.launch.sharding_type, describe_plan(self.plan))
+        self._log_plan()
         if cfg.evaluation.evaluate_checkpoint:
             return self.evaluate_checkpoint(cfg.evaluation.evaluate_checkpoint)
         resumed = self.restore()
@@ -139,11 +157,22 @@ class Trainer:
         self.reporter.log("test (%s, after step %d): %s", which, tested, _fmt_metrics(test))
         self.checkpointer.wait()
         summary = self._summary(val, test, tested, resumed, throughput)
-        path = self.reporter.write_summary(summary)
-        if path:
-            self.reporter.log("wrote %s and the curves in %s", path, self.reporter.draw_curves())
+        if self.reporter.write_summary(summary):
+            self.reporter.draw_curves()
+            self.reporter.log_results()
         self.reporter.close()
         return summary
+
+    def _log_plan(self) -> None:
+        """The sharding plan in one line, and the whole of it (a line per table) in the run's
+        plan.txt; in the log where the run has no folder."""
+        kind, whole = self.cfg.launch.sharding_type, describe_plan(self.plan)
+        brief = summarize_plan(self.plan, self.env.world_size)
+        path = self.reporter.write_file(PLAN_FILE, whole + "\n")
+        if path:
+            self.reporter.log("sharding plan (%s): %s; the whole plan: %s", kind, brief, path)
+        else:
+            self.reporter.log("sharding plan (%s): %s:\n%s", kind, brief, whole)
 
     def restore(self) -> Checkpoint | None:
         """Collective. Resumes from the newest committed checkpoint of --checkpoint_dir, if any,
@@ -190,6 +219,8 @@ class Trainer:
                 step = state.step
                 checkpoint_due = self.checkpointer.due(step)
                 log_due = step % cfg.evaluation.log_every == 0 or step == run.steps or checkpoint_due
+                if log_due or run.validates_after(step):
+                    self._check_losses(window, step)
                 # The only host sync of a training step, on log steps: it waits for the device to
                 # finish, so that the lap below times work done, not work queued.
                 window_losses = torch.stack(window).tolist() if log_due else []
@@ -229,6 +260,40 @@ class Trainer:
                 stopwatch.lap()  # validation and checkpoint time is not training time
         reporter.close_progress()
         return throughput, val
+
+    def _check_losses(self, window: list[torch.Tensor], step: int) -> None:
+        """Collective. Raises :class:`TrainingDiverged` if the loss of any step of ``window`` (one
+        loss per step up to ``step``, on the device) is not finite on any rank.
+
+        Each step's loss stays on the device until a log step fetches the window's at once, the
+        one host sync training has; a check per step would add one per step (a GPU stall). So the
+        window is checked where its losses are fetched anyway, and wherever else the run syncs
+        before anything can be committed: every checkpoint is taken on a log step, and the best
+        model's (and early stopping's) after a validation, which is checked too. Every step is
+        checked, every loss before its model is validated or saved, and every rank stops
+        together (the first bad step is all-reduced). Its cost: one all-reduce of one number.
+        """
+        n = len(window)
+        finite = torch.isfinite(torch.stack(window))
+        first = torch.where(finite, n, torch.arange(n, device=finite.device)).min().reshape(1)
+        dist.all_reduce(first, op=dist.ReduceOp.MIN)
+        bad = int(first.item())
+        if bad < n:
+            self._diverged(step - n + 1 + bad)
+
+    def _diverged(self, step: int) -> NoReturn:
+        """Ends the run at ``step``, whose loss is not finite: summary.json records it."""
+        error = TrainingDiverged(
+            f"step {step}: the training loss is not finite (NaN or inf); training stopped without "
+            "saving anything from that step on: lower --learning_rate and --dense_learning_rate, or "
+            "scale the dense features (large values overflow)"
+        )
+        self.reporter.close_progress()
+        self.reporter.write_summary(
+            {"failed": str(error), "failed_step": step, "run_id": self.run_id, "config": config_record(self.cfg)}
+        )
+        self.reporter.close()
+        raise error
 
     def evaluate_checkpoint(self, which: str) -> dict[str, Any]:
         """Evaluation only: loads the checkpoint ``which`` names (best, latest, a step) into this
@@ -280,6 +345,8 @@ class Trainer:
             verdict = f"no better than step {validations.best_step}'s ({validations.since_best}"
             verdict += f" of {validations.patience})" if validations.patience else ")"
         reporter.log("step %d validation: %s  (%s)", step, _fmt_metrics(val), verdict)
+        if "auroc_ceiling" in val:
+            reporter.note(CEILING_NOTE)
         if validations.stopped_early:
             reporter.log(
                 "stopping early after step %d: %d validations without an improvement of %g in %s; the best was step %d",

@@ -22,7 +22,8 @@ capped at the whole split. Every rank gets the same number of batches, as the sh
 collectives require.
 
 Multi-hot (``--multi_hot_sizes``): each one-hot id becomes that many ids by MLPerf DLRMv2's fixed
-lookup tables (:mod:`apps.dlrm.data.criteo.multi_hot`), drawn once when the loader starts, so the
+lookup tables (:mod:`apps.dlrm.data.criteo.multi_hot`), drawn once when the loader starts (refused
+first, with the figures, where this host's training processes cannot all hold them), so the
 preprocessed one-hot folder trains as MLPerf's multi-hot Criteo.
 
 Batches are assembled with numpy slice copies (a few per batch, never a loop over rows) into
@@ -44,7 +45,7 @@ from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.common.splits import Range, held_out_split
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, check_table_sizes, open_folder
-from apps.dlrm.data.criteo.multi_hot import expand, multi_hot_tables
+from apps.dlrm.data.criteo.multi_hot import check_host_memory, expand, multi_hot_tables
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
 
@@ -54,9 +55,12 @@ PREFETCH_THREAD = "criteo-prefetch"
 
 
 class CriteoClickLogs:
-    """Rank ``rank``'s batches of a preprocessed Criteo folder."""
+    """Rank ``rank``'s batches of a preprocessed Criteo folder; ``local_world_size``: the training
+    processes on this host, each of which holds the multi-hot tables."""
 
-    def __init__(self, cfg: TrainConfig, folder: str, rank: int, world_size: int, pin_memory: bool) -> None:
+    def __init__(
+        self, cfg: TrainConfig, folder: str, rank: int, world_size: int, pin_memory: bool, local_world_size: int = 1
+    ) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
@@ -81,6 +85,7 @@ class CriteoClickLogs:
         self._ids_per_feature = cfg.model.ids_per_feature
         self._multi_hot = None
         if max(self._ids_per_feature) > 1:
+            check_host_memory(self._ids_per_feature, cfg.model.table_sizes, local_world_size)
             logger.info(
                 "criteo: drawing MLPerf's multi-hot lookup tables (%s ids per sample)", sum(self._ids_per_feature)
             )

@@ -6,16 +6,19 @@ split into ranks needs (:mod:`apps.dlrm.data.parquet.order`); no data page is re
 footers also let the job refuse, before its first step, what would otherwise fail hours in or
 train on garbage. Each error is one line naming the file, the column and the fix:
 
-- a file that is not Parquet, or none at all under --data_path;
+- a file that is not Parquet, or none at all under --data_path; a symlink to nothing or to a folder
+  (symlinks to files are followed);
 - a column named by --label_column, --dense_columns or --sparse_columns that a file lacks, or of
   a type we do not read: numbers (integer, float, boolean) for the label and dense features,
   integers or lists of integers for sparse ones;
-- a null label: such a row cannot train (drop or fill it upstream);
+- a null label: such a row cannot train (drop or fill it upstream); a label other than 0 or 1,
+  which trains to a negative loss;
 - with ``--categorical_ids as_is``, an id outside its embedding table;
 
-the last two from the statistics that Parquet writers record per column chunk (Spark, BigQuery's
+the last three from the statistics that Parquet writers record per column chunk (Spark, BigQuery's
 exports and pyarrow do by default). For a file without them the same checks run as its rows are
-read (:mod:`apps.dlrm.data.parquet.read`), and stop training with the same message.
+read (:mod:`apps.dlrm.data.parquet.read`), and stop training with the same message; so do the labels
+that statistics cannot show (0.5 between a chunk's minimum 0 and maximum 1; NaN, which they leave out).
 
 Null counts: a null dense value trains as 0, a null sparse value as an empty bag (no id). Their
 counts per column, summed from the same statistics, are logged at start-up as the Criteo
@@ -125,6 +128,7 @@ def _list(fs: fsspec.AbstractFileSystem, root: str, data_path: str) -> list[tupl
         found = {root: fs.info(root)}
     else:
         raise ConfigError(f"--data_path {data_path} does not exist: give a folder, glob or URL of Parquet files")
+    found = {path: _followed(fs, path, info) for path, info in found.items()}
     files = sorted(
         ((path, int(info["size"])) for path, info in found.items() if info["type"] == "file"),
         key=lambda entry: natural_key(entry[0]),
@@ -135,6 +139,25 @@ def _list(fs: fsspec.AbstractFileSystem, root: str, data_path: str) -> list[tupl
             "starting with _ or .): check the path, or give a glob of the files"
         )
     return files
+
+
+def _followed(fs: fsspec.AbstractFileSystem, path: str, info: dict) -> dict:
+    """``info`` of a listed entry, or for a symlink its target's: a listing describes the link
+    itself, neither file nor folder, and leaving it out would train on fewer files than given."""
+    if not info.get("islink"):
+        return info
+    try:
+        target = fs.info(path)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path} is a symlink to {info.get('destination')}, which does not exist: fix the link or remove it"
+        ) from None
+    if target["type"] != "file":
+        raise ConfigError(
+            f"{path} is a symlink to the folder {info.get('destination')}, which --data_path does not "
+            "search: give the folder's files by a glob, or copy them in"
+        )
+    return target
 
 
 def _is_data_file(relative: str) -> bool:
@@ -272,14 +295,17 @@ def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[
     ranges = dict(zip(spec.sparse, table_sizes)) if table_sizes is not None else {}
     for file in files:
         metadata = file.metadata
-        leaves = {metadata.schema.column(i).path.split(".")[0]: i for i in range(metadata.num_columns)}
+        leaves = leaf_columns(metadata)
         for g in range(metadata.num_row_groups):
             group = metadata.row_group(g)
             for name in spec.names:
-                stats = group.column(leaves[name]).statistics
+                stats = group.column(leaves[name][0]).statistics  # a column we read has one leaf
                 count = stats.null_count if stats is not None and stats.has_null_count else None
                 if name == spec.label and count:
                     raise null_label_error(file.url, name, g, count)
+                if name == spec.label and stats is not None and stats.has_min_max:
+                    for value in (stats.min, stats.max):
+                        check_label(value, file.url, name, g)
                 if name in nulls:
                     nulls[name] = None if nulls[name] is None or count is None else nulls[name] + count
                 if name in ranges and stats is not None and stats.has_min_max:
@@ -288,11 +314,36 @@ def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[
     return nulls
 
 
+def leaf_columns(metadata: pq.FileMetaData) -> dict[str, range]:
+    """Per top-level column, the indices of its leaf (physical) columns, whose chunks and
+    statistics the footer holds. Counted from the columns' types, leaves being in column order:
+    a leaf's dotted path cannot tell column ``cat.0`` from field ``0`` of column ``cat``."""
+    leaves, at = {}, 0
+    for field in metadata.schema.to_arrow_schema():
+        count = _leaf_count(field.type)
+        leaves[field.name] = range(at, at + count)
+        at += count
+    return leaves
+
+
+def _leaf_count(arrow_type: pa.DataType) -> int:
+    fields = [arrow_type.field(i) for i in range(arrow_type.num_fields)]
+    return sum(_leaf_count(field.type) for field in fields) if fields else 1
+
+
 def null_label_error(url: str, column: str, group: int, count: int) -> ConfigError:
     return ConfigError(
         f"{url}: label column {column!r} has {count:,} null values (row group {group}): a "
         "row without its label cannot train; drop or fill those rows where the files are written"
     )
+
+
+def check_label(value: float, url: str, column: str, group: int) -> None:
+    if value not in (0, 1):
+        raise ConfigError(
+            f"{url}: label column {column!r} holds {value:g} (row group {group}), but a label is a "
+            "click (1) or not (0): map the labels to 0 and 1 where the files are written"
+        )
 
 
 def check_id(value: int, table_size: int, url: str, column: str, group: int) -> None:

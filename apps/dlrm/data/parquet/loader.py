@@ -123,7 +123,20 @@ class ParquetClickLogs:
         batches = prefetched(
             lambda step: self._train_batch(windows, step), itertools.count(start_step), PREFETCH_THREAD
         )
-        return _closing(batches, windows.close)
+        return _closing(batches, windows.close, self._log_nonfinite)
+
+    @property
+    def nonfinite_counts(self) -> dict[str, int]:
+        """NaN or infinite dense values read so far (made 0), per column that had any."""
+        return dict(self._reader.nonfinite)
+
+    def _log_nonfinite(self) -> None:
+        counts = self.nonfinite_counts
+        if counts:
+            logger.warning(
+                "parquet: NaN or infinite dense values read (trained as 0, as nulls are): %s",
+                ", ".join(f"{name} {n:,}" for name, n in counts.items()),
+            )
 
     def eval_batches(self, split: str, num_batches: int) -> Generator[Batch, None, None]:
         """This rank's batches of ``split`` ("val" or "test"); ``num_batches`` 0: all of it."""
@@ -223,10 +236,11 @@ class _Windows:
         self._read_ahead.shutdown(wait=True, cancel_futures=True)
 
 
-def _closing(batches: Generator[Batch, None, None], close: Callable[[], None]) -> Generator[Batch, None, None]:
-    """``batches``, then ``close()`` once they are closed (or exhausted)."""
+def _closing(batches: Generator[Batch, None, None], *closers: Callable[[], None]) -> Generator[Batch, None, None]:
+    """``batches``, then each of ``closers`` called once they are closed (or exhausted)."""
     try:
         yield from batches
     finally:
         batches.close()
-        close()
+        for close in closers:
+            close()

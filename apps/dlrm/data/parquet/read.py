@@ -4,12 +4,24 @@ Fetching. The byte ranges of the needed column chunks of every row group asked f
 known from the footers, so they are requested together (``fs.cat_ranges``: an object store's
 filesystem issues them concurrently, a local one reads them in turn), and pyarrow then decodes the
 row groups from those bytes in memory. Only the columns training reads travel, and nothing but the
-row groups of this rank's share: a data set is never copied whole to any host.
+row groups of this rank's share: a data set is never copied whole to any host. A row group whose
+pages do not decode (a file damaged after its footer was written) stops training with an error
+naming the file and the row group.
+
+Files need not agree on a column's exact type: one file's ``int32`` ids beside another's
+``int64``, ``float`` beside ``double``, a non-nullable column beside a nullable one (Spark's and
+BigQuery's exports differ so) are read as one. Rows of files whose types differ are cast, per column
+chunk, to one type per column (:func:`_common_schema`) before they are put together; the cast is the
+one decoding makes anyway, so a row reads the same whichever rows it is read with.
 
 Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no loop over rows):
 
-- the label and dense columns become float32; a null dense value is 0, a null label an error
-  (:func:`apps.dlrm.data.parquet.files.null_label_error`);
+- the label and dense columns become float32; a null dense value is 0, a null label or one other
+  than 0 and 1 an error (:func:`apps.dlrm.data.parquet.files.null_label_error`, ``check_label``);
+- a NaN or infinite dense value is 0 too, as a null is (it would train the model to NaN): counted
+  per column as read (:attr:`RowGroupReader.nonfinite`), a column's first ones logged naming the
+  file and row group. Statistics cannot count them (they leave NaN out), so they are found on the
+  decoded block, at the cost of one sum per feature when there are none;
 - a sparse column becomes ids and per-row offsets, as a KeyedJaggedTensor holds them: an integer
   column one id per row (none for a null), a list column its elements (nulls in a list dropped,
   a null list empty); ``hash`` ids are SplitMix64 of the value (:func:`apps.dlrm.common.hashing.mix64`,
@@ -21,6 +33,8 @@ numbers, and only numbers reach training.
 """
 
 import io
+import logging
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -31,12 +45,22 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.common.hashing import mix64
-from apps.dlrm.data.parquet.files import ColumnSpec, DataFile, check_id, null_label_error
+from apps.dlrm.data.parquet.files import (
+    ColumnSpec,
+    DataFile,
+    check_id,
+    check_label,
+    leaf_columns,
+    null_label_error,
+)
 from apps.dlrm.data.parquet.order import Piece
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer  # exists only for type checkers
+
+logger = logging.getLogger("apps.dlrm.data")
 
 #: Column chunks closer than this are fetched in one request (the gap's bytes are cheaper than a request).
 MERGE_GAP = 1 << 16
@@ -134,13 +158,16 @@ class RowGroupReader:
         self.hash_ids = categorical_ids == "hash"
         self.id_dtype = id_dtype
         self._cached: tuple[tuple[int, int], Rows] | None = None
-        self._leaves = [_leaf_columns(file.metadata, spec.names) for file in files]
+        #: NaN or infinite values read (and made 0) per dense column, by every thread that reads.
+        self.nonfinite: dict[str, int] = {}
+        self._nonfinite_lock = threading.Lock()
+        self._leaves = [[i for name in spec.names for i in leaf_columns(file.metadata)[name]] for file in files]
 
     def read(self, pieces: list[Piece]) -> Rows:
         """The rows of ``pieces``, in their order; their row groups are fetched at once."""
         groups = sorted({(f, g) for f, g, _, _ in pieces})
         tables = self._read_groups(groups)
-        return self._decode(pieces, pa.concat_tables([tables[f, g].slice(lo, hi - lo) for f, g, lo, hi in pieces]))
+        return self._decode(pieces, _concat([tables[f, g].slice(lo, hi - lo) for f, g, lo, hi in pieces], self.spec))
 
     def group(self, f: int, g: int) -> Rows:
         """Row group ``g`` of file ``f``, whole; the last one asked for is kept, so that reading a
@@ -167,7 +194,18 @@ class RowGroupReader:
             )
             for f, file_parts in parts.items()
         }
-        return {(f, g): readers[f].read_row_group(g, columns=self.spec.names) for f, g in groups}
+        return {(f, g): self._decoded_group(readers[f], f, g) for f, g in groups}
+
+    def _decoded_group(self, reader: pq.ParquetFile, f: int, g: int) -> pa.Table:
+        """Row group ``g`` of file ``f``, its columns of ``spec``; a page that does not decode
+        (torn or corrupted after its footer was written) is an error naming file and row group."""
+        try:
+            return reader.read_row_group(g, columns=self.spec.names).select(self.spec.names)
+        except (pa.ArrowException, OSError) as e:
+            raise ConfigError(
+                f"{self.files[f].url}: row group {g} cannot be decoded ({' '.join(str(e).split())}): the file is "
+                "corrupt, or was rewritten since the job started; write it again, or leave it out of --data_path"
+            ) from e
 
     def _chunk_ranges(self, f: int, g: int) -> list[tuple[int, int]]:
         """The byte ranges of row group ``g``'s needed column chunks in file ``f``, merged."""
@@ -203,6 +241,10 @@ class RowGroupReader:
         dense = np.empty((len(spec.dense), table.num_rows), dtype=np.float32)
         for j, name in enumerate(spec.dense):
             _floats_into(table.column(name), dense[j])
+        with np.errstate(over="ignore", invalid="ignore"):  # a sum is finite only if every value is
+            all_finite = np.isfinite(dense.sum(axis=1)).all()
+        if not all_finite:
+            self._zero_nonfinite(dense, where)
         ids, offsets = [], []
         for name, multi_hot, size in zip(spec.sparse, spec.multi_hot, self.table_sizes):
             values, o = _ragged(table.column(name).combine_chunks(), multi_hot)
@@ -210,7 +252,32 @@ class RowGroupReader:
             offsets.append(o)
         label_values = np.empty(table.num_rows, dtype=np.float32)
         _floats_into(labels, label_values)
+        unlabelled = (label_values != 0) & (label_values != 1)  # NaN too
+        if unlabelled.any():
+            k = int(np.flatnonzero(unlabelled)[0])
+            url, g = where(k)
+            check_label(float(label_values[k]), url, spec.label, g)
         return Rows(np.ascontiguousarray(dense.T), label_values, ids, offsets)
+
+    def _zero_nonfinite(self, dense: np.ndarray, where: Callable[[int], tuple[str, int]]) -> None:
+        """Makes the NaN and infinite values of ``dense`` [features, rows] 0, as nulls are, and
+        counts them; a column's first ones are logged, naming their file and row group."""
+        bad = ~np.isfinite(dense)
+        dense[bad] = 0
+        counts = bad.sum(axis=1)
+        with self._nonfinite_lock:
+            for j in np.flatnonzero(counts):
+                name = self.spec.dense[j]
+                if name not in self.nonfinite:
+                    url, g = where(int(np.argmax(bad[j])))
+                    logger.warning(
+                        "%s: dense column %r holds NaN or infinite values (row group %d): they train as 0, as "
+                        "nulls do; their count is logged when training ends (fix them where the files are written)",
+                        url,
+                        name,
+                        g,
+                    )
+                self.nonfinite[name] = self.nonfinite.get(name, 0) + int(counts[j])
 
     def _ids(
         self,
@@ -230,6 +297,25 @@ class RowGroupReader:
             url, g = where(k if offsets is None else int(np.searchsorted(offsets, k, side="right")) - 1)
             check_id(int(values[k]), size, url, column, g)
         return values.astype(self.id_dtype, copy=False)
+
+
+def _common_schema(spec: ColumnSpec) -> pa.Schema:
+    """One type per column, that any file's type of it casts to: float32 for the label and dense
+    features (what decoding makes of them: a large integer rounds as decoding rounds it), int64 ids
+    or lists of them (uint64 ids keep their bits, which is what hashing reads)."""
+    ids = [pa.list_(pa.int64()) if multi_hot else pa.int64() for multi_hot in spec.multi_hot]
+    types = [pa.float32()] * (1 + len(spec.dense)) + ids
+    return pa.schema([pa.field(name, t) for name, t in zip(spec.names, types)])
+
+
+def _concat(tables: list[pa.Table], spec: ColumnSpec) -> pa.Table:
+    """``tables`` (of ``spec.names``) as one; cast to :func:`_common_schema` only where their
+    types differ, so that files that agree (the common case) are not copied."""
+    first = tables[0].schema
+    if all(table.schema.equals(first) for table in tables[1:]):
+        return pa.concat_tables(tables)
+    schema = _common_schema(spec)
+    return pa.concat_tables([table.cast(schema, safe=False) for table in tables])
 
 
 def _floats_into(column: pa.ChunkedArray, out: np.ndarray) -> None:
@@ -254,9 +340,3 @@ def _ragged(column: pa.Array, multi_hot: bool) -> tuple[np.ndarray, np.ndarray |
         valid = values.is_valid().to_numpy(zero_copy_only=False)
         values, rows = values.filter(pa.array(valid)), rows[valid]
     return values.to_numpy(), np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
-
-
-def _leaf_columns(metadata: pq.FileMetaData, names: list[str]) -> list[int]:
-    """The indices of the leaf (physical) columns of the top-level columns ``names``."""
-    wanted = set(names)
-    return [i for i in range(metadata.num_columns) if metadata.schema.column(i).path.split(".")[0] in wanted]

@@ -1,0 +1,128 @@
+"""What a training job prints, piece by piece: the trainers' thread count (no torchrun banner), the
+agent's one line about a failure, TorchX's notices left out, the plan in one line, no progress bar
+in a log, and a term explained once. The whole output of real jobs is checked in test_main_job.py
+(a success) and test_checkpoint.py (a restart)."""
+
+import io
+import json
+import logging
+import signal
+
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torchrec.distributed.types import ParameterSharding, ShardingPlan
+
+from apps.dlrm.launch import agent
+from apps.dlrm.launch.torchrun_args import available_cores, trainer_threads
+from apps.dlrm.model import EBC_PATH
+from apps.dlrm.training.report import Reporter
+from apps.dlrm.training.sharding import summarize_plan
+from components import torchx_logs
+
+# Tier (tests/conftest.py): pure logic, fast.
+TIER = "unit"
+
+
+def test_the_trainers_share_the_cores_unless_the_user_set_their_threads(tmp_path, monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    no_quota = str(tmp_path / "none")
+    assert trainer_threads("2", {}, no_quota) == {"OMP_NUM_THREADS": "8"}
+    assert trainer_threads("32", {}, no_quota) == {"OMP_NUM_THREADS": "1"}  # at least one each
+    assert trainer_threads("2", {"OMP_NUM_THREADS": "3"}, no_quota) == {}  # the user's, kept
+    assert trainer_threads("gpu", {}, no_quota) == {}  # torchrun counts: its own default then
+    assert trainer_threads("1", {}, no_quota) == {}  # one trainer: PyTorch's own default
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("400000 100000\n")  # a container limited to 4 CPUs of the 16
+    assert available_cores(str(cpu_max)) == 4 and trainer_threads("2", {}, str(cpu_max)) == {"OMP_NUM_THREADS": "2"}
+    cpu_max.write_text("max 100000\n")
+    assert available_cores(str(cpu_max)) == 16
+
+
+def failure(tmp_path, rank: int, exitcode: int, message: str | None = None, at: int = 0) -> ProcessFailure:
+    """A failed rank as torchrun sees it, with the error file ``@record`` writes where ``message``."""
+    error_file = tmp_path / f"error-{rank}-{exitcode}.json"
+    if message is not None:
+        info = {"py_callstack": "Traceback ...", "timestamp": str(at)}
+        error_file.write_text(json.dumps({"message": {"message": message, "extraInfo": info}}))
+    return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(error_file))
+
+
+def test_the_agent_names_the_rank_that_failed_first_and_how(tmp_path):
+    reset = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:37535: Connection reset by peer. " + "x" * 300
+    killed = {
+        0: failure(tmp_path, 0, 1, reset, at=1),  # failed on the lost rank's absence, recorded first
+        1: failure(tmp_path, 1, -signal.SIGKILL),
+    }
+    assert agent.describe_failure(*agent.root_failure(killed)) == "rank 1 died (SIGKILL)"
+    stopped = {0: failure(tmp_path, 0, -signal.SIGTERM), 1: failure(tmp_path, 1, 1, reset)}  # torchrun's SIGTERM
+    line = agent.describe_failure(*agent.root_failure(stopped))
+    assert line.startswith("rank 1 exited with 1: RuntimeError: [pair.cc:537]") and line.endswith("...")
+    assert len(line) == len("rank 1 exited with 1: ") + agent.MESSAGE_CHARS
+    assert agent.describe_failure(*agent.root_failure({0: failure(tmp_path, 0, 2)})) == "rank 0 exited with 2"
+
+
+def test_torchrun_lines_about_a_failure_are_dropped_and_its_others_kept(monkeypatch):
+    monkeypatch.setattr(agent.launcher, "LocalElasticAgent", agent.LocalElasticAgent)
+    torch_logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    monkeypatch.setattr(torch_logger, "filters", [])
+    agent.report_restarts()
+    assert agent.launcher.LocalElasticAgent is agent.ReportingAgent
+    said = records_of(torch_logger, lambda: torch_logger.warning("Sending process %s closing signal %s", 7, "SIGTERM"))
+    said += records_of(torch_logger, lambda: torch_logger.warning("Unable to shutdown process %s", 7))
+    assert said == ["Unable to shutdown process 7"]
+
+
+def records_of(target: logging.Logger, emit) -> list[str]:
+    """The messages ``emit`` logs on ``target`` that pass its filters."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    target.addHandler(handler)
+    try:
+        emit()
+    finally:
+        target.removeHandler(handler)
+    return stream.getvalue().splitlines()
+
+
+@pytest.mark.parametrize(
+    "name, message, args, shown",
+    [
+        ("torchx.runner.api", "tracker configurations: %s", ({},), False),
+        ("torchx.runner.api", "tracker configurations: %s", ({"fsspec": "/tmp/t"},), True),  # a tracker: said
+        ("torchx.schedulers.local_scheduler", torchx_logs.NOTICES["torchx.schedulers.local_scheduler"][0], (), False),
+        ("torchx.schedulers.local_scheduler", "log directory is: `%s`", ("/tmp/torchx_x",), False),
+        ("torchx.schedulers.local_scheduler", "launched %s", ("app",), True),
+    ],
+)
+def test_torchx_notices_are_left_out_once_the_components_are_loaded(name, message, args, shown):
+    torchx_logs.drop_notices()
+    torchx_logs.drop_notices()  # once, however often
+    target = logging.getLogger(name)
+    assert target.filters.count(torchx_logs._keep) == 1
+    assert bool(records_of(target, lambda: target.warning(message, *args))) == shown
+
+
+def test_the_plan_in_a_few_words():
+    def table(kind: str, ranks: list[int]) -> ParameterSharding:
+        return ParameterSharding(sharding_type=kind, compute_kernel="fused", ranks=ranks)
+
+    tables = {f"t_cat_{i}": table("table_wise", [i % 2]) for i in range(4)}
+    tables["t_cat_4"] = table("row_wise", [0, 1])
+    plan = ShardingPlan({EBC_PATH: tables})
+    assert summarize_plan(plan, 2) == "5 tables (4 table_wise, 1 row_wise) on 2 ranks, 3 per rank"
+    assert summarize_plan(plan, 3) == "5 tables (4 table_wise, 1 row_wise) on 3 ranks, 0 to 3 per rank"
+
+
+def test_no_progress_bar_in_a_log_and_a_note_once(tmp_path, caplog, monkeypatch):
+    log = io.StringIO()  # a log file, not a terminal
+    monkeypatch.setattr("sys.stderr", log)
+    reporter = Reporter(str(tmp_path), enabled=True)
+    reporter.progress(total=10, initial=0)
+    reporter.step(loss=0.5)
+    reporter.close_progress()
+    with caplog.at_level(logging.INFO, logger="apps"):
+        for _ in range(2):
+            reporter.note("auroc_ceiling: what it is")
+    reporter.close()
+    assert log.getvalue() == ""
+    assert [r.getMessage() for r in caplog.records] == ["auroc_ceiling: what it is"]
