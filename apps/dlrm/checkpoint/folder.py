@@ -49,6 +49,8 @@ from apps.dlrm.checkpoint.storage import (
     save_shards_async,
 )
 from apps.dlrm.common.distributed import DistEnv, decided_by_main
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.urls import reaching
 
 logger = logging.getLogger(__name__)
 
@@ -116,11 +118,14 @@ class CheckpointStore:
         """Writes and removes a probe file, so that a bad location fails before training."""
         probe = posixpath.join(self.root, f".write-probe-{uuid.uuid4().hex}")
         try:
-            self._make_dir(self.root)
-            with self.fs.open(probe, "wb") as f:
-                f.write(b"probe")
-            self.fs.rm(probe)
-        except Exception as e:  # noqa: BLE001 - every failure here means the same: unusable
+            with reaching("--checkpoint_dir", self.url):
+                self._make_dir(self.root)
+                with self.fs.open(probe, "wb") as f:
+                    f.write(b"probe")
+                self.fs.rm(probe)
+        except ConfigError:
+            raise  # the store cannot be reached at all: reaching's message says how to fix that
+        except Exception as e:  # noqa: BLE001 - every other failure here means the same: unusable
             raise CheckpointError(
                 f"--checkpoint_dir {self.url} is not writable ({type(e).__name__}: {e}). " + _storage_hint(self.url, e)
             ) from None
@@ -346,13 +351,7 @@ class CheckpointStore:
 
 
 def _storage_hint(url: str, error: Exception) -> str:
-    name = type(error).__name__
     if url.startswith("s3://"):
-        if "Credentials" in name or "credentials" in str(error):
-            return (
-                "Set AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), "
-                "and AWS_ENDPOINT_URL for an S3-compatible server."
-            )
         if isinstance(error, FileNotFoundError) or "NoSuchBucket" in str(error):
             return f"Create the bucket {url[5:].split('/', 1)[0]!r} first, or fix its name."
         if isinstance(error, PermissionError):
