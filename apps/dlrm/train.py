@@ -9,19 +9,23 @@ how (apps/dlrm/launch/agent.py).
 
 import logging
 import sys
+import time
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from apps.dlrm.checkpoint.storage import SaveFailed
-from apps.dlrm.common.distributed import DistEnv, init_distributed, record_error_line, restarts_left
+from apps.dlrm.common.distributed import DistEnv, init_distributed, restarts_left
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.training.report import setup_logging
 from apps.dlrm.training.trainer import Trainer
 
 logger = logging.getLogger("apps.dlrm")
+
+#: How long a rank other than 0 waits before it exits on a refused option or data.
+MAIN_RANK_GRACE_SECONDS = 5
 
 
 def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
@@ -47,7 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         if env.is_main:
             logger.error("%s", e)
-        record_error_line(e)
+        else:
+            # torchrun stops every rank once one exits and quotes the first: rank 0, which says
+            # why (it meets the same error, or is stopped anyway), gets the time to say it first.
+            time.sleep(MAIN_RANK_GRACE_SECONDS)
         sys.exit(2)
     except Exception as e:
         if not restarts_left():
