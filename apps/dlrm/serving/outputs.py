@@ -30,7 +30,7 @@ def refuse_existing(url: str, option: str = "--output") -> None:
         )
 
 
-def write_file(fs: fsspec.AbstractFileSystem, path: str, write: Callable[[IO[bytes]], None]) -> None:
+def write_file(fs: fsspec.AbstractFileSystem, path: str, write: Callable[[IO[bytes]], object]) -> None:
     """Writes the file ``path`` with ``write`` so that no reader sees part of it: a local file
     under a temporary name (starting with '.', which readers of folders leave out) renamed into
     place; an object store's upload appears whole when it completes."""
