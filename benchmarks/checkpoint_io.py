@@ -10,8 +10,15 @@ commit marker) and loaded back, by 2 ranks, to a local directory and to an S3-co
 server on loopback (moto). The baseline has each rank write, then read, the same number of
 bytes as one plain fsspec file. Prints GB/s of each and the ratios (target >= 0.8).
 
+What checksums cost (each shard block's CRC-32, taken as it is written and checked as it is
+read), in the same run: the shards written by the app's writer against DCP's own writer with the
+same planner (the app's saves before checksums), and the app's load of the same checkpoint with
+its checksums against without them (as a checkpoint written before them loads). Printed as the
+ratio of the median times, with over without.
+
 Both sides are measured ``--repeats`` times (default 3), alternately (the checkpoint first in
-even repeats, the baseline first in odd ones), and the medians are reported with every sample;
+even repeats, the baseline first in odd ones; with checksums first in even repeats, without first
+in odd ones), and the medians are reported with every sample;
 a ratio is the baseline's median time over the checkpoint's. They stand on equal footing: every
 local write is on disk before it counts as done (the baseline fsyncs its file; the checkpoint's
 writer fsyncs its shards, as the app's saves do), and before every local read the files about to
@@ -35,6 +42,7 @@ error says why) is reported with the app's message. A refused or unequal reshard
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -132,6 +140,29 @@ def checkpoint_load(loader, checkpoint, local: bool, env) -> float:
     return timed(lambda: loader.restore(TrainState(env.rank), checkpoint))
 
 
+def shards_save(app, url: str, local: bool, summed: bool, env) -> float:
+    """Collective. Seconds to write the shards of the checkpointer ``app``'s state under ``url`` with
+    the app's writer, which checksums them as it writes, or (not ``summed``) DCP's own writer."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    from apps.dlrm.checkpoint import storage
+    from apps.dlrm.checkpoint.checkpointer import TrainState
+
+    state = app.entries(TrainState(env.rank, 0, 0.0))
+    if summed:
+        return timed(lambda: storage.save_shards(state, url, local))
+    writer = FsspecWriter(url, sync_files=local)
+    return timed(lambda: dcp.save(state, storage_writer=writer, planner=storage._SavePlanner()))
+
+
+def unchecked(checkpoint):
+    """``checkpoint`` as one written before checksums: its manifest has none."""
+    from apps.dlrm.checkpoint.folder import CHECKSUMS
+
+    return dataclasses.replace(checkpoint, manifest={k: v for k, v in checkpoint.manifest.items() if k != CHECKSUMS})
+
+
 def shard_bytes(store, step: int, env) -> tuple[int, float]:
     """Collective. (bytes of this rank's shard file, GB of every rank's) of the checkpoint of ``step``."""
     import fsspec
@@ -179,18 +210,23 @@ def in_turn(repeat: int, first: str, second: str) -> tuple[str, str]:
 
 
 RATES = ("save", "raw_write", "load", "raw_read")
+#: Each ratio of medians: (its name, the numerator's side, the denominator's). The checksums' are
+#: costs (with over without: 1.0 is free), the others rates against the raw baseline.
+RATIOS = (
+    ("save_ratio", "raw_write", "save"),
+    ("load_ratio", "raw_read", "load"),
+    ("checksum_save_cost", "summed_save", "unsummed_save"),
+    ("checksum_load_cost", "checked_load", "unchecked_load"),
+)
 
 
 def summary(gb: float, seconds: dict[str, list[float]]) -> dict:
     """The report of one location: GB/s medians, the ratios of medians, and every sample."""
     median = {name: statistics.median(values) for name, values in seconds.items()}
-    figures = {f"{name}_gbps": gb / median[name] for name in RATES}
-    figures.update(save_ratio=median["raw_write"] / median["save"], load_ratio=median["raw_read"] / median["load"])
-    samples = {f"{name}_gbps": [gb / s for s in seconds[name]] for name in RATES}
-    samples.update(
-        save_ratio=[w / s for w, s in zip(seconds["raw_write"], seconds["save"])],
-        load_ratio=[r / s for r, s in zip(seconds["raw_read"], seconds["load"])],
-    )
+    figures = {f"{name}_gbps": gb / median[name] for name in seconds}
+    figures.update({ratio: median[top] / median[bottom] for ratio, top, bottom in RATIOS})
+    samples = {f"{name}_gbps": [gb / s for s in seconds[name]] for name in seconds}
+    samples.update({ratio: [t / b for t, b in zip(seconds[top], seconds[bottom])] for ratio, top, bottom in RATIOS})
     return {"gb": gb, "repeats": len(seconds["save"]), **figures, "samples": samples}
 
 
@@ -298,7 +334,7 @@ def measure(url: str, run, cfg, target: Resharded | None, repeats: int, env) -> 
     cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_last = url, repeats
     app = checkpointer(cfg, run, env)
     local = "://" not in url
-    seconds: dict[str, list[float]] = {name: [] for name in RATES}
+    seconds: dict[str, list[float]] = {name: [] for _, *sides in RATIOS for name in sides}
     payload, gb = b"", 0.0
     for repeat in range(repeats):
         raw = f"{url}/raw/rank{env.rank}.{repeat}.bin"
@@ -314,6 +350,12 @@ def measure(url: str, run, cfg, target: Resharded | None, repeats: int, env) -> 
         for name in in_turn(repeat, "load", "raw_read"):
             load = name == "load"
             seconds[name].append(checkpoint_load(app, checkpoint, local, env) if load else raw_read(raw, local))
+        for name in in_turn(repeat, "summed_save", "unsummed_save"):
+            folder = f"{url}/shards/{repeat}-{name}"
+            seconds[name].append(shards_save(app, folder, local, name == "summed_save", env))
+        for name in in_turn(repeat, "checked_load", "unchecked_load"):
+            loaded = checkpoint if name == "checked_load" else unchecked(checkpoint)
+            seconds[name].append(checkpoint_load(app, loaded, local, env))
     figures = summary(gb, seconds)
     if target is not None:
         resharded = reshard(checkpoint, run, target, gb, repeats, local, env)
@@ -332,7 +374,10 @@ def medians_line(target: str, f: dict) -> str:
     line = (
         f"{target}: {f['gb']:.2f} GB of shards, medians of {f['repeats']} | "
         f"save {f['save_gbps']:.3f} GB/s vs raw write {f['raw_write_gbps']:.3f} GB/s = {f['save_ratio']:.2f} | "
-        f"load {f['load_gbps']:.3f} GB/s vs raw read {f['raw_read_gbps']:.3f} GB/s = {f['load_ratio']:.2f}"
+        f"load {f['load_gbps']:.3f} GB/s vs raw read {f['raw_read_gbps']:.3f} GB/s = {f['load_ratio']:.2f} | "
+        f"checksums: shards written {f['summed_save_gbps']:.3f} GB/s vs {f['unsummed_save_gbps']:.3f} without, "
+        f"time x{f['checksum_save_cost']:.3f}; loaded {f['checked_load_gbps']:.3f} GB/s vs "
+        f"{f['unchecked_load_gbps']:.3f} unchecked, time x{f['checksum_load_cost']:.3f}"
     )
     if "reshard_error" in f:
         return f"{line} | reshard to {f['reshard_to']} FAILED: {f['reshard_error']}"

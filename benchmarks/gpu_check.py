@@ -111,7 +111,11 @@ def check_main_job(machine: Machine) -> list[Check]:
     n = str(machine.gpus)
     result = subprocess.run(
         [
-            os.path.join(os.path.dirname(sys.executable), "torchx"),
+            # torchx's CLI as a module: the GPU machine has torchx on PYTHONPATH (staged), and
+            # no `torchx` script beside its python.
+            sys.executable,
+            "-m",
+            "torchx.cli.main",
             "run",
             "-s",
             "local_cwd",
@@ -259,7 +263,13 @@ def check_loader(machine: Machine) -> list[Check]:
 
 def plan_in_hbm(rows: int, hbm_gb: float) -> bool:
     """Whether TorchRec's planner places 26 x ``rows`` x 128 tables in the HBM of one GPU of
-    ``hbm_gb``, all of them (a plan that caches some from host memory fits, but not in HBM)."""
+    ``hbm_gb``, all of them (a plan that caches some from host memory fits, but not in HBM).
+
+    Only the plan app's own verdict answers: any other exit (a crash exits 1) raises, so that a
+    broken preview never reads as "does not fit" and shrinks the tables to nothing.
+    """
+    from apps.dlrm.plan import DOES_NOT_FIT  # on use, as torch is: a bad --only needs no torchrec
+
     result = subprocess.run(
         [
             sys.executable,
@@ -278,8 +288,11 @@ def plan_in_hbm(rows: int, hbm_gb: float) -> bool:
         cwd=REPO,
         timeout=600,
     )
-    if result.returncode not in (0, 1):
-        raise RuntimeError(f"the plan preview failed: {result.stderr[-2000:]}")
+    if result.returncode not in (0, DOES_NOT_FIT):
+        raise RuntimeError(
+            f"the plan preview (python -m apps.dlrm.plan) failed with exit {result.returncode}, "
+            f"not a verdict; run it alone to see why: {result.stderr[-2000:]}"
+        )
     return result.returncode == 0 and "fused_uvm" not in result.stdout
 
 

@@ -13,8 +13,12 @@ by step 17 -- the same for every sharding type, because it was the reference tha
 Here each sum is written out in that order with elementwise operations only (IEEE-exact on any
 CPU): the reference computes what FBGEMM computes, on every x86-64 machine, and the equivalence
 check compares sharding and nothing else. The fused multiply-add of mean pooling is formed in
-float64 (the product of two float32 is exact there) and rounded once to float32.
+float64 (the product of two float32 is exact there) and rounded once to float32 -- where FBGEMM
+fuses it: fbgemm-gpu-cpu 1.8.0 does, 1.6.0 (the GPU machine's row) rounds the product to float32
+first. Which one a build does is measured, once, on its own kernel (``fbgemm_fuses_mean_grad``).
 """
+
+import functools
 
 import torch
 from torch import nn
@@ -51,19 +55,51 @@ class _OrderedBag(torch.autograd.Function):
             pooled[bag[at]] += weight[ids[at]]
         scale = _scale(offsets, mean)
         ctx.save_for_backward(ids, bag, scale)
-        ctx.num_rows = weight.shape[0]
+        ctx.num_rows, ctx.mean = weight.shape[0], mean
         return pooled * scale[:, None] if mean else pooled
 
     @staticmethod
     def backward(ctx, grad_pooled: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
         ids, bag, scale = ctx.saved_tensors
         addend = scale.double()[bag, None] * grad_pooled.double()[bag]  # exact: two float32 factors
+        if ctx.mean and not fbgemm_fuses_mean_grad():
+            addend = addend.float().double()  # the product rounded to float32 before it is added
         grad = grad_pooled.new_zeros(ctx.num_rows, grad_pooled.shape[1])
         occurrence = _occurrence(ids)
         for k in range(int(occurrence.max()) + 1 if len(ids) else 0):
             at = occurrence == k  # each row once: its k-th sample, in the batch's order
             grad[ids[at]] = (grad[ids[at]].double() + addend[at]).float()
         return grad, None, None, None
+
+
+@functools.cache
+def fbgemm_fuses_mean_grad() -> bool:
+    """Whether FBGEMM's CPU dense kernel adds a mean bag's ``grad * (1/L)`` to a row's gradient
+    as one fused multiply-add (True), or rounds the product to float32 first (False).
+
+    Measured on one row looked up three times by one bag: the three sums tell the two apart.
+    Raises if the kernel matches neither, as the reference could then not equal it.
+    """
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
+
+    dim = 64
+    grad = torch.randn(1, dim, generator=torch.Generator().manual_seed(0))
+    kernel = DenseTableBatchedEmbeddingBagsCodegen([(1, dim)], pooling_mode=PoolingMode.MEAN, use_cpu=True)
+    with torch.enable_grad():  # off where the first backward asks
+        kernel(torch.zeros(3, dtype=torch.long), torch.tensor([0, 3])).backward(grad)
+    assert kernel.weights.grad is not None
+    product = torch.tensor(1 / 3).double() * grad[0].double()  # exact: two float32 factors
+    fused = rounded = torch.zeros(dim)
+    for _ in range(3):
+        fused, rounded = (fused.double() + product).float(), rounded + product.float()
+    measured = kernel.weights.grad
+    if not (torch.equal(measured, fused) or torch.equal(measured, rounded)):  # seed 0: the two differ
+        raise RuntimeError(
+            "FBGEMM's dense kernel adds a mean bag's gradient neither as one fused multiply-add nor "
+            "with the product rounded first: benchmarks/ordered_bags.py cannot equal it (see its docstring)"
+        )
+    return torch.equal(measured, fused)
 
 
 def _scale(offsets: torch.Tensor, mean: bool) -> torch.Tensor:

@@ -74,7 +74,7 @@ def plan(**kwargs: Any) -> specs.AppDef:
     give it the -j/-h (or gpu/memMB) and model options of the components.dlrm:train job to
     check. It prints each table's placement and each rank's HBM and host memory by TorchRec's
     planner and estimates, then ``fits: ...`` or ``does not fit: needs X GiB HBM on rank r,
-    has Y`` (and exits 1).
+    has Y`` (and exits 3).
     """
     reject_unknown(kwargs, PlanTarget, PlanConfig)
     target = take(PlanTarget, kwargs)

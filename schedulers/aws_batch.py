@@ -20,9 +20,11 @@ placement group and a security group that lets the nodes reach each other on eve
 from __future__ import annotations
 
 import builtins
+import contextlib
 import getpass
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import boto3
 import torchx
+from botocore.exceptions import BotoCoreError
 from torchx.schedulers.api import (
     DescribeAppResponse,
     ListAppResponse,
@@ -61,7 +64,10 @@ from torchx.specs import (
 )
 from torchx.specs.finder import ComponentValidationException
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
-from torchx.workspace.docker_workspace import DockerWorkspaceMixin
+
+from apps.dlrm.urls import AWS_CREDENTIALS_FIX, unreachable_aws_fix
+from schedulers.docker_builds import DryRunWithoutDockerMixin
+from schedulers.setup_checks import SetupError, first_line
 
 #: Batch job status -> TorchX state. A terminated job ends FAILED, with the reason in ``msg``.
 JOB_STATE: dict[str, AppState] = {
@@ -161,11 +167,12 @@ class BatchJobRequest:
         return json.dumps({"registerJobDefinition": self.job_definition, "submitJob": self.job}, indent=2)
 
 
-class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
+class AWSBatchScheduler(DryRunWithoutDockerMixin, Scheduler[AWSBatchOpts]):
     """Runs TorchX apps as AWS Batch multi-node parallel jobs.
 
     Credentials, region and endpoint come from boto3's usual sources (``AWS_PROFILE``,
-    ``AWS_REGION``, ``AWS_ENDPOINT_URL``, instance roles, ...).
+    ``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``, instance roles, ...); a submission without a region
+    or credentials is refused in one line before anything is pushed or registered.
 
     Mounts: ``type=bind,src=HOST_PATH,dst=PATH[,readonly]`` (host volume),
     ``type=volume,src=fs-ID,dst=PATH[,readonly]`` (EFS file system),
@@ -189,23 +196,6 @@ class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
         return AWSBatchOpts.as_runopts()
 
     # ── submission ───────────────────────────────────────────────────────────────────────
-
-    def build_workspace_and_update_role(self, role: Role, workspace: str, cfg: Mapping[str, CfgVal]) -> None:
-        """TorchX's Docker build of the workspace, after checking that Docker answers at all.
-
-        TorchX packs the whole workspace before it first talks to Docker, so without an engine
-        the user got a traceback (or one about an unreadable file in the folder) instead of the
-        two ways out.
-        """
-        try:
-            self._docker_client.ping()
-        except Exception as e:  # noqa: BLE001 - docker raises DockerException and plain OSErrors
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ComponentValidationException(
-                f"-s aws_batch builds the workspace {workspace} into an image with Docker, which does not "
-                f'answer here ({reason}): start Docker, or pass --workspace "" to run --image as it is'
-            ) from None
-        super().build_workspace_and_update_role(role, workspace, cfg)
 
     def _submit_dryrun(self, app: AppDef, cfg: AWSBatchOpts) -> AppDryRunInfo[BatchJobRequest, AWSBatchOpts]:
         _check_opts(cfg)
@@ -239,10 +229,13 @@ class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
         return AppDryRunInfo(BatchJobRequest(job_definition, job, images_to_push), str)
 
     def schedule(self, dryrun_info: AppDryRunInfo[BatchJobRequest, AWSBatchOpts]) -> str:
+        self.refuse_unbuilt_workspaces(dryrun_info.app)
+        check_aws_setup()  # before an image is pushed
         request = dryrun_info.request
         self.push_images(request.images_to_push)
-        registered = self._batch.register_job_definition(**request.job_definition)
-        self._batch.submit_job(**{**request.job, "jobDefinition": registered["jobDefinitionArn"]})
+        with _reaching_batch():
+            registered = self._batch.register_job_definition(**request.job_definition)
+            self._batch.submit_job(**{**request.job, "jobDefinition": registered["jobDefinitionArn"]})
         return request.app_id
 
     # ── status ───────────────────────────────────────────────────────────────────────────
@@ -414,6 +407,46 @@ class AWSBatchScheduler(DockerWorkspaceMixin, Scheduler[AWSBatchOpts]):
                 if container.get("logStreamName"):
                     return container["logStreamName"]
         return None
+
+
+# ── the submitting machine ───────────────────────────────────────────────────────────────
+
+
+def check_aws_setup() -> None:
+    """Refuses, in one line, a machine that boto3 cannot submit from: a profile or credentials it
+    cannot read, no region, or no credentials. A dry run needs none of them."""
+    try:
+        session = boto3.Session()
+        credentials = session.get_credentials()
+    except BotoCoreError as e:  # AWS_PROFILE naming no profile, half of a key pair, ...
+        raise SetupError(
+            f"-s aws_batch cannot read the AWS configuration ({first_line(e)}): fix AWS_PROFILE, the AWS_* "
+            "variables or ~/.aws/config, or run `aws configure`"
+        ) from None
+    if not session.region_name:
+        raise SetupError(f"-s aws_batch has no AWS region to submit to: {_region_fix()}")
+    if credentials is None:
+        raise SetupError(f"-s aws_batch found no AWS credentials: {AWS_CREDENTIALS_FIX}")
+
+
+def _region_fix() -> str:
+    # boto3 reads AWS_DEFAULT_REGION; AWS_REGION, which other AWS tools read, it ignores.
+    ignored = os.environ.get("AWS_REGION")
+    if ignored:
+        return f"boto3 does not read AWS_REGION={ignored}: set AWS_DEFAULT_REGION={ignored}"
+    return "set AWS_DEFAULT_REGION (e.g. AWS_DEFAULT_REGION=us-west-2), or run `aws configure`"
+
+
+@contextlib.contextmanager
+def _reaching_batch() -> Iterator[None]:
+    """An endpoint that refuses the connection, or credentials that vanish, as one line."""
+    try:
+        yield
+    except BotoCoreError as e:
+        fix = unreachable_aws_fix(e)
+        if fix is None:
+            raise
+        raise SetupError(f"-s aws_batch cannot reach AWS Batch: {fix}") from None
 
 
 # ── request rendering ────────────────────────────────────────────────────────────────────

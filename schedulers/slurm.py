@@ -13,6 +13,10 @@ has its logs written there, ``slurm-<id>-<role>-<n>.out`` and ``.err``, and so h
 itself (``slurm-<id>.out``): nothing lands in the directory the job was submitted from, and
 ``torchx log`` reads them there.
 
+Without sbatch on PATH, a submission is refused in one line before anything is written (the
+script, or the workspace copied into ``job_dir``); a dry run needs no Slurm and still prints the
+script.
+
 And no value can rewrite the sbatch script: run options that TorchX writes into it are checked
 before anything is built or submitted, and each replica's environment is set by quoted
 ``env -- NAME=VALUE ...`` arguments instead of srun's comma-separated ``--export`` list.
@@ -44,6 +48,8 @@ from torchx.specs import (
 )
 from torchx.specs.finder import ComponentValidationException
 
+from schedulers.setup_checks import require_command
+
 #: Run options that TorchX writes on the script's ``#SBATCH`` lines, space-separated and
 #: unquoted: a newline there starts shell code, and a space, quote, backslash or ``#`` changes the
 #: options sbatch reads. Their values (partition lists, times, constraint expressions, QOS
@@ -56,6 +62,9 @@ _SBATCH_LINE_VALUE = re.compile(r"[A-Za-z0-9_.,:*&|!()\[\]+=@/-]+")
 #: The key of a role's metadata that names the folder its logs go to, relative to the job's
 #: working directory; TorchX's ``${app_id}`` in it is the job's id.
 LOG_DIR = "slurm/log_dir"
+
+#: What a machine without Slurm's client commands needs to submit.
+SBATCH_FIX = "run torchx on a Slurm login node, or install Slurm's client commands (Debian: slurm-client)"
 
 
 def het_job_id(job: dict[str, Any]) -> int:
@@ -167,6 +176,8 @@ class SlurmScheduler(slurm_scheduler.SlurmScheduler):
         # exist yet, so a refusal after the copy would also refuse the corrected command.
         super()._pre_build_validate(app, scheduler, cfg)
         check_script_text(app, cfg)
+        if cfg.get("job_dir"):  # the `dir` builder copies into it at dry run: a left copy refuses the rerun
+            require_command("sbatch", "slurm", SBATCH_FIX)
 
     def _submit_dryrun(self, app: AppDef, cfg: SlurmOpts) -> AppDryRunInfo[SlurmBatchRequest, SlurmOpts]:
         dryrun_info = super()._submit_dryrun(app, cfg)
@@ -176,6 +187,7 @@ class SlurmScheduler(slurm_scheduler.SlurmScheduler):
         return dryrun_info
 
     def schedule(self, dryrun_info: AppDryRunInfo[SlurmBatchRequest, SlurmOpts]) -> str:
+        require_command("sbatch", "slurm", SBATCH_FIX)  # before TorchX writes the script
         job_id = super().schedule(dryrun_info)
         request = dryrun_info.request
         if isinstance(request, LogDirBatchRequest):

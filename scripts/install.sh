@@ -23,10 +23,13 @@
 # driver's libraries are the only ones fbgemm-gpu's libraries lack, and says so.
 set -euo pipefail
 
-# The version matrix (README.md): torch 2.13 <-> fbgemm-gpu 1.8.0 <-> torchrec 1.8.0.
-TORCH_VERSION=2.13.0
-FBGEMM_VERSION=1.8.0
-TORCHREC_VERSION=1.8.0
+# The version matrix (README.md), a row per torch: VERSION_ROW picks one. 2.13 is the one used here;
+# 2.11 is what the lent GPU machines have, which scripts/gpu_row.sh installs and tests on CPU.
+case "${VERSION_ROW:=2.13}" in
+  2.13) TORCH_VERSION=2.13.0 FBGEMM_VERSION=1.8.0 TORCHREC_VERSION=1.8.0 ;;
+  2.11) TORCH_VERSION=2.11.0 FBGEMM_VERSION=1.6.0 TORCHREC_VERSION=1.6.1 ;;
+  *) echo "install.sh: VERSION_ROW=$VERSION_ROW is not a row of the version matrix: use 2.13 or 2.11" >&2; exit 2 ;;
+esac
 # The CUDA of PyPI's torch and fbgemm-gpu builds (DEVICE=cuda): hosts need an NVIDIA driver
 # >= 580 for CUDA 13.0, and the Dockerfile's CUDA base is this version.
 TORCH_CUDA=13.0
@@ -53,6 +56,10 @@ install_stack() {
   # TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu) picks a torch build from another
   # index; without it pip takes PyPI's (or a local file's) build of this exact version.
   "${pip[@]}" "torch==$TORCH_VERSION" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  # Every later install keeps this torch: a requirement that wants another one fails, naming
+  # itself, instead of replacing it with gigabytes of another build.
+  echo "torch==$TORCH_VERSION" > "$VENV/constraints.txt"
+  export PIP_CONSTRAINT=$VENV/constraints.txt
   "${pip[@]}" "$FBGEMM==$FBGEMM_VERSION"
   "${pip[@]}" -r requirements.txt
   # Last, so that pip's resolver never sees (and complains about) its declared dependencies.

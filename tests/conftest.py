@@ -9,7 +9,7 @@ the tiers unseen:
   the GCS emulator, network namespaces);
 - ``slurm``: real Slurm clusters in debootstrapped roots (root; the first run builds them);
 - ``gpu``: needs CUDA GPUs, skipped with the reason where there are none;
-- ``slow``: minutes (a container build), left out of ``make test`` (``make test-slow``).
+- ``slow``: minutes (a container build, the GPU machine's row), left out of ``make test`` (``make test-slow``).
 """
 
 import os

@@ -14,7 +14,9 @@ unknown keys, so each object is walked key by key:
 
 Then the rules no schema states, from the operators' webhooks (training-operator 1.9
 pytorchjob_webhook.go, trainer 2.3 torch plugin) and Kubernetes: names, replica counts, the trainer
-container, reserved variables, and resource quantities (tests/volcano_validation.py).
+container, reserved variables, and resource quantities (tests/volcano_validation.py); and Kubernetes'
+validation of labels and volumes (label values; ConfigMap, Secret and claim names; host paths; mount
+paths absolute and unique), and images without whitespace (the kubelet's InvalidImageName).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from tests.volcano_validation import _resource_errors
 _LIST_TYPE = re.compile(r"(?:list|List)\[(.+)\]")
 _MAP_TYPE = re.compile(r"dict\(str, (.+)\)|Dict\[str, (.+)\]")
 _RFC1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+#: Kubernetes' label values (at most 63) and object names (DNS-1123 subdomains, at most 253).
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _PRIMITIVES = {
     "str": lambda v: isinstance(v, str),
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -51,8 +56,10 @@ def validate_pytorchjob(job: dict[str, Any]) -> list[str]:
     """Every reason the API server (with the training operator's CRD and webhook) would refuse or alter ``job``."""
     errors = _openapi_errors(job, "KubeflowOrgV1PyTorchJob", "")
     errors += _name_errors(job, "-worker-", sum(s.get("replicas", 1) for s in _replica_specs(job).values()))
+    errors += _label_errors(job.get("metadata", {}), "metadata")
     for replica_type, spec in _replica_specs(job).items():
         where = f"spec.pytorchReplicaSpecs.{replica_type}"
+        errors += _pod_errors(spec.get("template", {}), f"{where}.template")
         if replica_type not in ("Master", "Worker"):
             errors.append(f"{where}: a PyTorchJob's replica types are Master and Worker")
         if replica_type == "Master" and spec.get("replicas") != 1:
@@ -77,6 +84,17 @@ def validate_trainjob(job: dict[str, Any]) -> list[str]:
     trainer = job.get("spec", {}).get("trainer", {})
     if isinstance(trainer.get("numNodes", 1), int):  # else from_dict said so
         errors += _name_errors(job, "-node-0-", trainer.get("numNodes", 1))
+    errors += _label_errors(job.get("metadata", {}), "metadata")
+    for i, patch in enumerate(job.get("spec", {}).get("runtimePatches", [])):
+        for j, replicated in enumerate(
+            patch.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {}).get("replicatedJobs", [])
+        ):
+            where = (
+                f"spec.runtimePatches[{i}].trainingRuntimeSpec.template.spec.replicatedJobs[{j}].template.spec.template"
+            )
+            errors += _pod_errors(replicated.get("template", {}).get("spec", {}).get("template", {}), where)
+    if not re.fullmatch(r"\S+", trainer.get("image", "")):
+        errors.append(f"spec.trainer.image {trainer.get('image')!r}: the kubelet refuses it (InvalidImageName)")
     reserved = sorted({env.get("name") for env in trainer.get("env", [])} & _TORCH_RESERVED_ENV)
     if reserved:
         errors.append(f"spec.trainer.env: must not have reserved envs {reserved}")
@@ -124,6 +142,47 @@ def _name_errors(job: dict[str, Any], pod_infix: str, replicas: int) -> list[str
     hostname = f"{name}{pod_infix}{replicas - 1}"
     if len(hostname) > 63:
         errors.append(f"pod hostname {hostname!r} is longer than 63 characters")
+    return errors
+
+
+def _label_errors(metadata: dict[str, Any], where: str) -> list[str]:
+    return [
+        f"{where}.labels[{key}]: {value!r} is not a label value"
+        for key, value in (metadata.get("labels") or {}).items()
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value)
+    ]
+
+
+def _pod_errors(template: dict[str, Any], where: str) -> list[str]:
+    """Kubernetes' validation of a pod template's labels, volumes and mounts, and the kubelet's of its images."""
+    errors = _label_errors(template.get("metadata", {}), f"{where}.metadata")
+    spec = template.get("spec", {})
+    for volume in spec.get("volumes") or []:
+        names = [
+            volume.get("configMap", {}).get("name"),
+            volume.get("secret", {}).get("secretName"),
+            volume.get("persistentVolumeClaim", {}).get("claimName"),
+        ]
+        for name in [n for n in names if n is not None]:
+            if len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
+                errors.append(f"{where}.spec.volumes[{volume.get('name')}]: {name!r} is not a DNS-1123 subdomain")
+        path = volume.get("hostPath", {}).get("path")
+        if path is not None and (not path.startswith("/") or ".." in path.split("/")):
+            errors.append(f"{where}.spec.volumes[{volume.get('name')}].hostPath.path {path!r}: must not contain '..'")
+    for container in spec.get("containers") or []:
+        if "image" in container and not re.fullmatch(r"\S+", container["image"]):
+            errors.append(f"{where} container {container.get('name')}: image {container['image']!r} (InvalidImageName)")
+        paths = [mount.get("mountPath", "") for mount in container.get("volumeMounts") or []]
+        errors += [
+            f"{where} container {container.get('name')}: mountPath {p!r} is not absolute"
+            for p in paths
+            if not p.startswith("/")
+        ]
+        errors += [
+            f"{where} container {container.get('name')}: mountPath {p!r} must be unique"
+            for p in set(paths)
+            if paths.count(p) > 1
+        ]
     return errors
 
 

@@ -4,6 +4,7 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed._shard.sharded_tensor import Shard, ShardMetadata, init_from_local_shards
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -50,3 +51,20 @@ def saved_tensors(step_dir: str, names: list[str] | None = None) -> dict[str, to
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=FsspecReader(step_dir), no_dist=True)
     return state
+
+
+def sharded(full: torch.Tensor, pieces: list[tuple[int, int, int, int]]):
+    """A sharded tensor of ``full``'s values, its pieces (rows r0:r1, columns c0:c1) all on this rank."""
+    shards = [
+        Shard(full[r0:r1, c0:c1].clone(), ShardMetadata([r0, c0], [r1 - r0, c1 - c0], "rank:0/cpu"))
+        for r0, r1, c0, c1 in pieces
+    ]
+    return init_from_local_shards(shards, *full.shape)
+
+
+def whole(tensor) -> torch.Tensor:
+    out = torch.zeros(tensor.size())
+    for shard in tensor.local_shards():
+        (r, c), (h, w) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+        out[r : r + h, c : c + w] = shard.tensor
+    return out

@@ -90,6 +90,8 @@ def test_checkpoint_io_reshards_local_checkpoint_equal(tmp_path):
     local = figures["local"]
     assert local["gb"] > 0 and local["repeats"] == 1
     rates = ("save_gbps", "load_gbps", "raw_write_gbps", "raw_read_gbps", "reshard_load_gbps")
-    assert all(local[name] > 0 for name in rates), local
-    assert all(local["samples"][name] == [local[name]] for name in rates), local
+    checksums = ("summed_save_gbps", "unsummed_save_gbps", "checked_load_gbps", "unchecked_load_gbps")
+    assert all(local[name] > 0 for name in rates + checksums), local
+    assert all(local["samples"][name] == [local[name]] for name in rates + checksums), local
+    assert local["checksum_save_cost"] > 0 and local["checksum_load_cost"] > 0, local
     assert local["reshard_to"] == "row_wise" and local["reshard_equal"] is True

@@ -108,10 +108,11 @@ def test_a_crash_while_saving_keeps_the_last_good_checkpoint_and_resumes_from_it
     assert store.newest().step == 10
     assert (step_dir(ckpt, 10) / COMMIT_MARKER).exists()
 
-    # The same command again resumes from step 10, rewrites step 20, and keeps only the last.
+    # The same command again resumes from step 10, rewrites step 20, and keeps the last
+    # (--keep_last 1) and step 10, which its load verified: the last checkpoint known to be good.
     result = torchrun([*args, "--output_dir", str(tmp_path / "second")], timeout=600)
     assert_ok(result)
     summary = json.loads((tmp_path / "second" / "summary.json").read_text())
     assert summary["resumed_from_step"] == 10 and summary["steps"] == 30
-    assert sorted(os.listdir(ckpt)) == ["BEST", "step_00000030"]  # BEST: the one validation's
+    assert sorted(os.listdir(ckpt)) == ["BEST", "step_00000010", "step_00000030"]  # BEST: the one validation's
     assert store.newest().step == 30

@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed._shard.sharded_tensor import Shard, ShardMetadata, init_from_local_shards
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -16,6 +15,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from apps.dlrm.checkpoint import storage as checkpoint_storage
 from apps.dlrm.checkpoint.storage import _CheckpointWriter, load_shards, save_shards
 from apps.dlrm.common.distributed import free_port
+from tests.shards import sharded, whole
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
@@ -80,7 +80,7 @@ def test_checkpoints_in_dcps_format_load_exactly(tmp_path, local, writer):
     saved = varied()
     dcp.save(saved, storage_writer=writer(str(tmp_path)), no_dist=True)
     loaded = blank(saved)
-    load_shards(loaded, str(tmp_path), local)
+    load_shards(loaded, str(tmp_path), local, checksums=None)
     assert_equal(loaded, saved)
 
 
@@ -90,7 +90,7 @@ def test_object_store_reads_in_many_fetches_load_exactly(tmp_path, monkeypatch):
     saved = varied()
     dcp.save(saved, storage_writer=FsspecWriter(str(tmp_path)), no_dist=True)
     loaded = blank(saved)
-    load_shards(loaded, str(tmp_path), local=False)
+    load_shards(loaded, str(tmp_path), local=False, checksums=None)
     assert_equal(loaded, saved)
 
 
@@ -105,26 +105,9 @@ def test_plain_tensors_are_read_into_their_targets_without_torch_load(tmp_path, 
         raise AssertionError("a plain tensor went through torch.load")
 
     monkeypatch.setattr(torch, "load", refuse)
-    load_shards(loaded, str(tmp_path), local)
+    load_shards(loaded, str(tmp_path), local, checksums=None)
     assert_equal(loaded, saved)
     assert {name: tensor.data_ptr() for name, tensor in loaded.items()} == addresses
-
-
-def sharded(full: torch.Tensor, pieces: list[tuple[int, int, int, int]]):
-    """A sharded tensor of ``full``'s values, its pieces (rows r0:r1, columns c0:c1) all on this rank."""
-    shards = [
-        Shard(full[r0:r1, c0:c1].clone(), ShardMetadata([r0, c0], [r1 - r0, c1 - c0], "rank:0/cpu"))
-        for r0, r1, c0, c1 in pieces
-    ]
-    return init_from_local_shards(shards, *full.shape)
-
-
-def whole(tensor) -> torch.Tensor:
-    out = torch.zeros(tensor.size())
-    for shard in tensor.local_shards():
-        (r, c), (h, w) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-        out[r : r + h, c : c + w] = shard.tensor
-    return out
 
 
 ROWS = [(0, 3, 0, 4), (3, 6, 0, 4)]
@@ -145,7 +128,7 @@ def test_resharded_pieces_load_exactly(tmp_path, world_of_one, local, before, af
     full = torch.randn(6, 4)
     dcp.save({"w": sharded(full, before)}, storage_writer=FsspecWriter(str(tmp_path)))
     target = sharded(torch.zeros(6, 4), after)
-    load_shards({"w": target}, str(tmp_path), local)
+    load_shards({"w": target}, str(tmp_path), local, checksums=None)
     assert torch.equal(whole(target), full)
 
 
@@ -188,5 +171,5 @@ def test_a_planted_tensor_entry_is_refused_and_runs_nothing(tmp_path, local):
     metadata.storage_data[index] = _StorageInfo(info.relative_path, 0, (folder / info.relative_path).stat().st_size)
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
     with pytest.raises(CheckpointException, match="entry x holds a pickled object, not plain data"):
-        load_shards({"x": torch.zeros(4)}, str(folder), local)
+        load_shards({"x": torch.zeros(4)}, str(folder), local, checksums=None)
     assert not marker.exists()

@@ -72,9 +72,11 @@ def step_env(step) -> dict[str, str]:
 
 
 def install_script_stack(device: str) -> dict[str, str]:
-    """package -> version that scripts/install.sh installs for DEVICE=device."""
+    """package -> version that scripts/install.sh installs for DEVICE=device (its default row)."""
     script = read("scripts/install.sh")
-    versions = dict(re.findall(r"^(TORCH|FBGEMM|TORCHREC)_VERSION=(\S+)$", script, re.M))
+    default = re.search(r"VERSION_ROW:=([\d.]+)\}", script)
+    row = default and re.search(rf"^\s*{re.escape(default[1])}\) (.*) ;;$", script, re.M)
+    versions = dict(re.findall(r"\b(TORCH|FBGEMM|TORCHREC)_VERSION=(\S+)", row[1])) if row else {}
     fbgemm = re.search(rf"^\s*{device}\) FBGEMM=(\S+) ;;$", script, re.M)
     assert fbgemm and len(versions) == 3, "scripts/install.sh no longer reads as expected"
     return {"torch": versions["TORCH"], fbgemm[1]: versions["FBGEMM"], "torchrec": versions["TORCHREC"]}

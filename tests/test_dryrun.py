@@ -61,7 +61,8 @@ def test_local_cwd_runs_both_nodes_here(tmp_path):
     request = ast.literal_eval(dryrun(tmp_path, "local_cwd"))
     log_root = request["log_dir"].rsplit("/torchx/", 1)[0]
     text = json.dumps(request, indent=2) + "\n"
-    text = normalised(text, log_dir=log_root, app_id=request["app_id"], cwd=str(tmp_path))
+    # The job's PATH begins with the folder of torchx's Python (schedulers/local.py).
+    text = normalised(text, log_dir=log_root, app_id=request["app_id"], cwd=str(tmp_path), python_bin=BIN)
     assert_matches_golden("local_cwd_train_2x8_p4d.json", text)
     replicas = request["role_params"]["train"]
     assert len(replicas) == 2 and {r["cwd"] for r in replicas} == {str(tmp_path)}

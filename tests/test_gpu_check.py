@@ -2,11 +2,14 @@
 and the check itself on a GPU machine."""
 
 import json
+import subprocess
 import sys
 
 import pytest
 import torch
 
+from apps.dlrm.plan import DOES_NOT_FIT
+from benchmarks import gpu_check
 from benchmarks.gpu_check import CHECKS, Check, gib_text, largest_rows, parse_names, plan_in_hbm, render
 from tests.conftest import assert_ok, run
 
@@ -47,6 +50,35 @@ def test_the_memory_check_sizes_tables_to_the_planners_own_limit():
     assert 0 < rows * 26 * 128 * 4 < 8 * 2**30  # some tables, and less than the whole GPU
     assert plan_in_hbm(rows, 8.0) and not plan_in_hbm(rows + 250_000, 8.0)
     assert gib_text(79.2549) == "79.25"
+
+
+def plan_app_ends(monkeypatch, returncode: int, stdout: str = "", stderr: str = "") -> None:
+    """The plan preview that gpu_check starts ends so, without running."""
+    ended = subprocess.CompletedProcess([], returncode, stdout, stderr)
+    monkeypatch.setattr(gpu_check.subprocess, "run", lambda *args, **kwargs: ended)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "returncode, verdict, in_hbm",
+    [
+        (0, "t_cat_0 ... fused ...\nfits: at most 6.18 GiB", True),
+        (0, "t_cat_0 ... fused_uvm_caching ...\nfits: at most 6.18 GiB", False),  # fits, not in HBM
+        (DOES_NOT_FIT, "does not fit: needs 9.12 GiB HBM on rank 0, has 6.80 GiB", False),
+    ],
+)
+def test_the_memory_check_reads_the_plan_apps_verdict(monkeypatch, returncode, verdict, in_hbm):
+    plan_app_ends(monkeypatch, returncode, verdict)
+    assert plan_in_hbm(1_000_000, 8.0) is in_hbm
+
+
+@pytest.mark.unit
+def test_a_crashed_plan_preview_fails_the_memory_check_instead_of_reading_as_does_not_fit(monkeypatch):
+    # A traceback exits 1: read as "does not fit", it made the search answer 0 rows.
+    crash = "Traceback (most recent call last):\nTypeError: _compute_storage() takes 1 positional argument"
+    plan_app_ends(monkeypatch, 1, stderr=crash)
+    with pytest.raises(RuntimeError, match=r"failed with exit 1, not a verdict.*\n.*takes 1 positional argument"):
+        largest_rows(8.0)
 
 
 @pytest.mark.gpu

@@ -25,6 +25,7 @@ from torchx.runner import get_runner
 from torchx.specs.finder import ComponentValidationException
 
 from schedulers.kubeflow.scheduler import KubeflowApiError
+from schedulers.setup_checks import SetupError
 from tests.conftest import BIN, run
 from tests.kubeflow_server import RESPONSES, TOKEN, FakeCluster, fake_cluster
 from tests.kubeflow_validation import validate_pytorchjob, validate_recorded, validate_trainjob
@@ -34,6 +35,8 @@ TIER = "integration"
 
 TRAIN_2X8 = ["-j", "2x8", "-h", "aws_p4d.24xlarge", "--batch_size", "8192"]
 QUEUED = {"queue": "dlrm", "service_account": "dlrm-trainer", "image_pull_secrets": ["regcred"]}
+#: -s kubeflow makes a TrainJob unless told otherwise.
+PYTORCHJOB = {"api": "pytorchjob"}
 S = specs.AppState
 
 
@@ -76,7 +79,7 @@ def runtime_pod(job: dict) -> dict:
 
 @pytest.mark.unit
 def test_pytorchjob_of_a_2_node_p4d_job_is_a_master_and_a_worker_meeting_at_master_addr():
-    job = manifest({**QUEUED, "workload_priority_class": "research"}, *TRAIN_2X8)
+    job = manifest({**PYTORCHJOB, **QUEUED, "workload_priority_class": "research"}, *TRAIN_2X8)
     assert validate_pytorchjob(job) == []
     name = job["metadata"]["name"]
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "dlrm"
@@ -124,8 +127,16 @@ def test_trainjob_of_a_2_node_p4d_job_runs_on_the_torch_runtime_meeting_at_pet_m
 
 
 @pytest.mark.unit
+def test_the_default_kind_is_a_trainjob():
+    # Kueue deprecated its integration of the training operator's (v1) PyTorchJobs, and Kubeflow's
+    # distribution no longer ships that operator: Kubeflow Trainer's TrainJob is where clusters go.
+    job = manifest({}, "-j", "2x1")
+    assert job["kind"] == "TrainJob" and validate_trainjob(job) == []
+
+
+@pytest.mark.unit
 def test_retries_become_the_restart_policy_and_backoff_limit_the_operator_applies():
-    job = manifest({}, "-j", "3x2", "--max_retries", "2")
+    job = manifest(PYTORCHJOB, "-j", "3x2", "--max_retries", "2")
     assert validate_pytorchjob(job) == []
     assert job["spec"]["runPolicy"]["backoffLimit"] == 2
     replicas = job["spec"]["pytorchReplicaSpecs"]
@@ -140,7 +151,7 @@ def test_retries_become_the_restart_policy_and_backoff_limit_the_operator_applie
 
 @pytest.mark.unit
 def test_elastic_job_is_workers_only_with_the_operators_elastic_policy():
-    job = manifest({}, "-j", "1:4x2", "--max_retries", "3")
+    job = manifest(PYTORCHJOB, "-j", "1:4x2", "--max_retries", "3")
     assert validate_pytorchjob(job) == []
     name = job["metadata"]["name"]
     assert job["spec"]["elasticPolicy"] == {"minReplicas": 1, "maxReplicas": 4, "rdzvBackend": "c10d", "maxRestarts": 3}
@@ -155,11 +166,13 @@ def test_elastic_job_is_workers_only_with_the_operators_elastic_policy():
     assert variables["TORCHX_REPLICA_ID"] == {
         "fieldRef": {"fieldPath": "metadata.labels['training.kubeflow.org/replica-index']"}
     }
+    # The operator appends PET_MAX_RESTARTS (maxRestarts) to each pod's variables: ours would be a second one.
+    assert "PET_MAX_RESTARTS" not in variables
 
 
 @pytest.mark.unit
 def test_single_node_job_is_a_master_alone():
-    job = manifest({}, "-j", "1x2")
+    job = manifest(PYTORCHJOB, "-j", "1x2")
     assert validate_pytorchjob(job) == []
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
 
@@ -203,6 +216,17 @@ def test_job_names_are_rfc1035_labels_that_leave_room_for_the_pods_hostnames(api
     assert (validate_pytorchjob if api == "pytorchjob" else validate_trainjob)(job) == []
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("api", ["pytorchjob", "trainer"])
+@pytest.mark.parametrize("name", ["run_", "ctr/run-", "a.b.", "x" * 62 + "_y"])
+def test_job_names_ending_in_what_a_label_value_cannot_end_in_become_label_values(api, name):
+    # TorchX writes the job's name into labels, ending them in '.' where the name ends in '-', '_' or '.'.
+    job = manifest({"api": api}, "-j", "2x1", "--name", name)
+    assert (validate_pytorchjob if api == "pytorchjob" else validate_trainjob)(job) == []
+    app_name = job["metadata"]["labels"]["torchx.pytorch.org/app-name"]
+    assert app_name == name.rpartition("/")[2][:63].strip("-_."), app_name
+
+
 def test_output_writes_the_manifest_kubectl_applies_and_the_dry_run_submits_nothing(tmp_path):
     path = tmp_path / "dlrm-job.yaml"
     result = torchx(
@@ -219,7 +243,7 @@ def test_output_writes_the_manifest_kubectl_applies_and_the_dry_run_submits_noth
     assert result.returncode == 0, result.stderr
     printed = result.stdout.split("=== SCHEDULER REQUEST ===\n", 1)[1]
     assert path.read_text().strip() == printed.strip()
-    assert validate_pytorchjob(yaml.safe_load(path.read_text())) == []
+    assert validate_trainjob(yaml.safe_load(path.read_text())) == []  # the default kind
 
 
 @pytest.mark.unit
@@ -231,17 +255,65 @@ def test_output_writes_the_manifest_kubectl_applies_and_the_dry_run_submits_noth
         ({"queue": "a/b"}, [], "queue='a/b' is not a Kubernetes name"),
         ({"image_pull_secrets": ["reg cred"]}, [], "image_pull_secrets: 'reg cred' is not a Secret's name"),
         ({"workload_priority_class": "high"}, [], "workload_priority_class=high is read by Kueue only: give"),
-        ({"runtime": "torch-distributed"}, [], "runtime=torch-distributed applies to a TrainJob only: add api=trainer"),
-        ({"api": "trainer", "priority_class": "high"}, [], "a TrainJob cannot set its pods' PriorityClass"),
+        (
+            {**PYTORCHJOB, "runtime": "torch-distributed"},
+            [],
+            "runtime=torch-distributed applies to a TrainJob only: add api=trainer",
+        ),
+        ({"priority_class": "high"}, [], "a TrainJob cannot set its pods' PriorityClass"),
         ({"output": "/nonexistent/job.yaml"}, [], "output='/nonexistent/job.yaml' cannot be written (No such file"),
         ({"api": "trainer"}, ["-j", "1:4x2"], "a TrainJob runs a fixed number of nodes: use -j 4xNPROC, or api="),
         ({"api": "trainer"}, ["--env", "PET_NNODES=3"], "--env PET_NNODES: the TrainJob's Torch runtime sets these"),
+        (
+            {},
+            ["--mounts", "type=volume,src=configmap:Bad_Name,dst=/etc/dlrm"],
+            "--mounts src='configmap:Bad_Name': 'Bad_Name' is not a ConfigMap's name: use lowercase letters, digits",
+        ),
+        (
+            PYTORCHJOB,
+            ["--mounts", "type=volume,src=secret:../../x,dst=/etc/s3"],
+            "--mounts src='secret:../../x': '../../x' is not a Secret's name: use lowercase letters",
+        ),
+        ({}, ["--mounts", "type=volume,src=configmap:,dst=/etc/dlrm"], "'' is not a ConfigMap's name"),
+        ({}, ["--mounts", "type=volume,src=Criteo,dst=/data"], "'Criteo' is not a PersistentVolumeClaim's name"),
+        ({}, ["--mounts", "type=bind,src=data,dst=/data"], "--mounts src='data' is not a host path the API takes"),
+        (
+            {},
+            ["--mounts", "type=bind,src=/fsx,dst=/data,type=volume,src=criteo,dst=/data/"],
+            "--mounts dst=/data/ is mounted twice (src=/fsx and src=criteo): give each mount a dst of its own",
+        ),
+        (
+            PYTORCHJOB,
+            ["--mounts", "type=bind,src=/fsx,dst=/dev/shm"],
+            "--mounts dst=/dev/shm is mounted twice (the pod's memory-backed /dev/shm and src=/fsx)",
+        ),
+        ({}, ["--mounts", "type=bind,src=/fsx,dst=fsx"], "--mounts dst='fsx' is not an absolute path in the container"),
+        (
+            {},
+            ["--image", "torchrec dlrm:latest"],
+            "--image 'torchrec dlrm:latest' is not a container image reference: use [REGISTRY/]REPOSITORY[:TAG]",
+        ),
+        (
+            PYTORCHJOB,
+            ["--image", "torchrec-dlrm:latest\n"],
+            "--image 'torchrec-dlrm:latest\\n' is not a container image",
+        ),
     ],
 )
 def test_what_a_cluster_would_refuse_is_refused_naming_the_value_and_the_fix(cfg, component_args, fragment):
     with pytest.raises((specs.InvalidRunConfigException, ComponentValidationException)) as refused:
         manifest(cfg, *component_args)
     assert fragment in str(refused.value)
+
+
+def test_a_refused_mount_is_one_line_on_the_command_line_not_a_traceback():
+    mounts = "type=volume,src=configmap:Bad_Name,dst=/etc/dlrm"
+    result = torchx("run", "--dryrun", "-s", "kubeflow", "components.dlrm:train", "--mounts", mounts)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.rstrip().endswith(
+        "--mounts src='configmap:Bad_Name': 'Bad_Name' is not a ConfigMap's name: use lowercase letters, digits, "
+        "'-' and '.', starting and ending with a letter or digit"
+    ), result.stderr
 
 
 def test_a_refused_option_is_one_line_on_the_command_line_not_a_traceback():
@@ -307,6 +379,39 @@ def _spec(job: dict) -> dict:
             "must not have reserved envs ['PET_MASTER_ADDR']",
         ),
         ("trainer", lambda job: job["spec"]["runtimeRef"].pop("name"), "name: Input should be a valid string"),
+        (
+            "pytorchjob",
+            lambda job: job["metadata"]["labels"].update({"torchx.pytorch.org/app-name": "run."}),
+            "metadata.labels[torchx.pytorch.org/app-name]: 'run.' is not a label value",
+        ),
+        (
+            "trainer",
+            lambda job: runtime_pod(job)["metadata"]["labels"].update({"app.kubernetes.io/name": "run_"}),
+            "'run_' is not a label value",
+        ),
+        (
+            "pytorchjob",
+            lambda job: _spec(job)["volumes"].append({"name": "m", "configMap": {"name": "Bad_Name"}}),
+            "spec.volumes[m]: 'Bad_Name' is not a DNS-1123 subdomain",
+        ),
+        (
+            "pytorchjob",
+            lambda job: _spec(job)["volumes"].append({"name": "m", "hostPath": {"path": "/data/../etc"}}),
+            "hostPath.path '/data/../etc': must not contain '..'",
+        ),
+        (
+            "pytorchjob",
+            lambda job: _spec(job)["containers"][0]["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"}),
+            "mountPath '/dev/shm' must be unique",
+        ),
+        (
+            "trainer",
+            lambda job: runtime_pod(job)["spec"]["containers"][0]["volumeMounts"].append(
+                {"name": "m", "mountPath": "d"}
+            ),
+            "mountPath 'd' is not absolute",
+        ),
+        ("trainer", lambda job: job["spec"]["trainer"].update(image="my image"), "'my image': the kubelet refuses it"),
     ],
 )
 def test_validation_refuses_what_the_api_server_and_the_operators_would(api, break_it, fragment):
@@ -348,7 +453,7 @@ def job_of(handle: str) -> tuple[str, str, str]:
 
 
 def test_run_creates_the_object_that_status_describe_and_list_then_report(cluster):
-    result = torchx("run", "-s", "kubeflow", "-cfg", "queue=dlrm", "components.dlrm:train", "-j", "2x1")
+    result = torchx("run", "-s", "kubeflow", "-cfg", "api=pytorchjob,queue=dlrm", "components.dlrm:train", "-j", "2x1")
     assert result.returncode == 0, result.stderr
     handle = result.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"kubeflow://torchx/default:pytorchjob:dlrm-[a-z0-9]{8}", handle), result.stdout
@@ -432,7 +537,7 @@ def test_status_follows_what_the_operator_writes(cluster, recorded, state, messa
 
 
 def test_log_reads_each_replicas_pod_filtered_and_followed(cluster):
-    result = torchx("run", "-s", "kubeflow", "components.dlrm:train", "-j", "2x1")
+    result = torchx("run", "-s", "kubeflow", "-cfg", "api=pytorchjob", "components.dlrm:train", "-j", "2x1")
     handle = result.stdout.strip().splitlines()[-1]
     plural, namespace, name = job_of(handle)
     cluster.operator_writes(plural, namespace, name, "pytorchjob_running")
@@ -455,7 +560,7 @@ def test_log_reads_each_replicas_pod_filtered_and_followed(cluster):
 
 
 def test_log_of_a_replica_whose_pod_is_not_there_says_why(cluster):
-    handle = submit({"queue": "dlrm"}, "-j", "2x1")
+    handle = submit({**PYTORCHJOB, "queue": "dlrm"}, "-j", "2x1")
     cluster.operator_writes(*job_of(handle), "pytorchjob_suspended")
     no_pod = r"replica 1 of PyTorchJob default/dlrm-\w+ has no pod yet \(the job is PENDING\): try again once it runs"
     with pytest.raises(ValueError, match=no_pod):
@@ -465,7 +570,7 @@ def test_log_of_a_replica_whose_pod_is_not_there_says_why(cluster):
 
 
 def test_cancel_deletes_the_job_in_the_foreground(cluster):
-    handle = submit({}, "-j", "2x1")
+    handle = submit(PYTORCHJOB, "-j", "2x1")
     plural, namespace, name = job_of(handle)
     cluster.operator_writes(plural, namespace, name, "pytorchjob_running")
     cancelled = torchx("cancel", handle)
@@ -503,7 +608,7 @@ def test_trainjob_is_submitted_followed_logged_and_cancelled_through_the_trainer
 
 def test_a_cluster_without_the_operator_is_named_as_the_cause(cluster):
     del cluster.kinds[("kubeflow.org", "v1", "pytorchjobs")]
-    result = torchx("run", "-s", "kubeflow", "components.dlrm:train")
+    result = torchx("run", "-s", "kubeflow", "-cfg", "api=pytorchjob", "components.dlrm:train")
     assert result.returncode != 0
     assert (
         "creating PyTorchJob default/dlrm-" in result.stderr
@@ -545,14 +650,14 @@ def test_a_handle_that_is_not_a_kubeflow_one_says_what_one_looks_like(cluster, h
 def test_without_a_kubeconfig_the_error_says_where_kubectls_is_looked_for(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     monkeypatch.setenv("HOME", str(tmp_path))
-    with pytest.raises(KubeflowApiError, match="no Kubernetes cluster to talk to .*: set KUBECONFIG to a kubeconfig"):
+    with pytest.raises(SetupError, match="finds no Kubernetes cluster to talk to in KUBECONFIG=.*: set KUBECONFIG to"):
         get_runner().status("kubeflow://torchx/default:pytorchjob:dlrm-bx3k9w2q")
 
 
 @pytest.mark.unit
 def test_trainers_command_line_is_shell_text_that_keeps_the_app_id_quoted():
     # The namespace is part of the app id, which TorchX writes into `bash -c`: it can hold no shell syntax.
-    job = manifest({"namespace": "ml-team"}, "-j", "2x1")
+    job = manifest({**PYTORCHJOB, "namespace": "ml-team"}, "-j", "2x1")
     (container, _) = containers(job)
     words = shlex.split(command(container))
     assert words[words.index("--rdzv_id") + 1] == f"ml-team:pytorchjob:{job['metadata']['name']}"

@@ -18,8 +18,8 @@ from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.launch.target import GiB, PlanTarget
+from apps.dlrm.plan import DOES_NOT_FIT, preview
 from apps.dlrm.plan import main as plan_app
-from apps.dlrm.plan import preview
 from apps.dlrm.training.sharding import describe_plan
 from components import dlrm
 from components.signature import InvalidComponentArgument
@@ -191,10 +191,10 @@ def test_what_a_cpu_job_cannot_run_is_refused_as_the_job_would(cfg, fragment):
     assert fragment in str(error.value)
 
 
-def test_plan_app_exits_1_with_a_plain_verdict_when_it_does_not_fit(capsys):
+def test_plan_app_exits_3_with_a_plain_verdict_when_it_does_not_fit(capsys):
     with pytest.raises(SystemExit) as exit:
         plan_app(["-j", "1x2", *TOO_BIG_FOR_CPU])
-    assert exit.value.code == 1
+    assert exit.value.code == DOES_NOT_FIT == 3  # not 1: a crash's
     assert (
         capsys.readouterr()
         .out.splitlines()[-1]

@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import sys
+import zipfile
 
 import fsspec
 import pytest
@@ -14,8 +15,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, MetadataIndex
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
+from apps.dlrm.checkpoint import storage as checkpoint_storage
 from apps.dlrm.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
 from apps.dlrm.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointStore
 from apps.dlrm.checkpoint.storage import CheckpointError, CheckpointReader
@@ -84,6 +88,76 @@ def test_a_planted_metadata_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(CheckpointException):  # DCP's wrapper of the same refusal
         store.load(Checkpoint(str(folder), 10, {}), {"progress": torch.zeros(2)})
     assert not marker.exists()
+
+
+def builds_on(target: bytes, state: bytes) -> bytes:
+    """A pickle that pushes ``target`` (pickle opcodes), then sets ``state`` (a dict, as opcodes) on it with
+    pickle's BUILD as slot state, that is with setattr, and returns it."""
+    return target + b"N}" + state + b"s\x86b."
+
+
+def text(value: str) -> bytes:
+    """``value`` as pickle's BINUNICODE opcode."""
+    return b"X" + len(value).to_bytes(4, "little") + value.encode()
+
+
+METADATA_MODULE = b"ctorch.distributed.checkpoint.metadata\n"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "planted, shared, name",
+    [
+        # DCP's MetadataIndex made unhashable: every later checkpoint load of the process fails.
+        (builds_on(METADATA_MODULE + b"MetadataIndex\n", text("__hash__") + b"N"), MetadataIndex, "__hash__"),
+        # The member of DCP's enum that every TensorProperties shares, given another value.
+        (
+            builds_on(METADATA_MODULE + b"_MEM_FORMAT_ENCODING\nK\x01\x85R", text("_value_") + b"K\x07"),
+            _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT,
+            "_value_",
+        ),
+    ],
+    ids=["a class", "an enum member"],
+)
+def test_a_planted_metadata_changes_nothing_shared_by_the_process(tmp_path, planted, shared, name):
+    """The unpickler sets state only on the objects it makes, never on a class or another object
+    the whole process shares: refused before anything is set, though no code would run."""
+    folder = step_folder(tmp_path / "ckpt", "step_00000010", committed=True)
+    (folder / "manifest.json").write_text("{}")
+    (folder / ".metadata").write_bytes(planted)
+    before = vars(shared).get(name)
+    try:
+        with pytest.raises(CheckpointError, match=r"step_00000010/\.metadata would set attributes on "):
+            CheckpointStore(str(tmp_path / "ckpt"), keep_last=2).newest()
+        assert vars(shared).get(name) is before
+    finally:  # the rest of the test process needs them as they were
+        setattr(shared, name, before)
+    assert hash(MetadataIndex("x")) == hash(MetadataIndex("x"))
+
+
+@pytest.mark.unit
+def test_a_planted_tensor_entry_changes_nothing_shared_by_the_process(tmp_path):
+    """An entry whose header sets the defaults of the function the header reader builds tensor
+    layouts with: every later plain tensor would then go through torch.load."""
+    folder = tmp_path / "ckpt"
+    dcp.save({"x": torch.zeros(4)}, storage_writer=FsspecWriter(str(folder)), no_dist=True)
+    metadata = CheckpointReader(str(folder)).read_metadata()
+    ((index, info),) = metadata.storage_data.items()
+    with zipfile.ZipFile(folder / info.relative_path, "w") as archive:
+        archive.writestr(
+            "archive/data.pkl", builds_on(b"ctorch._utils\n_rebuild_tensor_v2\n", text("__defaults__") + b"K\x01\x85")
+        )
+        archive.writestr("archive/byteorder", sys.byteorder)
+        archive.writestr("archive/version", "3\n")  # so that torch.load unpickles it too
+    metadata.storage_data[index] = _StorageInfo(info.relative_path, 0, (folder / info.relative_path).stat().st_size)
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    before = checkpoint_storage._layout.__defaults__
+    try:
+        with pytest.raises(CheckpointException):
+            CheckpointStore(str(tmp_path), keep_last=2).load(Checkpoint(str(folder), 10, {}), {"x": torch.zeros(4)})
+        assert checkpoint_storage._layout.__defaults__ == before
+    finally:
+        checkpoint_storage._layout.__defaults__ = before
 
 
 @pytest.mark.unit

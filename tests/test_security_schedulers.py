@@ -130,16 +130,3 @@ def test_slurm_environment_values_reach_the_job_whole(tmp_path):
     assert env["NCCL_SOCKET_IFNAME"] == "eth0,eth1"
     assert env["NOTE"] == note
     assert env["TORCHX_JOB_ID"] == "slurm://torchx/42"
-
-
-def test_aws_batch_without_docker_says_to_pass_an_empty_workspace(tmp_path):
-    """The default workspace is built into an image with Docker: without an engine, one line with
-    the fix instead of a traceback from packing the folder."""
-    result = run(
-        [os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", "aws_batch", "-cfg", "queue=q", "components.dlrm:train"],
-        cwd=str(tmp_path),
-        timeout=120,
-        DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock",
-    )
-    assert refused(result, "which does not answer here"), result.stderr
-    assert 'start Docker, or pass --workspace "" to run --image as it is' in result.stderr

@@ -17,8 +17,9 @@ import torch
 from torch import nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-# TorchRec's own per-rank memory accounting, the figures its planner stats table prints (torchrec
-# 1.8.0; tests/test_plan.py exercises them).
+# TorchRec's own per-rank memory accounting, the figures its planner stats table prints. Private,
+# and no public API gives them: their signatures are the same in torchrec 1.6.1 and 1.8.0 as
+# called here (tests/test_plan.py exercises them on both rows: `make test` and `make test-gpu-row`).
 from torchrec.distributed.planner.stats import (
     _collapse_consecutive_ranks,
     _compute_mem_usage_and_perf,
@@ -41,6 +42,10 @@ from apps.dlrm.model import table_configs
 from apps.dlrm.options import add_options, build_parser, options_of
 from apps.dlrm.training.device_support import check_device_support
 from apps.dlrm.training.sharding import make_planner, make_topology, model_to_shard, planner_offers
+
+#: The exit status of a plan that does not fit: neither 1, Python's own for an uncaught exception,
+#: nor 2, a bad option, so that a script tells the verdict from a crash (benchmarks/gpu_check.py).
+DOES_NOT_FIT = 3
 
 #: Without memory limits the planner always finds a placement: it shows what a job that does not
 #: fit would need on each rank.
@@ -184,7 +189,9 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
         except PlannerError as unlimited:
             raise ConfigError(f"TorchRec's planner found no plan: {_first_line(unlimited)}") from None
     check_int8_comms(cfg.launch, [option.sharding_type for option in report.best_plan])
-    reserve, dense, kjt = _compute_storage(report.storage_reservation, report.topology)
+    # The reservation alone: torchrec 1.6.1 takes nothing else, and 1.8.0's optional topology
+    # only serves FixedAbsoluteStorageReservation, not the heuristical one we plan with.
+    reserve, dense, kjt = _compute_storage(report.storage_reservation)
     _, hbm_used, ddr_used, _ = _compute_mem_usage_and_perf(report.topology, report.best_plan, dense, kjt)
     order = {table.name: i for i, table in enumerate(table_configs(cfg.model))}
     return Preview(
@@ -264,8 +271,8 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m apps.dlrm.plan",
         description="Preview TorchRec's sharding plan and each rank's memory for a training job "
         "(the same -j/-h and model options as components.dlrm:train), on any machine, and say "
-        "whether it fits. Exits 1 if it does not. Options of the training job that the plan does "
-        "not depend on are not taken.",
+        f"whether it fits. Exits {DOES_NOT_FIT} if it does not (2: a bad option). Options of the "
+        "training job that the plan does not depend on are not taken.",
     )
     parser.epilog = (
         "--hbm_gb 0 plans with the HBM of the GPU of the -h instance type, known for: " + ", ".join(GPU_HBM_GIB) + "."
@@ -289,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)  # a value's fault: no usage dump
         sys.exit(2)
     print(result.render())
-    sys.exit(0 if result.fits else 1)
+    sys.exit(0 if result.fits else DOES_NOT_FIT)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
+from apps.dlrm.checkpoint.storage import SaveFailed
 from apps.dlrm.common.distributed import DistEnv, init_distributed, restarts_left
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, parse_train_config
@@ -24,10 +25,14 @@ logger = logging.getLogger("apps.dlrm")
 
 
 def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
-    """The whole run (:meth:`Trainer.fit`); returns its summary."""
+    """The whole run (:meth:`Trainer.fit`); returns its summary. A checkpoint that could not be
+    written (no space left) ends the run, its summary.json saying so."""
     trainer = Trainer(cfg, env)
     try:
         return trainer.fit()
+    except SaveFailed as e:
+        trainer.record_failure(e)
+        raise
     finally:
         trainer.close()  # the last save, still being written, commits before the job ends
 

@@ -1,12 +1,22 @@
-"""URLs: which paths are remote, and credentials written into URLs (``s3://KEY:SECRET@bucket``,
-``sftp://user:pass@host/p``) never reaching a log line or a record: everything the app prints or
-records passes through here.
+"""URLs: which paths are remote, credentials written into URLs (``s3://KEY:SECRET@bucket``,
+``sftp://user:pass@host/p``) never reaching a log line or a record (everything the app prints or
+records passes through here), and an object store that cannot be reached at all said in one line.
 """
 
+import contextlib
+import os
 import re
-from typing import Any
+import urllib.parse
+from typing import Any, Iterator
 
+from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.options import option_values
+
+#: How to give boto3 (s3fs, AWS Batch) credentials: its own sources, in the order it reads them.
+AWS_CREDENTIALS_FIX = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), run `aws configure`, "
+    "or run where an IAM role gives them"
+)
 
 # A URL's scheme and user info: everything between "://" and the last "@" before the host's end
 # (a "/" or whitespace), so that a password with an unescaped "@" is hidden whole.
@@ -33,3 +43,41 @@ def config_record(config: Any) -> dict[str, Any]:
     return {
         name: redact_urls(value) if isinstance(value, str) else value for name, value in option_values(config).items()
     }
+
+
+def unreachable_aws_fix(error: BaseException) -> str | None:
+    """What to do where ``error`` says that this machine cannot talk to AWS (S3, Batch) at all:
+    botocore found no credentials, or the endpoint refused the connection; None for any other error.
+
+    boto3 (under s3fs) raises these as its own exceptions, not OSErrors, so the app's checks of a
+    location (a missing bucket, no permission) let them through as tracebacks.
+    """
+    if not type(error).__module__.startswith("botocore"):
+        return None
+    from botocore import exceptions  # imported by the failed call already; slow to import otherwise
+
+    if isinstance(error, (exceptions.NoCredentialsError, exceptions.PartialCredentialsError)):
+        return f"no AWS credentials were found: {AWS_CREDENTIALS_FIX}"
+    if isinstance(error, exceptions.EndpointConnectionError):
+        parts = urllib.parse.urlsplit(str(error.kwargs.get("endpoint_url", "")))
+        configured = os.environ.get("AWS_ENDPOINT_URL")
+        setting = f"AWS_ENDPOINT_URL={configured}" if configured else "AWS_ENDPOINT_URL (unset: AWS itself)"
+        return redact_urls(
+            f"the endpoint {parts.scheme}://{parts.netloc} refuses the connection: check {setting} "
+            "and that the server is up"
+        )
+    return None
+
+
+@contextlib.contextmanager
+def reaching(option: str, url: str) -> Iterator[None]:
+    """Turns the errors of an object store that cannot be reached (see unreachable_aws_fix),
+    raised while the block reads ``url`` (given as ``option``), into a one-line ConfigError naming
+    the option, the URL (credentials redacted) and the fix."""
+    try:
+        yield
+    except Exception as e:
+        fix = unreachable_aws_fix(e)
+        if fix is None:
+            raise
+        raise ConfigError(redact_urls(f"{option} {url} cannot be reached: {fix}")) from None

@@ -1,5 +1,6 @@
-"""``-s kubeflow``: TorchX apps as Kubeflow PyTorchJobs (``-cfg api=pytorchjob``, the default) or
-TrainJobs (``-cfg api=trainer``), optionally queued by Kueue (``-cfg queue=LOCAL_QUEUE``).
+"""``-s kubeflow``: TorchX apps as Kubeflow Trainer TrainJobs (``-cfg api=trainer``, the default: see
+options.py for why) or the training operator's PyTorchJobs (``-cfg api=pytorchjob``), optionally queued
+by Kueue (``-cfg queue=LOCAL_QUEUE``).
 
 TorchX's own ``-s kubernetes`` submits a Volcano job; most clusters that train PyTorch run the Kubeflow
 training operator or Kubeflow Trainer instead, with Kueue for quotas. This scheduler, registered through

@@ -10,24 +10,27 @@ from dataclasses import dataclass
 from torchx.schedulers.api import StructuredOpts
 from torchx.specs import InvalidRunConfigException
 
-#: ``api`` values: the Kubeflow training operator's PyTorchJob, or Kubeflow Trainer's TrainJob.
+#: ``api`` values: Kubeflow Trainer's TrainJob (the default), or the Kubeflow training operator's
+#: PyTorchJob. TrainJob, as that is where the clusters go: Kueue deprecated its integration of the
+#: training operator's (v1) jobs, off by default since mid-2026 and to be removed, and Kubeflow's
+#: community distribution no longer ships the training operator v1.
 API_PYTORCHJOB = "pytorchjob"
 API_TRAINER = "trainer"
 DEFAULT_RUNTIME = "torch-distributed"
 
 #: RFC 1123 label (namespaces, and label values such as a queue's name) and subdomain (object names).
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_LABEL_HINT = "lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63"
-_SUBDOMAIN_HINT = "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LABEL_HINT = "lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63"
+SUBDOMAIN_HINT = "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
 
 
 @dataclass
 class KubeflowOpts(StructuredOpts):
     """Run options of ``-s kubeflow``."""
 
-    api: str = API_PYTORCHJOB
-    """pytorchjob (a PyTorchJob of the Kubeflow training operator) or trainer (a Kubeflow Trainer TrainJob)."""
+    api: str = API_TRAINER
+    """trainer (a Kubeflow Trainer TrainJob) or pytorchjob (a PyTorchJob of the Kubeflow training operator v1)."""
 
     namespace: str = "default"
     """Kubernetes namespace the job runs in."""
@@ -65,19 +68,19 @@ def check_opts(cfg: KubeflowOpts) -> None:
         )
     for key in ("namespace", "queue", "workload_priority_class"):
         value = getattr(cfg, key)
-        if value is not None and not _DNS_LABEL.fullmatch(value):
-            _refuse(cfg, key, f"{key}={value!r} is not a Kubernetes name: use {_LABEL_HINT} characters")
+        if value is not None and not DNS_LABEL.fullmatch(value):
+            _refuse(cfg, key, f"{key}={value!r} is not a Kubernetes name: use {LABEL_HINT} characters")
     for key in ("priority_class", "runtime", "service_account"):
         value = getattr(cfg, key)
-        if value is not None and not _DNS_SUBDOMAIN.fullmatch(value):
-            _refuse(cfg, key, f"{key}={value!r} is not a Kubernetes name: use {_SUBDOMAIN_HINT}")
+        if value is not None and not DNS_SUBDOMAIN.fullmatch(value):
+            _refuse(cfg, key, f"{key}={value!r} is not a Kubernetes name: use {SUBDOMAIN_HINT}")
     for secret in cfg.image_pull_secrets or []:
-        if not _DNS_SUBDOMAIN.fullmatch(secret):
+        if not DNS_SUBDOMAIN.fullmatch(secret):
             _refuse(
                 cfg,
                 "image_pull_secrets",
                 f"image_pull_secrets: {secret!r} is not a Secret's name: use "
-                f"{_SUBDOMAIN_HINT}, several separated by ';'",
+                f"{SUBDOMAIN_HINT}, several separated by ';'",
             )
     if cfg.workload_priority_class and not cfg.queue:
         _refuse(

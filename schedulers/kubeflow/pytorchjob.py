@@ -1,4 +1,4 @@
-"""``-cfg api=pytorchjob`` (the default): an app as a PyTorchJob (kubeflow.org/v1) of the Kubeflow
+"""``-cfg api=pytorchjob``: an app as a PyTorchJob (kubeflow.org/v1) of the Kubeflow
 training operator (v1.7 or later; validated against the models of kubeflow-training 1.9).
 
 Replicas: ``-j NxM`` is a Master (TorchX replica 0) and N-1 Workers, one pod each, with
@@ -60,6 +60,9 @@ REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 #: Variables of ours for an elastic job: the rendezvous host (Worker 0) and TorchX's replica id.
 ENV_RANK0_HOST = "TORCHX_RANK0_HOST"
 ENV_REPLICA_ID = "TORCHX_REPLICA_ID"
+#: torchrun's restarts, which the component sets and the operator sets too in an elastic job's pods
+#: (from ``elasticPolicy.maxRestarts``, the same --max_retries), appending its own definition.
+ENV_MAX_RESTARTS = "PET_MAX_RESTARTS"
 
 #: Conditions (when True) that decide the job's state, first match wins: the operator keeps Created
 #: True for good, sets Running False when the job finishes, and Suspended True while Kueue holds it.
@@ -96,6 +99,7 @@ class PyTorchJobKind(JobKind):
                 img_root="", app_id=app_id, replica_id=f"${ENV_REPLICA_ID}", rank0_env=ENV_RANK0_HOST
             ).apply(role)
             role.env[ENV_RANK0_HOST] = f"{name}-worker-0"
+            role.env.pop(ENV_MAX_RESTARTS, None)  # the operator sets it: ours would be a second definition
             role.env[ENV_REPLICA_ID] = f"{PLACEHOLDER_FIELD_PATH}metadata.labels['{REPLICA_INDEX_LABEL}']"
         else:
             role = macros.Values(

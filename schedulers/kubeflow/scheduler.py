@@ -1,7 +1,7 @@
 """``-s kubeflow`` through the Kubernetes API: submit, status, describe, list, log and cancel.
 
-The cluster and credentials are kubectl's: the pod's service account inside a cluster, else the
-kubeconfig (``KUBECONFIG``, ``~/.kube/config``) and its current context. Jobs are custom objects
+The cluster and credentials are kubectl's (schedulers/kube_config.py): the pod's service account inside
+a cluster, else the kubeconfig (``KUBECONFIG``, ``~/.kube/config``) and its current context. Jobs are custom objects
 (CustomObjectsApi); their pods, which the operator creates and labels, give each replica's state,
 node and log (CoreV1Api).
 
@@ -22,14 +22,13 @@ import builtins
 import contextlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Mapping, cast
 
 import yaml
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from torchx.schedulers.api import (
     DescribeAppResponse,
@@ -52,10 +51,12 @@ from torchx.specs import (
 from urllib3 import HTTPResponse
 from urllib3.exceptions import HTTPError
 
+from schedulers.kube_config import api_client
 from schedulers.kubeflow.kinds import JobKind, single_role
 from schedulers.kubeflow.options import KubeflowOpts, check_opts
 from schedulers.kubeflow.pytorchjob import PyTorchJobKind
 from schedulers.kubeflow.trainjob import TrainJobKind
+from schedulers.setup_checks import SetupError
 
 KINDS: tuple[JobKind, ...] = (PyTorchJobKind(), TrainJobKind())
 #: What ``pod_labels`` marks our objects with; ``torchx list`` lists only those.
@@ -73,8 +74,9 @@ POD_PHASE_STATES = {
 logger: logging.Logger = logging.getLogger(__name__)
 
 
-class KubeflowApiError(RuntimeError):
+class KubeflowApiError(SetupError):
     """The Kubernetes API refused a request, or could not be reached; the message says which and why.
+    A SetupError: ``torchx run`` prints it as its one line, not as a traceback.
 
     ``missing``: what a 404 said does not exist, ``object`` (the job) or ``api`` (its kind: the
     operator is not installed); None for other errors.
@@ -288,19 +290,7 @@ class KubeflowScheduler(Scheduler[KubeflowOpts]):
 
     @cached_property
     def _api(self) -> client.ApiClient:
-        configuration = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            try:
-                # The client reads KUBECONFIG when it is imported; a process may set it later.
-                config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-            except (config.ConfigException, OSError) as e:
-                raise KubeflowApiError(
-                    f"no Kubernetes cluster to talk to ({e}): set KUBECONFIG to a kubeconfig file (or write "
-                    "~/.kube/config), as kubectl uses"
-                ) from None
-        return client.ApiClient(configuration)
+        return api_client(self.backend, "; a dry run (--dryrun) needs no cluster")
 
     @cached_property
     def _objects(self) -> client.CustomObjectsApi:

@@ -1,4 +1,4 @@
-"""``-cfg api=trainer``: an app as a TrainJob (trainer.kubeflow.org/v1alpha1) of Kubeflow Trainer 2.2
+"""``-cfg api=trainer`` (the default): an app as a TrainJob (trainer.kubeflow.org/v1alpha1) of Kubeflow Trainer 2.2
 or later (``runtimePatches``; validated against the models of kubeflow-trainer-api 2.3.0).
 
 A TrainJob names a runtime (``-cfg runtime=``, by default the ClusterTrainingRuntime

@@ -1,4 +1,5 @@
-"""Registers ``-s local_cwd`` again, as TorchX's own, so that it stays ``torchx run``'s default.
+"""Registers ``-s local_cwd`` again, as TorchX's own local scheduler, so that it stays ``torchx run``'s
+default, made by schedulers/local.py so that its trainers run with torchx's Python.
 
 TorchX makes the first registered plugin scheduler the default ``-s``; plugin modules load in
 name order, and without this one ``-s aws_batch`` (dlrm_aws_batch) would come first wherever no
@@ -17,6 +18,6 @@ if TYPE_CHECKING:
 @register.scheduler(name="local_cwd")
 def local_cwd(session_name: str, **kwargs: object) -> "LocalScheduler":
     # Imported on use, as TorchX imports its built-ins (every `torchx` command lists the schedulers).
-    from torchx.schedulers.local_scheduler import create_scheduler
+    from schedulers.local import create_scheduler
 
-    return create_scheduler(session_name, **kwargs)  # type: ignore[arg-type]
+    return create_scheduler(session_name, **kwargs)

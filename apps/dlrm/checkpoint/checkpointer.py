@@ -25,6 +25,7 @@ from apps.dlrm.checkpoint.reshard import Resharding, below
 from apps.dlrm.checkpoint.storage import (
     CheckpointError,
     CheckpointReader,
+    DamagedCheckpoint,
     HostStager,
 )
 from apps.dlrm.common.distributed import DistEnv, decided_by_main
@@ -324,10 +325,44 @@ class Checkpointer:
     def restore(self, state: TrainState, checkpoint: Checkpoint | None = None) -> Checkpoint | None:
         """Collective. Loads ``checkpoint`` (by default the one to resume from, if any) into the
         model, optimizers and ``state``; returns it. It may have been written under any sharding
-        and world size: optimizer states whose layout differs are converted (:mod:`apps.dlrm.checkpoint.reshard`)."""
-        checkpoint = checkpoint or self.resume_from
-        if checkpoint is None:
-            return None
+        and world size: optimizer states whose layout differs are converted (:mod:`apps.dlrm.checkpoint.reshard`).
+
+        A checkpoint to resume from that turns out damaged as it loads (a block that does not
+        match its checksum, an unreadable entry) is skipped, with a warning, for the newest one
+        before it (returned); a ``checkpoint`` named raises :class:`DamagedCheckpoint`."""
+        if checkpoint is not None:
+            self._load(state, checkpoint)
+            return checkpoint
+        while self.resume_from is not None:
+            try:
+                self._load(state, self.resume_from)
+                return self.resume_from
+            except DamagedCheckpoint as e:
+                self.resume_from = self._before(self.resume_from, e)
+        return None
+
+    def _before(self, damaged: Checkpoint, error: DamagedCheckpoint) -> Checkpoint:
+        """Collective. The newest checkpoint older than ``damaged`` (which the store skips from now
+        on, and prunes as damaged), checked for this run to save after, as at start-up."""
+        store = self._store()
+
+        def older() -> Checkpoint | None:
+            store.damaged[damaged.step] = str(error)
+            checkpoint = store.newest()  # warns that it skips the damaged one
+            if checkpoint is not None:
+                store.check_claimable(self.due, after=checkpoint.step)
+            return checkpoint
+
+        checkpoint = decided_by_main(older, self.env)
+        if checkpoint is None:  # and the model may hold part of the damaged one: no fresh start
+            raise CheckpointError(
+                f"checkpoint {damaged.url} is damaged ({error}) and no checkpoint before it loads: move it "
+                "out of --checkpoint_dir to start from step 0"
+            )
+        return checkpoint
+
+    def _load(self, state: TrainState, checkpoint: Checkpoint) -> None:
+        """Collective. Loads ``checkpoint`` into the model, optimizers and ``state``."""
         check_compatible(checkpoint, self.cfg)
         loaded = TrainState(self.env.rank, checkpoint.manifest["progress"]["step"])
         entries = self.entries(loaded)
@@ -352,7 +387,6 @@ class Checkpointer:
         state.validations = checkpoint.manifest["progress"].get("validations", {})
         if self.env.is_main and resharding.converted:
             logger.info("%s", _describe_resharding(checkpoint, self.checkpointed.plan, resharding.converted))
-        return checkpoint
 
     def save(self, state: TrainState) -> str:
         """Collective. Saves the checkpoint of ``state.step``; returns its URL. Synchronous, or

@@ -6,15 +6,18 @@ Layout under ``--checkpoint_dir`` (a local path, ``file://``, ``s3://``, ``gs://
         OWNER                              the id of the run writing it, written first
         __0_0.distcp, __1_0.distcp, ...   each rank's own shards (torch.distributed.checkpoint)
         .metadata                          where every tensor's shards are, written once all ranks wrote
-        manifest.json                      config, package versions, world size, sharding plan, run id
+        manifest.json                      config, package versions, world size, sharding plan, run id,
+                                           the checksums of the shard files
         COMMITTED                          written last: only now does the checkpoint count
 
 Embedding tables are never gathered: every rank writes and reads only its own shards, and
 ``torch.distributed.checkpoint`` reshards them when the world size or sharding changes; the
 optimizer states that another sharding lays out otherwise are converted (:mod:`apps.dlrm.checkpoint.reshard`). A
-directory without ``COMMITTED``, or whose files do not match its ``.metadata``, is skipped with a
-warning and never resumed from. Old checkpoints are deleted only after a newer one is committed,
-and only the run's own (see :meth:`CheckpointStore._prune`).
+directory without ``COMMITTED``, or whose files do not match its ``.metadata`` and checksums, is
+skipped with a warning and never resumed from (a load that finds a block damaged falls back to
+the checkpoint before it, :class:`apps.dlrm.checkpoint.checkpointer.Checkpointer`). Old
+checkpoints are deleted only after a newer one is committed, only the run's own, and never the
+newest one that a load verified (see :meth:`CheckpointStore._prune`).
 
 Nothing in a checkpoint runs code: the shards are read by :mod:`apps.dlrm.checkpoint.storage`,
 which runs nothing from them, and the manifest is JSON.
@@ -33,16 +36,21 @@ from typing import Any, Callable
 import fsspec
 import torch.distributed as dist
 from fsspec.implementations.local import LocalFileSystem
+from torch.distributed.checkpoint.metadata import Metadata
 
 from apps.dlrm.checkpoint.storage import (
     CheckpointError,
     CheckpointReader,
+    Checksums,
+    DamagedCheckpoint,
     HostStager,
     load_shards,
     save_shards,
     save_shards_async,
 )
 from apps.dlrm.common.distributed import DistEnv, decided_by_main
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.urls import reaching
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +58,8 @@ logger = logging.getLogger(__name__)
 COMMIT_MARKER = "COMMITTED"
 MANIFEST = "manifest.json"
 OWNER = "OWNER"
+#: The manifest's record of the shard files' checksums (:class:`Checksums`).
+CHECKSUMS = "checksums"
 #: At the root: which checkpoint holds the best validation (JSON: its step and metrics).
 BEST_MARKER = "BEST"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -79,6 +89,8 @@ class CheckpointStore:
     ``run_id`` names the run that writes here: :func:`open_checkpoints` sets it, the same on
     every rank, before the first save. Each step folder records the run that wrote it, and a
     run deletes only its own folders: jobs sharing the location leave each other's alone.
+    ``damaged`` has the checkpoints a load found damaged, and why (skipped from then on);
+    ``verified`` is the newest step a load checked against its checksums.
     """
 
     def __init__(self, url: str, keep_last: int) -> None:
@@ -86,6 +98,8 @@ class CheckpointStore:
         self.keep_last = keep_last
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
         self.run_id: str | None = None
+        self.damaged: dict[int, str] = {}
+        self.verified: int | None = None
 
     @property
     def is_local(self) -> bool:
@@ -104,11 +118,14 @@ class CheckpointStore:
         """Writes and removes a probe file, so that a bad location fails before training."""
         probe = posixpath.join(self.root, f".write-probe-{uuid.uuid4().hex}")
         try:
-            self._make_dir(self.root)
-            with self.fs.open(probe, "wb") as f:
-                f.write(b"probe")
-            self.fs.rm(probe)
-        except Exception as e:  # noqa: BLE001 - every failure here means the same: unusable
+            with reaching("--checkpoint_dir", self.url):
+                self._make_dir(self.root)
+                with self.fs.open(probe, "wb") as f:
+                    f.write(b"probe")
+                self.fs.rm(probe)
+        except ConfigError:
+            raise  # the store cannot be reached at all: reaching's message says how to fix that
+        except Exception as e:  # noqa: BLE001 - every other failure here means the same: unusable
             raise CheckpointError(
                 f"--checkpoint_dir {self.url} is not writable ({type(e).__name__}: {e}). " + _storage_hint(self.url, e)
             ) from None
@@ -187,26 +204,36 @@ class CheckpointStore:
 
     def _problem(self, step: int) -> str | None:
         """Why the checkpoint of ``step`` cannot be resumed from, or None."""
+        if step in self.damaged:
+            return f"damaged ({self.damaged[step]})"
         if not self._is_committed(step):
             return "not committed (its writer stopped before every rank had finished)"
-        path = self._path(step)
         try:
-            with self.fs.open(posixpath.join(path, MANIFEST), "r") as f:
-                json.load(f)
+            with self.fs.open(posixpath.join(self._path(step), MANIFEST), "r") as f:
+                checksums = Checksums.of(json.load(f).get(CHECKSUMS))
             metadata = CheckpointReader(self.step_url(step)).read_metadata()
+            self._check_sizes(step, metadata, checksums)
+        except DamagedCheckpoint as e:
+            return f"damaged ({e})"
         except CheckpointError:
             raise  # planted, not damaged: refuse the location rather than resume past it
         except Exception as e:  # noqa: BLE001 - unreadable for any reason: damaged
             return f"damaged ({type(e).__name__}: {e})"
+        return None
+
+    def _check_sizes(self, step: int, metadata: Metadata, checksums: Checksums | None) -> None:
+        """Raises :class:`DamagedCheckpoint` unless every shard file that ``metadata`` names is
+        there, holding its entries, and as large as it was written (where ``checksums`` say)."""
         needed: dict[str, int] = {}
         for info in (metadata.storage_data or {}).values():
-            end = info.offset + info.length
-            needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
         for name, size in needed.items():
-            file = posixpath.join(path, name)
-            if not self.fs.exists(file) or self.fs.size(file) < size:
-                return f"damaged (shard file {name} is missing or truncated)"
-        return None
+            file = posixpath.join(self._path(step), name)
+            found = self.fs.size(file) if self.fs.exists(file) else -1
+            if found < size:
+                raise DamagedCheckpoint(f"shard file {name} is missing or truncated")
+            if checksums is not None and found != (written := checksums.of_file(name).size):
+                raise DamagedCheckpoint(f"shard file {name} is {found} bytes, not the {written} written")
 
     # --- writing -----------------------------------------------------------------------------
 
@@ -217,9 +244,9 @@ class CheckpointStore:
         the checkpoint of the run's best validation). Returns the URL."""
         url = self.step_url(step)
         decided_by_main(lambda: self._claim(step), env)  # also keeps every rank out until then
-        save_shards(state, url, self.is_local)  # returns on every rank once .metadata is written
+        checksums = save_shards(state, url, self.is_local)  # returns on every rank once .metadata is written
         if env.is_main:
-            self._commit(step, manifest, best_step)
+            self._commit(step, manifest, best_step, checksums)
         return url
 
     def save_async(
@@ -237,27 +264,21 @@ class CheckpointStore:
         and, on rank 0, the checkpoint is committed (or raises what went wrong)."""
         url = self.step_url(step)
         decided_by_main(lambda: self._claim(step), env)
-        written = save_shards_async(state, url, self.is_local, group, stager)
-        committed: ConcurrentFuture = ConcurrentFuture()
 
-        def commit(done: ConcurrentFuture) -> None:  # in DCP's writer thread
-            try:
-                done.result()
-                if env.is_main:
-                    self._commit(step, manifest, best_step)
-                committed.set_result(url)
-            except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is one; re-raised by result()
-                committed.set_exception(e)
+        def commit(checksums: Checksums | None) -> str:  # in DCP's writer thread
+            if env.is_main:
+                self._commit(step, manifest, best_step, checksums)
+            return url
 
-        written.add_done_callback(commit)
-        return committed
+        return save_shards_async(state, url, self.is_local, group, stager, then=commit)
 
-    def _commit(self, step: int, manifest: dict[str, Any], best_step: int | None) -> None:
-        """Rank 0, once every rank's shards are written: the manifest, then the commit marker
-        (only now does the checkpoint count), the BEST marker if it is the best, then older
-        checkpoints go (the best one stays)."""
+    def _commit(self, step: int, manifest: dict[str, Any], best_step: int | None, checksums: Checksums | None) -> None:
+        """Rank 0, once every rank's shards are written: the manifest with the shards'
+        ``checksums``, then the commit marker (only now does the checkpoint count), the BEST marker
+        if it is the best, then older checkpoints go (the best one stays)."""
+        assert checksums is not None, "rank 0's writer has every rank's checksums"
         with self.fs.open(posixpath.join(self._path(step), MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True)
+            json.dump({**manifest, CHECKSUMS: checksums.record()}, f, indent=2, sort_keys=True)
         with self.fs.open(posixpath.join(self._path(step), COMMIT_MARKER), "w") as f:
             f.write(json.dumps({"step": step, "time": time.time()}) + "\n")
         logger.info("step %d: checkpoint committed at %s", step, self.step_url(step))
@@ -277,6 +298,7 @@ class CheckpointStore:
         if self.fs.exists(path):
             self._refuse_if_not_ours(step)
             self.fs.rm(path, recursive=True)
+            self.damaged.pop(step, None)
         self._make_dir(path)
         with self.fs.open(posixpath.join(path, OWNER), "w") as f:
             f.write(self.run_id)
@@ -299,33 +321,37 @@ class CheckpointStore:
                 self._refuse_if_not_ours(step)
 
     def _prune(self, newest: int, best_step: int | None = None) -> None:
-        """Deletes this run's committed checkpoints beyond ``keep_last`` and its uncommitted
-        folders older than ``newest`` (attempts that died while writing them); ``best_step``'s,
-        the run's best validation, is kept beside the ``keep_last`` newest.
+        """Deletes this run's committed checkpoints beyond ``keep_last``, and its uncommitted or
+        damaged folders, older than ``newest`` (attempts that died while writing them). Kept
+        beside the ``keep_last`` newest: ``best_step``'s, the run's best validation, and the
+        newest one a load verified (the one resumed from): until a load has verified a newer
+        one, it is the last known to be good, and a damaged checkpoint is never counted as one.
 
         Folders of other runs sharing the location (their OWNER says so, or they have none: a
         folder being written by a job of an older version) are neither counted nor deleted.
         """
         ours = [step for step in self._steps() if self._owner(step) == self.run_id]
-        keep = set([step for step in ours if self._is_committed(step)][-self.keep_last :]) | {best_step}
+        good = [step for step in ours if self._is_committed(step) and step not in self.damaged]
+        keep = set(good[-self.keep_last :]) | {best_step, self.verified}
         for step in ours:
             if step < newest and step not in keep:
                 self.fs.rm(self._path(step), recursive=True)
                 logger.info("deleted old checkpoint %s", self.step_url(step))
 
     def load(self, checkpoint: Checkpoint, state: dict[str, Any]) -> None:
-        """Collective: every rank reads the shards it holds under its current sharding."""
-        load_shards(state, checkpoint.url, self.is_local)
+        """Collective: every rank reads the shards it holds under its current sharding, checked
+        against the checksums in its manifest; raises :class:`DamagedCheckpoint` on every rank
+        where they do not match. A checkpoint of an earlier version has none: it loads unchecked."""
+        checksums = Checksums.of(checkpoint.manifest.get(CHECKSUMS))
+        if checksums is None:
+            logger.info("%s has no checksums (written before they were recorded): it loads unverified", checkpoint.url)
+        load_shards(state, checkpoint.url, self.is_local, checksums)
+        if checksums is not None:
+            self.verified = max(self.verified or 0, checkpoint.step)
 
 
 def _storage_hint(url: str, error: Exception) -> str:
-    name = type(error).__name__
     if url.startswith("s3://"):
-        if "Credentials" in name or "credentials" in str(error):
-            return (
-                "Set AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), "
-                "and AWS_ENDPOINT_URL for an S3-compatible server."
-            )
         if isinstance(error, FileNotFoundError) or "NoSuchBucket" in str(error):
             return f"Create the bucket {url[5:].split('/', 1)[0]!r} first, or fix its name."
         if isinstance(error, PermissionError):

@@ -201,6 +201,21 @@ class Trainer:
         """Waits for the last save, still being written, to commit: before the process group goes."""
         self.checkpointer.close()
 
+    def record_failure(self, error: Exception, **details: Any) -> None:
+        """Writes summary.json of a run that ``error`` ended after it started: why, how far it got,
+        and ``details`` (such as the step that failed)."""
+        summary = {
+            "failed": str(error),
+            "steps": self.state.step,
+            **details,
+            "run_id": self.run_id,
+            "config": config_record(self.cfg),
+        }
+        path = self.reporter.write_summary(summary)
+        if path:
+            self.reporter.log("wrote %s, with the failure", path)
+        self.reporter.close()
+
     def _train(self) -> tuple[Throughput, dict[str, float]]:
         """Trains from ``state.step`` to the run's last step, logging, validating and
         checkpointing on the way, or until early stopping; returns the throughput and the last
@@ -289,10 +304,7 @@ class Trainer:
             "scale the dense features (large values overflow)"
         )
         self.reporter.close_progress()
-        self.reporter.write_summary(
-            {"failed": str(error), "failed_step": step, "run_id": self.run_id, "config": config_record(self.cfg)}
-        )
-        self.reporter.close()
+        self.record_failure(error, failed_step=step)
         raise error
 
     def evaluate_checkpoint(self, which: str) -> dict[str, Any]:

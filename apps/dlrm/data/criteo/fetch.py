@@ -45,7 +45,7 @@ from apps.dlrm.data.criteo.layout import (
     temporary_name,
     write_json,
 )
-from apps.dlrm.urls import is_url
+from apps.dlrm.urls import is_url, reaching
 
 logger = logging.getLogger("apps.dlrm.data")
 
@@ -106,13 +106,14 @@ def local_folder(data_path: str, cache_dir: str, copier: bool) -> str:
     cache = _Cache(folder, stamps=_user_folder("verified"))
     fs, root = fsspec.core.url_to_fs(data_path)
     remote = _Remote(fs, root.rstrip("/"), data_path)
-    text, expected = remote.manifest()
-    if copier:
-        cache.fill(remote, expected)
-        cache.write(MANIFEST, text)  # last: the cache is complete
-    else:
-        while not (cache.holds(MANIFEST, text) and all(cache.stamped(n, d) for n, d in expected.items())):
-            time.sleep(_POLL_SECONDS)
+    with reaching("--data_path", data_path):
+        text, expected = remote.manifest()
+        if copier:
+            cache.fill(remote, expected)
+            cache.write(MANIFEST, text)  # last: the cache is complete
+        else:
+            while not (cache.holds(MANIFEST, text) and all(cache.stamped(n, d) for n, d in expected.items())):
+                time.sleep(_POLL_SECONDS)
     return folder
 
 

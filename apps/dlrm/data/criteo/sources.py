@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.data.criteo.layout import is_plain_name, shown
+from apps.dlrm.urls import reaching
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _EXTENSIONS = (".gz", ".tsv", ".txt", ".csv")
@@ -47,7 +48,9 @@ def find_sources(inputs: list[str]) -> list[Source]:
     name could not be a file name of the output, see ``is_plain_name``) is a ConfigError."""
     sources: dict[str, Source] = {}
     for item in inputs:
-        for source in _expand(item):
+        with reaching("--input", item):
+            found = _expand(item)
+        for source in found:
             if not is_plain_name(source.day):
                 raise ConfigError(
                     f"--input file {shown(source.url)} would become day {shown(source.day)}, "

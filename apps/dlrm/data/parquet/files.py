@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, is_pattern
 from apps.dlrm.data.criteo.sources import natural_key
-from apps.dlrm.urls import is_url
+from apps.dlrm.urls import is_url, reaching
 
 SUFFIXES = (".parquet", ".parq")
 #: Bytes read from a file's end for its footer in the first request; a larger footer takes a second.
@@ -82,9 +82,10 @@ def open_files(data_path: str) -> tuple[fsspec.AbstractFileSystem, list[DataFile
     """The filesystem and the Parquet files of ``data_path``, in natural name order, footers read."""
     fs, root = fsspec.core.url_to_fs(data_path)
     try:
-        entries = _list(fs, root, data_path)
-        urls = [fs.unstrip_protocol(path) if is_url(data_path) else path for path, _ in entries]
-        footers = _footers(fs, entries, urls)
+        with reaching("--data_path", data_path):
+            entries = _list(fs, root, data_path)
+            urls = [fs.unstrip_protocol(path) if is_url(data_path) else path for path, _ in entries]
+            footers = _footers(fs, entries, urls)
     except OSError as e:  # missing bucket, no permission, network
         raise ConfigError(
             f"--data_path {data_path} cannot be read ({type(e).__name__}: {e}): check the path or "

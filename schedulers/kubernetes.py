@@ -1,0 +1,61 @@
+"""``-s kubernetes``: TorchX's Volcano scheduler, whose dry run needs neither Docker nor a cluster.
+
+Registered in ``torchx_plugins/schedulers/dlrm_kubernetes.py`` under TorchX's own name (a registered
+scheduler replaces the built-in one), because TorchX's dry run needs both:
+
+- the workspace (by default the folder ``torchx run`` runs in) is built into an image with Docker; without
+  an engine that was a traceback. Here the dry run leaves the build out and says so, and a submission is
+  refused in one line (schedulers/docker_builds.py);
+- ``validate_spec`` (on by default) has the API server check the job; without a kubeconfig TorchX warned and
+  then failed with a traceback from connecting to localhost. Here a dry run without a cluster skips the
+  check and says so, and a submission is refused in one line naming where kubectl's kubeconfig was
+  looked for (schedulers/kube_config.py).
+
+Everything else is TorchX's: the Volcano job, submission, status, logs, cancel, run options.
+"""
+
+import dataclasses
+import logging
+from typing import Any
+
+from kubernetes.client import ApiClient
+from torchx.schedulers import kubernetes_scheduler
+from torchx.schedulers.kubernetes_scheduler import KubernetesJob, KubernetesOpts
+from torchx.specs import AppDef, AppDryRunInfo
+
+from schedulers.docker_builds import DryRunWithoutDockerMixin
+from schedulers.kube_config import api_client
+from schedulers.setup_checks import SetupError
+
+logger: logging.Logger = logging.getLogger(__name__)
+
+
+class KubernetesScheduler(DryRunWithoutDockerMixin, kubernetes_scheduler.KubernetesScheduler):
+    """TorchX's KubernetesScheduler, with dry runs that need no Docker and no cluster."""
+
+    _client: ApiClient | None  # TorchX's: the client given to the constructor, else the one made on first use
+
+    def _api_client(self) -> ApiClient:
+        if self._client is None:
+            self._client = api_client(self.backend, "; a dry run (--dryrun) needs no cluster")
+        return self._client
+
+    def _submit_dryrun(self, app: AppDef, cfg: KubernetesOpts) -> AppDryRunInfo[KubernetesJob, KubernetesOpts]:
+        if cfg.validate_spec:
+            try:
+                self._api_client()
+            except SetupError as e:
+                logger.warning("the API server does not check this request (validate_spec): %s", e)
+                cfg = dataclasses.replace(cfg, validate_spec=False)
+        return super()._submit_dryrun(app, cfg)
+
+    def schedule(self, dryrun_info: AppDryRunInfo[KubernetesJob, KubernetesOpts]) -> str:
+        self.refuse_unbuilt_workspaces(dryrun_info.app)
+        self._api_client()  # before an image is pushed
+        return super().schedule(dryrun_info)
+
+
+def create_scheduler(session_name: str, **kwargs: Any) -> KubernetesScheduler:
+    return KubernetesScheduler(
+        session_name=session_name, client=kwargs.get("client"), docker_client=kwargs.get("docker_client")
+    )

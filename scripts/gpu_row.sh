@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The GPU machine's version row -- torch 2.11, fbgemm-gpu 1.6.0, torchrec 1.6.1 on Python 3.12
+# (README: The GPU machine's row) -- built and run on this CPU machine: the cheap place to find
+# what breaks there before GPU time is spent on it. `make test-gpu-row` runs it.
+#
+#   bash scripts/gpu_row.sh           # build the row's venv (once), then check the project on it
+#   bash scripts/gpu_row.sh install   # only build it
+#
+# The venv (GPU_ROW_VENV, default .venv-gpu-row) is rebuilt only when what builds it changes.
+# PyPI's torch 2.11 is its CUDA 13 build (~530 MB to download, ~5 GB installed), as on the GPU
+# machine; it runs on CPU. fbgemm-gpu-cpu 1.6.0 stands in for fbgemm-gpu 1.6.0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${GPU_ROW_VENV:-.venv-gpu-row}
+# The GPU machine's Python (the system python3 here is 3.11).
+PYTHON312=${PYTHON312:-/root/.pyenv/versions/3.12.1/bin/python3}
+
+install_row() {
+  local stamp
+  stamp=$(cat scripts/install.sh requirements.txt requirements-test.txt setup.py scripts/gpu_stage/* | sha256sum)
+  if [ "$(cat "$VENV/.installed" 2>/dev/null)" = "$stamp" ]; then return; fi
+  VERSION_ROW=2.11 DEVICE=cpu WITH_TESTS=1 VENV="$VENV" PYTHON="$PYTHON312" bash scripts/install.sh
+  build_image
+  echo "$stamp" > "$VENV/.installed"
+}
+
+# An image like the GPU machine's: a bare venv of the row's Python holding only the image's
+# packages (scripts/gpu_stage/image.txt, linked from the row's venv), and what prepare.sh packs
+# for the machine, fbgemm-gpu-cpu standing in for fbgemm-gpu, in small chunks (two parts).
+build_image() {
+  rm -rf "$VENV/image" "$VENV/gpu"
+  "$PYTHON312" -m venv "$VENV/image"
+  "$VENV/bin/python" scripts/gpu_stage/image_like.py \
+    "$("$VENV/image/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+  GPU_STAGE_DIR="$VENV/gpu" FBGEMM_DIST=fbgemm-gpu-cpu GPU_STAGE_CHUNK_BYTES=2000000 bash scripts/gpu_stage/prepare.sh
+}
+
+# The pack staged on that image by stage.sh, as on the machine, then what gpu_check starts there:
+# the main job through torchx's CLI, and the plan preview. A package the pack lacks fails here.
+check_staged() (
+  export PATH="$PWD/$VENV/image/bin:$PATH"
+  for part in "$VENV"/gpu/p*; do STAGE_ROOT="$work/stage" bash "$part/stage.sh"; done
+  . "$work/stage/gpu_env.sh"
+  python -m torchx.cli.main run -s local_cwd components.dlrm:train -j 1x2 --steps 20 --output_dir "$work/staged/{run}"
+  python -m apps.dlrm.plan --j 1x2 >/dev/null
+  echo "gpu_row.sh: the staged pack suffices on an image like the GPU machine's"
+)
+
+# On the row, as a user runs them: the unit tier; the main job, short, with a checkpoint; the same
+# job again, longer, which must resume from that checkpoint; the plan preview, for CPU ranks and
+# (the planner's HBM and UVM-caching path) for a GPU.
+check_row() {
+  export PATH="$PWD/$VENV/bin:$PATH"
+  python -m pytest -m unit tests
+  local job=(torchx run -s local_cwd components.dlrm:train -j 1x2 --checkpoint_dir "$work/ckpt"
+             --output_dir "$work/outputs/{run}" --log_every 20)
+  "${job[@]}" --steps 40
+  "${job[@]}" --steps 60
+  python - "$work/outputs/latest/summary.json" <<'PY'
+import json, sys
+
+summary = json.load(open(sys.argv[1]))
+assert (summary["resumed_from_step"], summary["steps"]) == (40, 60), summary
+print("gpu_row.sh: the second job resumed from step 40 and trained to 60")
+PY
+  python -m apps.dlrm.plan --j 1x2
+  torchx run -s local_cwd components.dlrm:plan -j 1x1 --gpu 1 --memMB 65536 --hbm_gb 8 \
+    --num_sparse_features 8 --num_embeddings 10000000 --embedding_dim 128 --dense_arch_layer_sizes 512,256,128
+  echo "gpu_row.sh: the GPU machine's row passed on $VENV"
+}
+
+export OMP_NUM_THREADS=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+install_row
+[ "${1:-}" = install ] && exit
+check_staged
+check_row
