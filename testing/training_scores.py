@@ -24,9 +24,10 @@ from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.training.trainer import Trainer
 
 
-def evaluation_scores(cfg: TrainConfig, split: str = "test") -> tuple[np.ndarray, np.ndarray, float]:
-    """Collective: (probabilities, labels, seconds of the evaluation loop) of this rank's rows of
-    ``split`` (all of it: --test_batches 0), by the model of ``cfg``'s --evaluate_checkpoint."""
+def evaluation_scores(cfg: TrainConfig, split: str = "test") -> tuple[np.ndarray, np.ndarray, float, float]:
+    """Collective: (probabilities, labels, wall and CPU seconds of the evaluation loop) of this
+    rank's rows of ``split`` (all of it: --test_batches 0), by the model of ``cfg``'s
+    --evaluate_checkpoint. CPU seconds are this process's, every thread's (the loader's too)."""
     env = init_distributed()
     trainer = Trainer(cfg, env)
     try:
@@ -34,16 +35,16 @@ def evaluation_scores(cfg: TrainConfig, split: str = "test") -> tuple[np.ndarray
         trainer.checkpointer.restore(TrainState(env.rank), checkpoint)
         model = trainer.model.eval()  # the pipeline has not started: the sharded model is as evaluate() runs it
         scores, labels = [], []
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         with torch.no_grad(), contextlib.closing(trainer.data.eval_batches(split, 0)) as batches:
             for batch in batches:
                 _, (_, logits, batch_labels) = model(batch.to(env.device))
                 scores.append(torch.sigmoid(logits.reshape(-1).float()).cpu().numpy())
                 labels.append(batch_labels.reshape(-1).cpu().numpy())
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     finally:
         trainer.close()
-    return np.concatenate(scores), np.concatenate(labels), seconds
+    return np.concatenate(scores), np.concatenate(labels), seconds, cpu
 
 
 def main(argv: list[str]) -> None:
@@ -52,8 +53,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--split", default="test")
     known, train_args = parser.parse_known_args(argv)
     cfg = parse_train_config(train_args)
-    scores, labels, seconds = evaluation_scores(cfg, known.split)
-    np.savez(known.out, scores=scores, labels=labels, seconds=seconds)
+    scores, labels, seconds, cpu = evaluation_scores(cfg, known.split)
+    np.savez(known.out, scores=scores, labels=labels, seconds=seconds, cpu_seconds=cpu)
     dist.destroy_process_group()
 
 
