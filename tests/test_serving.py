@@ -33,6 +33,7 @@ from apps.dlrm.serving.export import export
 from apps.dlrm.serving.package import MANIFEST_FILE, PROGRAM_FILE
 from components import dlrm
 from testing.click_parquet import scores_auroc, write_click_parquet
+from testing.criteo_files import generate_day, write_day
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, assert_ok, run
 
 # Tier (tests/conftest.py): real processes; the component dry runs are marked unit.
@@ -181,6 +182,23 @@ def test_a_package_scores_in_a_process_that_cannot_import_this_project(job, tmp_
     assert result.returncode == 0, result.stderr[-4000:]
     expected = load_model(getattr(job, package))(rows)
     assert np.abs(np.load(tmp_path / "scores.npy") - expected).max() <= 1e-6
+
+
+def test_a_preprocessed_criteo_folder_is_scored_straight_from_a_checkpoint(tmp_path):
+    for d in range(3):
+        write_day(generate_day(3000, seed=d), str(tmp_path / f"day_{d}"))
+    data, ckpt, out, scores = (str(tmp_path / name) for name in ("npy", "ckpt", "out", "scores"))
+    preprocess = ["--input", str(tmp_path / "day_*"), "--output", data, "--num_embeddings", "2000"]
+    assert_ok(run([sys.executable, "-m", "apps.dlrm.preprocess", *preprocess]))
+    train = ["--data", "criteo", "--data_path", data, *MODEL, "--checkpoint_dir", ckpt]
+    assert_ok(run([sys.executable, "-m", "apps.dlrm.train", *train, "--output_dir", out]))  # one process
+    predict = ["--model", ckpt, "--data", "criteo", "--data_path", data, "--passthrough_columns", "row,label"]
+    assert_ok(run([sys.executable, "-m", "apps.dlrm.predict", *predict, "--output", scores]))
+    last = pq.read_table(os.path.join(scores, "day_2.parquet"))
+    assert last["row"].to_numpy().tolist() == list(range(last.num_rows))
+    test = last.slice((last.num_rows + 1) // 2)  # the day's second half (--eval_days 1)
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert abs(scores_auroc(test["score"].to_numpy(), test["label"].to_numpy()) - summary["test_auroc"]) <= 1e-4
 
 
 # --- bad input: one line naming the value and the fix, nothing overwritten ---------------------------
