@@ -1,5 +1,6 @@
 """Where and how a role runs: the launcher arguments every DLRM component shares."""
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.launch.job_shape import JobShape
 from apps.dlrm.options import option
+from schedulers.node_request import DEFAULT_HOST_REQUEST
 
 #: The image built by the repository's Dockerfile (``docker build -t torchrec-dlrm .``).
 DEFAULT_IMAGE = "torchrec-dlrm:latest"
@@ -182,7 +184,16 @@ class Launch:
         )
         (role,) = app.roles
         role.args = [*role.args[:-1], _through_our_torchrun(role.args[-1])]
+        if self._default_host_request():
+            role.metadata[DEFAULT_HOST_REQUEST] = ",".join(self._default_host_request())  # clusters refuse it
         return app
+
+    def _default_host_request(self) -> list[str]:
+        """Of --cpu and --memMB, those left at their defaults, where --gpu asks for GPU nodes."""
+        if self.h or not self.gpu:
+            return []
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        return [name for name in ("cpu", "memMB") if getattr(self, name) == defaults[name]]
 
 
 def _through_our_torchrun(command: str) -> str:

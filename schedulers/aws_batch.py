@@ -67,6 +67,7 @@ from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
 from apps.dlrm.urls import AWS_CREDENTIALS_FIX, unreachable_aws_fix
 from schedulers.docker_builds import DryRunWithoutDockerMixin
+from schedulers.node_request import NodeRequestCheck
 from schedulers.setup_checks import SetupError, first_line
 
 #: Batch job status -> TorchX state. A terminated job ends FAILED, with the reason in ``msg``.
@@ -167,7 +168,7 @@ class BatchJobRequest:
         return json.dumps({"registerJobDefinition": self.job_definition, "submitJob": self.job}, indent=2)
 
 
-class AWSBatchScheduler(DryRunWithoutDockerMixin, Scheduler[AWSBatchOpts]):
+class AWSBatchScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, Scheduler[AWSBatchOpts]):
     """Runs TorchX apps as AWS Batch multi-node parallel jobs.
 
     Credentials, region and endpoint come from boto3's usual sources (``AWS_PROFILE``,

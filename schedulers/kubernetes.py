@@ -25,12 +25,13 @@ from torchx.specs import AppDef, AppDryRunInfo
 
 from schedulers.docker_builds import DryRunWithoutDockerMixin
 from schedulers.kube_config import api_client
+from schedulers.node_request import NodeRequestCheck
 from schedulers.setup_checks import SetupError
 
 logger: logging.Logger = logging.getLogger(__name__)
 
 
-class KubernetesScheduler(DryRunWithoutDockerMixin, kubernetes_scheduler.KubernetesScheduler):
+class KubernetesScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, kubernetes_scheduler.KubernetesScheduler):
     """TorchX's KubernetesScheduler, with dry runs that need no Docker and no cluster."""
 
     _client: ApiClient | None  # TorchX's: the client given to the constructor, else the one made on first use

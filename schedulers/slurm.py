@@ -48,6 +48,7 @@ from torchx.specs import (
 )
 from torchx.specs.finder import ComponentValidationException
 
+from schedulers.node_request import NodeRequestCheck
 from schedulers.setup_checks import require_command
 
 #: Run options that TorchX writes on the script's ``#SBATCH`` lines, space-separated and
@@ -167,7 +168,7 @@ def use_log_dir(request: SlurmBatchRequest, app: AppDef) -> SlurmBatchRequest:
     return LogDirBatchRequest(**fields, log_dir=next(iter(log_dirs.values())))
 
 
-class SlurmScheduler(slurm_scheduler.SlurmScheduler):
+class SlurmScheduler(NodeRequestCheck, slurm_scheduler.SlurmScheduler):
     """TorchX's SlurmScheduler, with ``describe`` and ``list`` that work on Slurm 22.05+, and an
     sbatch script whose text no run option or environment value can change."""
 

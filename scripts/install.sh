@@ -23,7 +23,7 @@
 # driver's libraries are the only ones fbgemm-gpu's libraries lack, and says so.
 set -euo pipefail
 
-# The version matrix (README.md), a row per torch: VERSION_ROW picks one. 2.13 is the one used here;
+# The version matrix (docs/development.md), a row per torch: VERSION_ROW picks one. 2.13 is the one used here;
 # 2.11 is what the lent GPU machines have, which scripts/gpu_row.sh installs and tests on CPU.
 case "${VERSION_ROW:=2.13}" in
   2.13) TORCH_VERSION=2.13.0 FBGEMM_VERSION=1.8.0 TORCHREC_VERSION=1.8.0 ;;

@@ -1,6 +1,6 @@
 """Test tiers, shared fixtures, and helpers for tests that start real processes (torchrun, torchx).
 
-Every test belongs to one tier (README: Tests), the closest of: its own ``@pytest.mark.<tier>``,
+Every test belongs to one tier (docs/development.md: Tests), the closest of: its own ``@pytest.mark.<tier>``,
 else its module's ``TIER``. A test with neither is a collection error, so no test falls through
 the tiers unseen:
 

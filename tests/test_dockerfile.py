@@ -114,14 +114,14 @@ def test_the_cuda_base_is_torchs_cuda_and_the_driver_it_needs_is_stated(instruct
 
 
 def container_image_section() -> str:
-    readme = read("README.md")
+    readme = read("docs/clusters.md")
     start = readme.index("### Container image")
     return readme[start : readme.index("\n#", start + 1)]
 
 
 def test_the_image_stack_is_the_readme_matrix_gpu_column():
     rows = {}
-    for line in read("README.md").splitlines():
+    for line in read("docs/development.md").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) == 3:
             rows.setdefault(cells[0], cells[2])  # package | CPU machine | machine with an NVIDIA GPU

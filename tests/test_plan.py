@@ -227,8 +227,8 @@ def test_plan_app_takes_the_components_flags_and_only_what_the_plan_depends_on(c
         plan_app(["-j", "1x2", "--learning_rate", "3"])
     assert exit.value.code == 2
     assert capsys.readouterr().err == (
-        "python -m apps.dlrm.plan: error: --learning_rate 3: not an option of the plan (training-only "
-        "options do not change where the tables go; drop them): see --help\n"
+        "python -m apps.dlrm.plan: error: --learning_rate 3: not an option of the plan, which takes -j, -h "
+        "and the options that change where the tables go (training-only ones do not; drop them): see --help\n"
     )
     # The component offers the same arguments.
     with pytest.raises(InvalidComponentArgument, match="unknown component arguments: learning_rate"):

@@ -268,3 +268,25 @@ def test_s3_that_cannot_be_reached_stops_the_job_in_one_line(tmp_path, args, env
     assert result.returncode != 0 and out.count(message) == 1, out[-3000:]
     assert "Traceback" not in out and "ChildFailedError" not in out, out[-3000:]
     assert SECRET not in out
+
+
+@pytest.mark.parametrize(
+    "scheduler, cfg",
+    [("slurm", []), ("kubernetes", ["-cfg", "queue=default"]), ("kubeflow", []), ("aws_batch", ["-cfg", "queue=q"])],
+)
+def test_gpu_nodes_with_the_laptop_defaults_are_refused_on_clusters(tmp_path, scheduler, cfg):
+    # The README's old example: 8 GPUs per node with 2 CPUs and 8 GB.
+    dry = ["run", "--dryrun", "-s", scheduler, *cfg, "--workspace", "", "components.dlrm:train", "-j", "2x8"]
+    result = torchx(*dry, "--gpu", "8", cwd=str(tmp_path))
+    assert says_in_one_line(
+        result,
+        f"-s {scheduler}: --gpu 8 asks each node for 8 GPUs with --cpu 2 and --memMB 8192, defaults sized "
+        "for -s local_cwd: give -h with the nodes' instance type (e.g. -h aws_p4d.24xlarge), or the "
+        "nodes' --cpu and --memMB (e.g. --cpu 64 --memMB 500000)",
+    ), result.stderr[-3000:]
+    assert "--memMB 8192" in torchx(*dry, "--gpu", "8", "--cpu", "64", cwd=str(tmp_path)).stderr
+    # Sized nodes pass; local_cwd, which requests nothing, takes --gpu alone.
+    assert torchx(*dry, "--gpu", "8", "--cpu", "64", "--memMB", "500000", cwd=str(tmp_path)).returncode == 0
+    assert torchx(*dry, "-h", "aws_p4d.24xlarge", cwd=str(tmp_path)).returncode == 0
+    local = torchx("run", "--dryrun", "components.dlrm:train", "-j", "1x2", "--gpu", "2", cwd=str(tmp_path))
+    assert local.returncode == 0, local.stderr[-3000:]

@@ -283,8 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if unknown:
             raise ConfigError(
-                f"{' '.join(unknown)}: not an option of the plan (training-only options do not change "
-                "where the tables go; drop them): see --help"
+                f"{' '.join(unknown)}: not an option of the plan, which takes -j, -h and the options "
+                "that change where the tables go (training-only ones do not; drop them): see --help"
             )
         target_names = {field.name for field in options_of(PlanTarget)}
         target_args = {name: args.pop(name) for name in target_names & set(args)}

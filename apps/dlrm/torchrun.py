@@ -25,7 +25,7 @@ from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args
 
 from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.launch.agent import describe_failure, report_restarts, root_failure
+from apps.dlrm.launch.agent import describe_failure, recorded_error, report_restarts, root_failure
 from apps.dlrm.launch.torchrun_args import multi_node_args, trainer_threads
 from apps.dlrm.training.run_folder import torchrun_log_dir
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         rank, failure = root_failure(e.failures)
         sys.exit(
             f"apps.dlrm.torchrun: {e.name} failed on {socket.gethostname()}: {describe_failure(rank, failure)}"
-            + ("; its error is above" if failure.exitcode > 0 else "")
+            + ("; its error is above" if failure.exitcode > 0 and not recorded_error(failure) else "")
         )
 
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from apps.dlrm.checkpoint.storage import SaveFailed
-from apps.dlrm.common.distributed import DistEnv, init_distributed, restarts_left
+from apps.dlrm.common.distributed import DistEnv, init_distributed, record_error_line, restarts_left
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.training.report import setup_logging
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         if env.is_main:
             logger.error("%s", e)
+        record_error_line(e)
         sys.exit(2)
     except Exception as e:
         if not restarts_left():

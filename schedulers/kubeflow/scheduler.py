@@ -56,6 +56,7 @@ from schedulers.kubeflow.kinds import JobKind, single_role
 from schedulers.kubeflow.options import KubeflowOpts, check_opts
 from schedulers.kubeflow.pytorchjob import PyTorchJobKind
 from schedulers.kubeflow.trainjob import TrainJobKind
+from schedulers.node_request import NodeRequestCheck
 from schedulers.setup_checks import SetupError
 
 KINDS: tuple[JobKind, ...] = (PyTorchJobKind(), TrainJobKind())
@@ -132,7 +133,7 @@ class KubeflowJob:
         return yaml.safe_dump(self.resource, sort_keys=False, width=2**31)
 
 
-class KubeflowScheduler(Scheduler[KubeflowOpts]):
+class KubeflowScheduler(NodeRequestCheck, Scheduler[KubeflowOpts]):
     """Runs TorchX apps as Kubeflow PyTorchJobs or TrainJobs (``-cfg api=``), optionally queued by Kueue.
 
     Mounts: ``type=bind,src=HOST_PATH,dst=PATH[,readonly]`` (hostPath),

@@ -1,9 +1,11 @@
 """Process group and device of this rank: NCCL on GPUs, gloo on CPUs."""
 
 import datetime
+import json
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -77,6 +79,20 @@ def restarts_left() -> int:
     """How many more times torchrun restarts this node's trainers if they fail now (``--max_restarts``
     less the restarts so far); 0 outside torchrun."""
     return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+def record_error_line(error: Exception) -> None:
+    """Writes ``error`` to this rank's torchrun error file (TORCHELASTIC_ERROR_FILE, in torchrun's
+    format) as one line, without a traceback: an error of the options or the data. Every rank
+    records it, as the first rank to exit, whose error torchrun's last line quotes, may be one
+    that logs nothing (only rank 0 logs, and may be stopped before it does)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    line = f"{type(error).__name__}: {error}"
+    extra = {"py_callstack": line, "timestamp": str(int(time.time()))}
+    with open(path, "w") as f:
+        json.dump({"message": {"message": line, "extraInfo": extra}}, f)
 
 
 def free_port() -> int:
