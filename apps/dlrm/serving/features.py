@@ -63,6 +63,14 @@ class Features:
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> "Features":
+        """The features of a model trained with ``cfg``; one whose ids scoring cannot make as
+        training made them is refused: Criteo's multi-hot ids, derived from MLPerf's tables."""
+        if cfg.data.data == "criteo" and cfg.model.multi_hot_sizes:
+            raise ConfigError(
+                "the model trained on --data criteo with --multi_hot_sizes, whose ids are derived from "
+                "MLPerf's lookup tables as batches are made: exporting and scoring it is not supported; "
+                "train on Parquet with list columns for a multi-hot model to serve"
+            )
         parquet = cfg.data.data == "parquet"
         dense, sparse = (cfg.data.dense_columns, cfg.data.sparse_columns) if parquet else CRITEO_COLUMNS
         ids = cfg.data.categorical_ids if parquet else "as_is"

@@ -19,13 +19,17 @@ EmbeddingBagCollection (``fp16``, ``int8`` row-wise: each row's 8-bit values wit
 and bias), whose lookups are FBGEMM's inference kernels (the program needs FBGEMM's operators:
 ``import torchrec`` or ``import fbgemm_gpu`` before loading it).
 
-Why ``torch.export`` rather than TorchScript (measured on one CPU core, 26 tables of 100,000 rows,
-batches of 4,096, benchmarks/predict_throughput.py reproduces the float32 and int8 figures): the
-exported program scored 219k rows/s (float32) and 171k rows/s (int8) against TorchScript's 183k
-and 90k, and TorchScript is in maintenance in PyTorch; TorchScript exports in 1-2 s against 3-6 s
-and loads in 0.2 s against 0.6-1.9 s. Both hold the tables' bytes once (TorchRec's quantized
-module registers per-table views of its kernel's weights as well: :func:`quantize_tables` drops
-them, else ``torch.export`` would save them twice).
+Why ``torch.export`` rather than TorchScript, both measured (benchmarks/predict_throughput.py, one
+thread, 26 tables of 500,000 rows of 16 floats, batches of 8,192): they score alike, the module
+alone 210k (float32) and 218k (int8) rows per CPU-second exported against 213k and 225k
+scripted, and their files are the same size (TorchScript loaded faster in a first measurement,
+0.2 s against 0.6-1.9 s for 166 MB of tables). What decides: a torch.export archive is a
+JSON graph of operators and raw tensor bytes, which :mod:`apps.dlrm.serving.package` can check so
+that nothing in it runs, where a TorchScript archive holds Python-like source that loading
+compiles, and pickles; TorchScript is in maintenance in PyTorch, torch.export is what TorchRec's
+serving path (torchrec.ir) and AOTInductor build on; and a float32 program needs torch alone. Both
+hold the tables' bytes once (TorchRec's quantized module registers per-table views of its kernel's
+weights as well: :func:`quantize_tables` drops them, else ``torch.export`` would save them twice).
 """
 
 import contextlib
