@@ -11,6 +11,7 @@ The whole model must fit in this host's memory: tables larger than one host are 
 """
 
 import hashlib
+import json
 import logging
 import warnings
 from dataclasses import dataclass
@@ -45,12 +46,17 @@ class Trained:
 
     @property
     def source(self) -> dict[str, Any]:
-        """The checkpoint, as a package's manifest and a prediction's report record it."""
+        """The checkpoint, as a package's manifest and a prediction's report record it: where, which
+        step of which run, the SHA-256 of the weights loaded, and of the checkpoint's own checksums
+        record (a CRC-32 per block of every shard file, which loading verified; None for a
+        checkpoint written before checksums): the same digest means the same shard bytes."""
+        checksums = self.checkpoint.manifest.get("checksums")
         return {
             "checkpoint": redact_urls(self.checkpoint.url),
             "step": self.checkpoint.step,
             "run_id": self.checkpoint.manifest.get("run_id"),
             "weights_sha256": self.weights_sha256,
+            "checksums_sha256": _json_sha256(checksums) if checksums is not None else None,
         }
 
 
@@ -119,6 +125,10 @@ def load_trained(checkpoint_dir: str, step: str, option: str = "--checkpoint_dir
         CheckpointStore(checkpoint_dir, keep_last=1).load(checkpoint, {"model": state})
     model = module.model.eval()
     return Trained(cfg, model, checkpoint, weights_sha256(state))
+
+
+def _json_sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def weights_sha256(state: dict[str, torch.Tensor]) -> str:
