@@ -82,9 +82,10 @@ def quantize_tables(dlrm: DLRM, quantize: str) -> None:
         weight=PlaceholderObserver.with_args(dtype=_QUANTIZED_DTYPES[quantize]),
     )
     quantized = QuantEmbeddingBagCollection.from_float(tables)
-    for view in quantized.embedding_bags.values():
+    for view in getattr(quantized, "embedding_bags", nn.ModuleDict()).values():
         # Views of the FBGEMM kernel's weights, which its forward never reads: exported, they
-        # would be saved beside the kernel's own and double the package.
+        # would be saved beside the kernel's own and double the package (TorchRec 1.8 registers
+        # them; a TorchRec without them has nothing to drop).
         view._buffers.pop("weight", None)
     dlrm.sparse_arch.embedding_bag_collection = quantized
 
