@@ -4,6 +4,9 @@
     torchx run -s slurm components.dlrm:train -j 2x8 -h aws_p4d.24xlarge --batch_size 8192
     torchx run components.dlrm:plan -j 2x8 -h aws_p4d.24xlarge --batch_size 8192   # does it fit?
     torchx run -s local_cwd components.dlrm:preprocess --input /data/criteo --output /data/criteo_npy
+    torchx run -s local_cwd components.dlrm:export --checkpoint_dir s3://b/ckpt --output s3://b/pkg --quantize int8
+    torchx run -s local_cwd components.dlrm:predict -j 1x2 --model s3://b/pkg --data parquet \
+        --data_path s3://b/candidates/ --output s3://b/scores/ --passthrough_columns row_id
 
 Every component runs an app module of this project (``python -m apps.dlrm.train``), training
 ones under TorchX's own ``dist.torchrun``; the app's options are the component's arguments, so
@@ -20,6 +23,7 @@ from apps.dlrm.config import PlanConfig, TrainConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.launch.target import PlanTarget
 from apps.dlrm.options import to_argv
+from apps.dlrm.serving.config import ExportConfig, PredictConfig
 from apps.dlrm.training.run_folder import TORCHRUN_LOGS, output_folder
 from components import torchx_logs
 from components.cpu_launch import CpuLaunch
@@ -98,3 +102,36 @@ def preprocess(**kwargs: Any) -> specs.AppDef:
     launch = take(CpuLaunch, kwargs)
     cfg = take(PreprocessConfig, kwargs)
     return launch.python_app("apps.dlrm.preprocess", to_argv(cfg))
+
+
+@component_args(CpuLaunch, ExportConfig)
+def export(**kwargs: Any) -> specs.AppDef:
+    """Turns a training run's checkpoint into an inference package for serving and batch scoring.
+
+    Runs ``python -m apps.dlrm.export`` as one process on any scheduler, no GPU needed, on a host
+    with the memory for the whole model (give it with memMB or -h): the checkpoint that --step
+    names (of any sharding and world size) is loaded whole, its tables optionally quantized, the
+    model exported with torch.export and written to --output with manifest.json (features and
+    their transforms, the model's options, the run's validations, the source checkpoint),
+    atomically and never over anything.
+    """
+    reject_unknown(kwargs, CpuLaunch, ExportConfig)
+    launch = take(CpuLaunch, kwargs)
+    cfg = take(ExportConfig, kwargs)
+    return launch.python_app("apps.dlrm.export", to_argv(cfg))
+
+
+@component_args(Launch, PredictConfig)
+def predict(**kwargs: Any) -> specs.AppDef:
+    """Scores Parquet files or a preprocessed Criteo folder with an inference package or a checkpoint.
+
+    Runs ``python -m apps.dlrm.predict`` under torchrun on every node: each rank loads the whole
+    model and scores its share of the input files, writing one Parquet file of predictions per
+    input file (--passthrough_columns, then score) to --output, and rank 0 report.json (rows read,
+    scored and skipped, and why). An --output that holds anything is refused, so a job restarted
+    (--max_retries) after it began writing stops there: score into a new --output.
+    """
+    reject_unknown(kwargs, Launch, PredictConfig)
+    launch = take(Launch, kwargs)
+    cfg = take(PredictConfig, kwargs)
+    return launch.torchrun_app("apps.dlrm.predict", to_argv(cfg))

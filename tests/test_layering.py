@@ -6,7 +6,9 @@ it:
 - the app imports neither the benchmarks nor the tests nor what they share (testing/), and the
   benchmarks never import the tests (what both need lives in testing/);
 - inside the app, the rooms: common/ imports nothing else from the app; data/ imports neither
-  launch/ nor the checkpoints; launch/ does not import data/.
+  launch/ nor the checkpoints; launch/ does not import data/; serving/ (export and prediction)
+  builds on the model, the data and the checkpoints, not on training, and only the commands
+  above it import it.
 """
 
 import ast
@@ -118,3 +120,20 @@ def test_data_and_checkpoints_do_not_import_training(path):
 def test_launch_imports_neither_training_nor_checkpoints(path):
     fix = "shaping and starting a job must not load the training machinery; move what both need to common/"
     assert_imports_none(path, "apps.dlrm.training", "apps.dlrm.checkpoint", fix=fix)
+
+
+@pytest.mark.parametrize("path", sources(DLRM / "serving"), ids=name)
+def test_serving_builds_on_the_model_data_and_checkpoints_not_on_training(path):
+    fix = (
+        "exporting and scoring load a checkpoint whole in one process: they need the model, the data "
+        "sources and the checkpoints, not the training run's machinery (move what both need below both)"
+    )
+    assert_imports_none(path, "apps.dlrm.training", "apps.dlrm.launch", fix=fix)
+
+
+@pytest.mark.parametrize("path", [p for p in sources(DLRM) if "serving" not in p.parts], ids=name)
+def test_only_the_serving_commands_import_serving(path):
+    if path.parent == DLRM and path.stem in ("export", "predict"):
+        return  # python -m apps.dlrm.export / predict
+    fix = "training, data and checkpoints must not depend on what is made of their results"
+    assert_imports_none(path, "apps.dlrm.serving", fix=fix)

@@ -66,16 +66,16 @@ class DataFile:
 
 @dataclass(frozen=True)
 class ColumnSpec:
-    """The columns training reads, matched against the files."""
+    """The columns training (or prediction, without a label) reads, matched against the files."""
 
-    label: str
+    label: str | None  # None: the rows are read to be scored, not to train
     dense: list[str]
     sparse: list[str]
     multi_hot: list[bool]  # per sparse column: a list column (several ids per sample)
 
     @property
     def names(self) -> list[str]:
-        return [self.label, *self.dense, *self.sparse]
+        return [*([self.label] if self.label is not None else []), *self.dense, *self.sparse]
 
 
 def open_files(data_path: str) -> tuple[fsspec.AbstractFileSystem, list[DataFile]]:
@@ -106,9 +106,10 @@ class CheckedFiles:
     null_counts: dict[str, int | None]  # per flat column: nulls counted by the statistics (None: unknown)
 
     @classmethod
-    def open(cls, cfg: TrainConfig) -> "CheckedFiles":
+    def open(cls, cfg: TrainConfig, labelled: bool = True) -> "CheckedFiles":
+        """The files of ``cfg``; ``labelled`` False: rows to score, whose label is not read."""
         fs, files = open_files(cfg.data.data_path)
-        spec = resolve_columns(cfg, files)
+        spec = resolve_columns(cfg, [(file.url, file.metadata.schema.to_arrow_schema()) for file in files], labelled)
         as_is = cfg.data.categorical_ids == "as_is"
         return cls(fs, files, spec, check_statistics(files, spec, cfg.model.table_sizes if as_is else None))
 
@@ -187,12 +188,13 @@ def _footer(fs: fsspec.AbstractFileSystem, path: str, size: int, tail: bytes, ur
         raise ConfigError(f"{url} has a corrupt footer ({e}): write it again") from e
 
 
-def resolve_columns(cfg: TrainConfig, files: list[DataFile]) -> ColumnSpec:
-    """The columns of the options, patterns matched against the first file; every file checked
-    to have them with types we read, alike in all files."""
-    first = files[0].metadata.schema.to_arrow_schema()
-    dense = _match(cfg.data.dense_columns, first.names, "dense_columns", files[0].url)
-    sparse = _match(cfg.data.sparse_columns, first.names, "sparse_columns", files[0].url)
+def resolve_columns(cfg: TrainConfig, schemas: list[tuple[str, pa.Schema]], labelled: bool = True) -> ColumnSpec:
+    """The columns of the options, patterns matched against the first schema; every schema (a
+    file's, named by its URL) checked to have them with types we read, alike in all of them.
+    ``labelled`` False: no label column (rows to score)."""
+    first_url, first = schemas[0]
+    dense = _match(cfg.data.dense_columns, first.names, "dense_columns", first_url)
+    sparse = _match(cfg.data.sparse_columns, first.names, "sparse_columns", first_url)
     for option, columns, count in (
         ("dense_columns", dense, "num_dense_features"),
         ("sparse_columns", sparse, "num_sparse_features"),
@@ -200,10 +202,11 @@ def resolve_columns(cfg: TrainConfig, files: list[DataFile]) -> ColumnSpec:
         if len(columns) != getattr(cfg.model, count):
             raise ConfigError(
                 f"--{option} {','.join(getattr(cfg.data, option))} matches {len(columns)} columns of "
-                f"{files[0].url}, but --{count} is {getattr(cfg.model, count)}: give --{count} {len(columns)}, "
+                f"{first_url}, but --{count} is {getattr(cfg.model, count)}: give --{count} {len(columns)}, "
                 "or name the columns one by one (their count then sets it)"
             )
-    names = [cfg.data.label_column, *dense, *sparse]
+    label = cfg.data.label_column if labelled else None
+    names = [*([label] if label is not None else []), *dense, *sparse]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ConfigError(
@@ -211,21 +214,20 @@ def resolve_columns(cfg: TrainConfig, files: list[DataFile]) -> ColumnSpec:
             "give each column one role in --label_column, --dense_columns and --sparse_columns"
         )
     kinds: dict[str, tuple[str, str]] = {}  # column -> (kind, URL of the first file that has it)
-    for file in files:
-        schema = file.metadata.schema.to_arrow_schema()
+    for url, schema in schemas:
         for name, option in [
-            (cfg.data.label_column, "label_column"),
+            *([(label, "label_column")] if label is not None else []),
             *((n, "dense_columns") for n in dense),
             *((n, "sparse_columns") for n in sparse),
         ]:
-            kind = _kind(schema, name, option, file.url)
-            first_kind, first_url = kinds.setdefault(name, (kind, file.url))
+            kind = _kind(schema, name, option, url)
+            first_kind, kind_url = kinds.setdefault(name, (kind, url))
             if kind != first_kind:
                 raise ConfigError(
-                    f"{file.url}: column {name!r} holds {_KIND_TEXT[kind]}, but {_KIND_TEXT[first_kind]} "
-                    f"in {first_url}: give it the same type in every file"
+                    f"{url}: column {name!r} holds {_KIND_TEXT[kind]}, but {_KIND_TEXT[first_kind]} "
+                    f"in {kind_url}: give it the same type in every file"
                 )
-    return ColumnSpec(cfg.data.label_column, dense, sparse, [kinds[name][0] == "list" for name in sparse])
+    return ColumnSpec(label, dense, sparse, [kinds[name][0] == "list" for name in sparse])
 
 
 def _match(patterns: list[str], names: list[str], option: str, url: str) -> list[str]:

@@ -40,7 +40,7 @@ from apps.dlrm.common.splits import held_out_split
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.parquet.files import CheckedFiles, null_report
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs
-from apps.dlrm.data.parquet.read import RowGroupReader, Rows
+from apps.dlrm.data.parquet.read import RowDecoder, RowGroupReader, Rows
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
 
@@ -68,9 +68,8 @@ class ParquetClickLogs:
         int32_ids = max(cfg.model.table_sizes) <= INT32_IDS
         id_dtype = np.dtype(np.int32 if int32_ids else np.int64)
         self._ids_dtype = torch.int32 if int32_ids else torch.int64
-        self._reader = RowGroupReader(
-            fs, self.files, self.spec, cfg.model.table_sizes, cfg.data.categorical_ids, id_dtype
-        )
+        decoder = RowDecoder(self.spec, cfg.model.table_sizes, cfg.data.categorical_ids, id_dtype)
+        self._reader = RowGroupReader(fs, self.files, decoder)
         self.splits = held_out_split(
             [file.rows for file in self.files],
             cfg.data.eval_days,
@@ -160,47 +159,55 @@ class ParquetClickLogs:
     # --- batch assembly ------------------------------------------------------------------------
 
     def _batch(self, parts: list[Part]) -> Batch:
-        """The batch of rows ``index`` of each part's rows, one gather per array into its tensor
-        (feature after feature, and within one row after row: a KeyedJaggedTensor's order)."""
-        size = sum(len(index) for _, index in parts)
-        dense = self._empty((size, len(self.spec.dense)), torch.float32)
-        labels = self._empty((size,), torch.float32)
-        lengths = self._empty((size * len(self.keys),), torch.int32)
-        dense_np, labels_np, lengths_np = dense.numpy(), labels.numpy(), lengths.numpy()
-        at = 0
-        for rows, index in parts:
-            np.take(rows.dense, index, axis=0, out=dense_np[at : at + len(index)])
-            np.take(rows.labels, index, out=labels_np[at : at + len(index)])
-            at += len(index)
-        runs = [[rows.lengths(f, index) for rows, index in parts] for f in range(len(self.keys))]
-        per_key = [
-            sum(len(index) if n is None else int(n.sum()) for (_, index), n in zip(parts, feature)) for feature in runs
-        ]
-        values = self._empty((sum(per_key),), self._ids_dtype)
-        values_np = values.numpy()
-        at, row = 0, 0
-        for f, feature in enumerate(runs):
-            for (rows, index), n in zip(parts, feature):
-                count = len(index) if n is None else int(n.sum())
-                rows.take_ids(f, index, n, values_np[at : at + count])
-                lengths_np[row : row + len(index)] = 1 if n is None else n
-                at, row = at + count, row + len(index)
-        return Batch(
-            dense_features=dense,
-            sparse_features=KeyedJaggedTensor(
-                keys=self.keys,
-                values=values,
-                lengths=lengths,
-                stride=size,
-                length_per_key=per_key,
-                offset_per_key=[0, *itertools.accumulate(per_key)],
-                index_per_key={key: f for f, key in enumerate(self.keys)},
-            ),
-            labels=labels,
-        )
+        return assemble_batch(parts, self.keys, len(self.spec.dense), self._ids_dtype, self.pin_memory)
 
-    def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, pin_memory=self.pin_memory)
+
+def assemble_batch(
+    parts: list[Part], keys: list[str], num_dense: int, ids_dtype: torch.dtype, pin_memory: bool = False
+) -> Batch:
+    """The batch of rows ``index`` of each part's rows, one gather per array into its tensor
+    (feature after feature, and within one row after row: a KeyedJaggedTensor's order), its
+    sparse features keyed ``keys``. Training, evaluation and scoring assemble batches alike."""
+
+    def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+
+    size = sum(len(index) for _, index in parts)
+    dense = empty((size, num_dense), torch.float32)
+    labels = empty((size,), torch.float32)
+    lengths = empty((size * len(keys),), torch.int32)
+    dense_np, labels_np, lengths_np = dense.numpy(), labels.numpy(), lengths.numpy()
+    at = 0
+    for rows, index in parts:
+        np.take(rows.dense, index, axis=0, out=dense_np[at : at + len(index)])
+        np.take(rows.labels, index, out=labels_np[at : at + len(index)])
+        at += len(index)
+    runs = [[rows.lengths(f, index) for rows, index in parts] for f in range(len(keys))]
+    per_key = [
+        sum(len(index) if n is None else int(n.sum()) for (_, index), n in zip(parts, feature)) for feature in runs
+    ]
+    values = empty((sum(per_key),), ids_dtype)
+    values_np = values.numpy()
+    at, row = 0, 0
+    for f, feature in enumerate(runs):
+        for (rows, index), n in zip(parts, feature):
+            count = len(index) if n is None else int(n.sum())
+            rows.take_ids(f, index, n, values_np[at : at + count])
+            lengths_np[row : row + len(index)] = 1 if n is None else n
+            at, row = at + count, row + len(index)
+    return Batch(
+        dense_features=dense,
+        sparse_features=KeyedJaggedTensor(
+            keys=keys,
+            values=values,
+            lengths=lengths,
+            stride=size,
+            length_per_key=per_key,
+            offset_per_key=[0, *itertools.accumulate(per_key)],
+            index_per_key={key: f for f, key in enumerate(keys)},
+        ),
+        labels=labels,
+    )
 
 
 class _Windows:

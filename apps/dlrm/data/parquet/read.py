@@ -18,6 +18,7 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
 
 - the label and dense columns become float32; a null dense value is 0, a null label or one other
   than 0 and 1 an error (:func:`apps.dlrm.data.parquet.files.null_label_error`, ``check_label``);
+  rows read to be scored (a spec without a label column) have NaN labels;
 - a NaN or infinite dense value is 0 too, as a null is (it would train the model to NaN): counted
   per column as read (:attr:`RowGroupReader.nonfinite`), a column's first ones logged naming the
   file and row group. Statistics cannot count them (they leave NaN out), so they are found on the
@@ -139,29 +140,21 @@ class _FetchedParts(io.RawIOBase):
 
 
 class RowGroupReader:
-    """Reads pieces of row groups into :class:`Rows`: only the columns of ``spec``, ids made as
-    ``categorical_ids`` says for tables of ``table_sizes``, as ``id_dtype``."""
+    """Reads pieces of row groups into :class:`Rows`: only the columns of ``spec``, decoded by
+    ``decoder``."""
 
-    def __init__(
-        self,
-        fs: fsspec.AbstractFileSystem,
-        files: list[DataFile],
-        spec: ColumnSpec,
-        table_sizes: list[int],
-        categorical_ids: str,
-        id_dtype: np.dtype,
-    ) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, files: list[DataFile], decoder: "RowDecoder") -> None:
         self.fs = fs
         self.files = files
-        self.spec = spec
-        self.table_sizes = table_sizes
-        self.hash_ids = categorical_ids == "hash"
-        self.id_dtype = id_dtype
+        self.decoder = decoder
+        self.spec = decoder.spec
         self._cached: tuple[tuple[int, int], Rows] | None = None
-        #: NaN or infinite values read (and made 0) per dense column, by every thread that reads.
-        self.nonfinite: dict[str, int] = {}
-        self._nonfinite_lock = threading.Lock()
-        self._leaves = [[i for name in spec.names for i in leaf_columns(file.metadata)[name]] for file in files]
+        self._leaves = [[i for name in self.spec.names for i in leaf_columns(file.metadata)[name]] for file in files]
+
+    @property
+    def nonfinite(self) -> dict[str, int]:
+        """NaN or infinite values read (and made 0) per dense column, by every thread that reads."""
+        return self.decoder.nonfinite
 
     def read(self, pieces: list[Piece]) -> Rows:
         """The rows of ``pieces``, in their order; their row groups are fetched at once."""
@@ -225,17 +218,34 @@ class RowGroupReader:
 
     def _decode(self, pieces: list[Piece], table: pa.Table) -> Rows:
         """The rows of ``table``, which holds those of ``pieces``; an error names the piece's file."""
-        spec = self.spec
         starts = np.cumsum([0] + [hi - lo for _, _, lo, hi in pieces])
 
         def where(row: int) -> tuple[str, int]:  # the file and row group of one of the table's rows
             f, g, _, _ = pieces[int(np.searchsorted(starts, row, side="right")) - 1]
             return self.files[f].url, g
 
-        labels = table.column(spec.label)
-        if labels.null_count:
-            url, g = where(int(np.flatnonzero(labels.is_null().to_numpy(zero_copy_only=False))[0]))
-            raise null_label_error(url, spec.label, g, labels.null_count)
+        return self.decoder.decode(table, where)
+
+
+class RowDecoder:
+    """Decodes tables of the columns of ``spec`` into :class:`Rows` (see the module docstring): ids
+    made as ``categorical_ids`` says for tables of ``table_sizes``, as ``id_dtype``. Training's
+    reader decodes the row groups it fetches with one, and scoring the tables it is given."""
+
+    def __init__(self, spec: ColumnSpec, table_sizes: list[int], categorical_ids: str, id_dtype: np.dtype) -> None:
+        self.spec = spec
+        self.table_sizes = table_sizes
+        self.hash_ids = categorical_ids == "hash"
+        self.id_dtype = id_dtype
+        #: NaN or infinite values read (and made 0) per dense column, by every thread that reads.
+        self.nonfinite: dict[str, int] = {}
+        self._nonfinite_lock = threading.Lock()
+
+    def decode(self, table: pa.Table, where: Callable[[int], tuple[str, int]]) -> Rows:
+        """The rows of ``table`` (the spec's columns, in any order); ``where(row)`` says which file
+        and row group a row comes from, for errors. Scoring decodes tables it holds this way too,
+        so that a model scores rows exactly as it trained on them."""
+        spec = self.spec
         # Column after column into a feature-major array (contiguous writes), then transposed at
         # once: 4x faster than writing each column into a row-major array's strided column.
         dense = np.empty((len(spec.dense), table.num_rows), dtype=np.float32)
@@ -250,14 +260,26 @@ class RowGroupReader:
             values, o = _ragged(table.column(name).combine_chunks(), multi_hot)
             ids.append(self._ids(values, size, name, o, where))
             offsets.append(o)
-        label_values = np.empty(table.num_rows, dtype=np.float32)
-        _floats_into(labels, label_values)
-        unlabelled = (label_values != 0) & (label_values != 1)  # NaN too
+        return Rows(np.ascontiguousarray(dense.T), self._labels(table, where), ids, offsets)
+
+    def _labels(self, table: pa.Table, where: Callable[[int], tuple[str, int]]) -> np.ndarray:
+        """The labels of ``table``'s rows, checked (0 or 1, none null); NaN for rows read to be
+        scored (a spec without a label column)."""
+        label = self.spec.label
+        values = np.full(table.num_rows, np.nan, dtype=np.float32)
+        if label is None:
+            return values
+        column = table.column(label)
+        if column.null_count:
+            url, g = where(int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0]))
+            raise null_label_error(url, label, g, column.null_count)
+        _floats_into(column, values)
+        unlabelled = (values != 0) & (values != 1)  # NaN too
         if unlabelled.any():
             k = int(np.flatnonzero(unlabelled)[0])
             url, g = where(k)
-            check_label(float(label_values[k]), url, spec.label, g)
-        return Rows(np.ascontiguousarray(dense.T), label_values, ids, offsets)
+            check_label(float(values[k]), url, label, g)
+        return values
 
     def _zero_nonfinite(self, dense: np.ndarray, where: Callable[[int], tuple[str, int]]) -> None:
         """Makes the NaN and infinite values of ``dense`` [features, rows] 0, as nulls are, and
@@ -304,7 +326,7 @@ def _common_schema(spec: ColumnSpec) -> pa.Schema:
     features (what decoding makes of them: a large integer rounds as decoding rounds it), int64 ids
     or lists of them (uint64 ids keep their bits, which is what hashing reads)."""
     ids = [pa.list_(pa.int64()) if multi_hot else pa.int64() for multi_hot in spec.multi_hot]
-    types = [pa.float32()] * (1 + len(spec.dense)) + ids
+    types = [pa.float32()] * (len(spec.names) - len(ids)) + ids
     return pa.schema([pa.field(name, t) for name, t in zip(spec.names, types)])
 
 

@@ -1,0 +1,41 @@
+"""Score data in batch with an inference package or a checkpoint: ``python -m apps.dlrm.predict --help``.
+
+    torchrun --nproc_per_node 2 -m apps.dlrm.predict --model s3://bucket/pkg --data parquet \\
+        --data_path s3://bucket/candidates/ --output s3://bucket/scores/ --passthrough_columns row_id
+
+Each rank scores its share of the files (see apps/dlrm/serving/predict.py); without torchrun it
+is one process. Exit status 2, with one line, for a bad option, model, input or output place.
+"""
+
+import logging
+import sys
+
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from apps.dlrm.common.distributed import init_distributed
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.serving.config import parse_predict_config
+from apps.dlrm.serving.predict import predict
+from apps.dlrm.training.report import setup_logging
+
+logger = logging.getLogger("apps.dlrm")
+
+
+@record  # a failing rank's traceback goes to torchrun's error file, which TorchX reports
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_predict_config(argv)
+    env = init_distributed()
+    setup_logging(env.rank)
+    try:
+        predict(cfg, env)
+    except ConfigError as e:
+        if env.is_main:
+            logger.error("%s", e)
+        sys.exit(2)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

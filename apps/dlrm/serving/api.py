@@ -1,0 +1,81 @@
+"""Scoring in a notebook::
+
+    from apps.dlrm.serving.api import load_model
+
+    model = load_model("s3://bucket/dlrm-package")      # or a training run's --checkpoint_dir
+    scores = model(table)   # a pyarrow Table, a pandas DataFrame or a dict of columns -> float32 [rows]
+
+The columns are those the model trained on (``model.features``: patterns such as ``int_*`` matched
+as training matched them), read exactly as training read them (:mod:`apps.dlrm.serving.features`),
+the label and any other column ignored.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from torch import nn
+
+from apps.dlrm.serving.features import DEFAULT_BATCH_ROWS, Features, RowScorer
+from apps.dlrm.serving.package import MANIFEST_FILE, PackageError, read_manifest, read_package
+from apps.dlrm.serving.program import scorer
+from apps.dlrm.serving.trained import NoCheckpoint, load_trained
+from apps.dlrm.urls import redact_urls
+
+#: How errors name the columns a model is given in memory.
+GIVEN = "the columns given"
+
+
+@dataclass
+class Model:
+    """A trained model, ready to score: its module (a package's program, or a checkpoint's model),
+    what it reads, and where it comes from (a package's manifest; for a checkpoint its
+    ``source`` and ``features`` as a package of it would record them)."""
+
+    module: nn.Module
+    features: Features
+    manifest: dict[str, Any]
+
+    def __call__(self, columns: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
+        """Click probabilities (float32, one per row) of the rows of ``columns``."""
+        table = as_table(columns)
+        spec = self.features.spec([(GIVEN, table.schema)])
+        rows = RowScorer(self.module, self.features, spec, batch_rows)
+        return rows.score(rows.decode(table.select(spec.names), GIVEN))
+
+
+def load_model(path: str, step: str = "best") -> Model:
+    """The model of the inference package at ``path`` (any fsspec URL), or of the checkpoint
+    that ``step`` (best, latest or a step number) names in the checkpoint folder ``path``."""
+    return open_model(path, step, option="path")
+
+
+def open_model(url: str, step: str, option: str) -> Model:
+    """:func:`load_model`, errors naming ``option`` as what gave ``url``."""
+    if read_manifest(url) is not None:
+        package = read_package(url)
+        return Model(package.module, Features.from_record(package.manifest["features"]), package.manifest)
+    try:
+        trained = load_trained(url, step, option)
+    except NoCheckpoint:
+        raise PackageError(
+            f"{option} {redact_urls(url)} is neither an inference package (no {MANIFEST_FILE} of components.dlrm:export) "
+            "nor a checkpoint folder (no committed step_NNNNNNNN checkpoint): give the --output of "
+            "components.dlrm:export or the --checkpoint_dir of a training run"
+        ) from None
+    features = Features.of(trained.cfg)
+    manifest = {"source": trained.source, "features": features.record()}
+    return Model(scorer(trained.model, trained.cfg.model), features, manifest)
+
+
+def as_table(columns: Any) -> pa.Table:
+    """``columns`` as a pyarrow Table: a Table or RecordBatch, a pandas DataFrame, or a mapping of
+    names to columns (lists, numpy arrays, pyarrow arrays)."""
+    if isinstance(columns, pa.Table):
+        return columns
+    if isinstance(columns, pa.RecordBatch):
+        return pa.Table.from_batches([columns])
+    if type(columns).__module__.startswith("pandas"):
+        return pa.Table.from_pandas(columns, preserve_index=False)
+    return pa.table(dict(columns))

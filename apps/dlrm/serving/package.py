@@ -1,0 +1,328 @@
+"""An inference package: what ``components.dlrm:export`` writes and prediction and notebooks load.
+
+A folder (local or any fsspec URL) of two files::
+
+    model.pt2      the program (apps.dlrm.serving.program): torch.export's archive, its weights
+                   and constants stored as raw bytes
+    manifest.json  what the program needs around it (features, id and dense transforms, the
+                   model's options, the training run's metrics, the source checkpoint, the
+                   program's SHA-256), written last: a folder without it is no package
+
+Written atomically: a local package is made in a temporary folder beside its place and renamed
+into it; on an object store the program is uploaded first and the manifest last (each upload
+appears whole or not at all), so a package counts only once complete. A place that already holds
+a package, or anything else, is refused: nothing is overwritten.
+
+Nothing from a package is unpickled beyond tensors, and nothing in it runs as Python. Found in
+torch's own loader (``torch.export.load``, torch 2.13): it ``torch.load``s with
+``weights_only=False`` any weight or constant whose entry says ``use_pickle``, unpickles TorchBind
+and opaque constants, and retries the sample inputs with ``weights_only=False`` when they fail
+with ``weights_only=True``; it resolves a graph node's target as any attribute path under
+``torch`` (``torch.os.system``); and ``ExportedProgram.module()`` ``exec``s the archive's guards
+as Python source. :func:`check_archive` therefore refuses, before torch reads a byte, an archive
+with a pickled weight or constant, TorchBind or opaque objects, a legacy pickled state dict,
+sample inputs that ``weights_only=True`` cannot load, a graph node calling anything but an
+operator of the aten, prims or fbgemm namespace or of a few arithmetic functions, a guard that is
+not arithmetic on input sizes, or any file a program does not have; torch then loads the very
+bytes that were checked. (TorchScript, the alternative, compiles Python-like source from its
+archive, and its constants are pickles too.)
+"""
+
+import ast
+import hashlib
+import io
+import json
+import os
+import posixpath
+import re
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from typing import IO, Any, Iterator
+
+import fsspec
+import torch
+from fsspec.implementations.local import LocalFileSystem
+from torch.export import ExportedProgram
+
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.serving.outputs import refuse_existing
+from apps.dlrm.serving.program import quiet_torch
+from apps.dlrm.urls import redact_urls
+
+PACKAGE_FORMAT = "torchrec-dlrm-inference-package"
+#: Bumped whenever a package's meaning changes: a reader refuses the formats it does not know.
+FORMAT_VERSION = 1
+PROGRAM_FILE = "model.pt2"
+MANIFEST_FILE = "manifest.json"
+
+#: The operator namespaces a program may call: ATen's and prims' kernels, FBGEMM's table kernels.
+_OPERATOR_NAMESPACES = ("aten", "prims", "fbgemm")
+#: The Python functions on symbolic sizes that ``torch.export`` graphs call.
+_SIZE_FUNCTIONS = {
+    f"_operator.{name}"
+    for name in ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow", "eq", "ne", "lt", "le", "gt", "ge")
+} | {"_operator.getitem", "math.ceil", "math.floor", "math.trunc", "math.sqrt"}
+#: What a guard may be made of: comparisons and arithmetic of integers and the inputs' sizes, and
+#: calls of these functions (the names guards call, which torch evaluates with Python's builtins).
+_GUARD_NODES = (
+    ast.Expression,
+    ast.Compare,
+    ast.BinOp,
+    ast.BoolOp,
+    ast.UnaryOp,
+    ast.Constant,
+    ast.Call,
+    ast.Load,
+    ast.operator,
+    ast.cmpop,
+    ast.boolop,
+    ast.unaryop,
+)
+_GUARD_FUNCTIONS = ("max", "min", "abs")
+_INPUT_SIZE = re.compile(r"L\['(?:dense|values|lengths)'\]\.size\(\)\[\d+\]")
+#: The files of a torch.export archive besides its folders' (text: versions, byte order, ids).
+_ARCHIVE_TEXT_FILES = ("archive_format", "archive_version", "byteorder", ".data/version", ".data/serialization_id")
+_RAW_TENSOR_FILE = re.compile(r"data/(weights/weight_|constants/tensor_)\d+")
+
+
+class PackageError(ConfigError):
+    """A package cannot be used (or written); the message names it and says what to do."""
+
+
+@dataclass
+class Package:
+    """A package read and checked: its manifest and its program's module."""
+
+    url: str
+    manifest: dict[str, Any]
+    module: torch.nn.Module
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def write_package(url: str, program: ExportedProgram, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Writes the package of ``program`` and ``manifest`` (completed with the program's file, size
+    and SHA-256) to ``url``, atomically; returns the manifest written."""
+    refuse_existing(url)
+    fs, root = fsspec.core.url_to_fs(url)
+    local = isinstance(fs, LocalFileSystem)
+    parent = os.path.dirname(os.path.abspath(root)) if local else None
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(root.rstrip('/'))}.tmp-", dir=parent)
+    try:
+        program_path = os.path.join(staging, PROGRAM_FILE)
+        torch.export.save(program, program_path)
+        with open(program_path, "rb") as f:
+            check_archive(f, program_path)  # what we write is what our reader takes
+        manifest = {**manifest, "program": {**manifest.get("program", {}), **_file_record(program_path)}}
+        manifest_bytes = json.dumps(manifest, indent=2, sort_keys=True).encode()
+        if local:
+            with open(os.path.join(staging, MANIFEST_FILE), "wb") as f:
+                f.write(manifest_bytes)
+            _rename_into(staging, root, url)
+        else:
+            fs.put_file(program_path, posixpath.join(root, PROGRAM_FILE))
+            fs.pipe_file(posixpath.join(root, MANIFEST_FILE), manifest_bytes)  # last: the package counts
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _rename_into(staging: str, root: str, url: str) -> None:
+    """Moves the complete package folder into place (over an empty folder at most)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # a folder made as any other, not mkdtemp's private one
+    if os.path.isdir(root):
+        os.rmdir(root)  # empty (refuse_existing): a concurrent writer's files would make it fail
+    try:
+        os.rename(staging, root)
+    except OSError as e:
+        raise PackageError(f"--output {url}: the package could not be moved into place ({e})") from None
+
+
+def _file_record(path: str) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return {"file": PROGRAM_FILE, "bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def read_manifest(url: str) -> dict[str, Any] | None:
+    """The manifest of the package at ``url``; None where ``url`` holds no manifest.json."""
+    fs, root = fsspec.core.url_to_fs(url)
+    path = posixpath.join(root, MANIFEST_FILE)
+    if not fs.exists(path):
+        return None
+    try:
+        manifest = json.loads(fs.cat_file(path))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PackageError(f"{redact_urls(url)}/{MANIFEST_FILE} is not JSON ({e}): export the package again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != PACKAGE_FORMAT:
+        return None
+    return manifest
+
+
+def read_package(url: str) -> Package:
+    """The package at ``url``, every check passed (see the module docstring), its program loaded
+    (``import torchrec`` first, as here, registers FBGEMM's operators that quantized tables call)."""
+    manifest = read_manifest(url)
+    if manifest is None:
+        raise PackageError(
+            f"{redact_urls(url)} is not an inference package (no {MANIFEST_FILE} of one): give the --output "
+            "of components.dlrm:export"
+        )
+    check_manifest(manifest, url)
+    fs, root = fsspec.core.url_to_fs(url)
+    data = fs.cat_file(posixpath.join(root, PROGRAM_FILE))
+    if hashlib.sha256(data).hexdigest() != manifest["program"]["sha256"]:
+        raise PackageError(
+            f"{redact_urls(url)}/{PROGRAM_FILE} is not the program its manifest names (its SHA-256 differs): "
+            "the package was changed or damaged; export it again"
+        )
+    check_archive(io.BytesIO(data), f"{url}/{PROGRAM_FILE}")
+    with quiet_torch():
+        module = torch.export.load(io.BytesIO(data)).module()
+    return Package(url, manifest, module)
+
+
+def check_manifest(manifest: dict[str, Any], url: str) -> None:
+    """Refuses a package of another format version, or exported with a newer torch than this."""
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise PackageError(
+            f"{redact_urls(url)} is a package of format version {version}, but this version of the project reads "
+            f"version {FORMAT_VERSION}: export the checkpoint again with this version (components.dlrm:export)"
+        )
+    exported_with = manifest.get("versions", {}).get("torch", "")
+    if _major_minor(exported_with) > _major_minor(torch.__version__):
+        raise PackageError(
+            f"{redact_urls(url)} was exported with torch {exported_with}, newer than this torch "
+            f"{torch.__version__}, which may not read its program: load it with torch {exported_with} or newer"
+        )
+
+
+def _major_minor(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+
+
+def check_archive(file: IO[bytes], name: str) -> None:
+    """Refuses (:class:`PackageError`, naming the entry) an archive that torch's loader would
+    unpickle anything but tensors from, or run code of: see the module docstring."""
+    try:
+        archive = zipfile.ZipFile(file)
+    except zipfile.BadZipFile:
+        raise PackageError(f"{redact_urls(name)} is not a torch.export archive: export the package again") from None
+    with archive:
+        for entry in archive.namelist():
+            _check_entry(archive, entry, name)
+
+
+def _check_entry(archive: zipfile.ZipFile, entry: str, name: str) -> None:
+    _, _, inner = entry.partition("/")  # below the archive's root folder
+    if inner in _ARCHIVE_TEXT_FILES or _RAW_TENSOR_FILE.fullmatch(inner):
+        return
+    if inner.startswith("models/") and inner.endswith(".json"):
+        _check_graph(_json_entry(archive, entry, name), f"{name}:{entry}")
+    elif re.fullmatch(r"data/(weights|constants)/[^/]+_config\.json", inner):
+        _check_payloads(_json_entry(archive, entry, name), f"{name}:{entry}")
+    elif re.fullmatch(r"data/sample_inputs/[^/]+\.pt", inner):
+        try:
+            torch.load(io.BytesIO(archive.read(entry)), weights_only=True)
+        except Exception as e:  # noqa: BLE001 - whatever weights_only refuses, torch would unpickle freely
+            raise _planted(name, entry, f"sample inputs that are not plain tensors ({type(e).__name__})") from None
+    else:
+        raise _planted(name, entry, "a file that no torch.export program of ours has")
+
+
+def _json_entry(archive: zipfile.ZipFile, entry: str, name: str) -> Any:
+    try:
+        return json.loads(archive.read(entry))
+    except (ValueError, UnicodeDecodeError):
+        raise _planted(name, entry, "a file that should be JSON and is not") from None
+
+
+def _check_payloads(config: Any, where: str) -> None:
+    entries = config.get("config") if isinstance(config, dict) else None
+    if not isinstance(entries, dict):
+        raise _planted(where, str(config), "no list of tensor payloads")
+    for fqn, payload in entries.items():
+        raw = isinstance(payload, dict) and not payload.get("use_pickle")
+        if not raw or not re.fullmatch(r"(weight|tensor)_\d+", str(payload.get("path_name"))):
+            raise _planted(where, fqn, "a pickled object, not raw tensor bytes")
+
+
+def _check_graph(program: Any, where: str) -> None:
+    for node in _graph_nodes(program):
+        target = str(node.get("target"))
+        if target not in _SIZE_FUNCTIONS and not _is_operator(target):
+            raise _planted(where, target, "a call of something that is not a tensor operator")
+    for guard in program.get("guards_code", []) if isinstance(program, dict) else []:
+        if not _is_size_guard(str(guard)):
+            raise _planted(where, guard, "a guard that is not arithmetic on the inputs' sizes")
+
+
+def _graph_nodes(value: Any) -> Iterator[dict[str, Any]]:
+    """Every graph node (a dict with a target and inputs) anywhere in a serialized program."""
+    if isinstance(value, dict):
+        if "target" in value and "inputs" in value:
+            yield value
+        for item in value.values():
+            yield from _graph_nodes(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _graph_nodes(item)
+
+
+def _is_operator(target: str) -> bool:
+    """``torch.ops.<namespace>.<op>.<overload>`` of a namespace in :data:`_OPERATOR_NAMESPACES`."""
+    parts = target.split(".")
+    return len(parts) == 5 and parts[:2] == ["torch", "ops"] and parts[2] in _OPERATOR_NAMESPACES
+
+
+def _is_size_guard(guard: str) -> bool:
+    """Whether ``guard`` is integer arithmetic and comparisons of the inputs' sizes."""
+    try:
+        tree = ast.parse(_INPUT_SIZE.sub("0", guard), mode="eval")
+    except SyntaxError:
+        return False
+    functions = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    return all(
+        (isinstance(node, _GUARD_NODES) and not isinstance(node, ast.Call) or _is_guard_call(node))
+        and (not isinstance(node, ast.Constant) or type(node.value) is int)
+        or isinstance(node, ast.Name)
+        and id(node) in functions
+        and node.id in _GUARD_FUNCTIONS
+        for node in ast.walk(tree)
+    )
+
+
+def _is_guard_call(node: ast.AST) -> bool:
+    """A call of one of :data:`_GUARD_FUNCTIONS` by name, with positional arguments only."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _GUARD_FUNCTIONS
+        and not node.keywords
+    )
+
+
+def _planted(where: str, what: str, kind: str) -> PackageError:
+    return PackageError(
+        f"{redact_urls(where)} holds {str(what)[:200]!r}, {kind}: refused unread, nothing in it ran. The package "
+        "was not written by components.dlrm:export (or was changed since): export it again, into a place only you "
+        "can write to"
+    )
+
+
+def manifest_record(**fields: Any) -> dict[str, Any]:
+    """The head of every manifest: the format and its version, then ``fields``."""
+    return {"format": PACKAGE_FORMAT, "format_version": FORMAT_VERSION, **fields}

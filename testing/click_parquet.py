@@ -1,0 +1,50 @@
+"""Parquet click logs that a DLRM can learn, for the tests and benchmarks of training, export and
+prediction: the synthetic click logs (:mod:`apps.dlrm.data.synthetic`, labels drawn from a hidden
+teacher) written as files with the columns ``--data parquet`` reads by default (``label``,
+``int_0`` ... , ``cat_0`` ...) and a ``row_id`` that numbers the rows across files, for joining
+predictions back to their rows.
+"""
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from apps.dlrm.config import train_config
+from apps.dlrm.data.synthetic import SyntheticClickLogs
+
+
+def write_click_parquet(
+    folder: str,
+    files: int = 4,
+    rows_per_file: int = 4096,
+    row_group_rows: int = 1024,
+    num_embeddings: int = 2000,
+    seed: int = 0,
+) -> str:
+    """Writes ``files`` files of ``rows_per_file`` rows into ``folder`` (``day_0.parquet``, ...);
+    returns the folder. The sparse columns hold the synthetic ids (rows of tables of
+    ``num_embeddings``) as int64 values, which training hashes (or takes as they are)."""
+    cfg = train_config(num_embeddings=num_embeddings, batch_size=rows_per_file, seed=seed)
+    logs = SyntheticClickLogs(cfg, rank=0, world_size=1)
+    os.makedirs(folder, exist_ok=True)
+    for f in range(files):
+        batch = logs.block("train", f)
+        ids = batch.sparse_features.values().view(cfg.model.num_sparse_features, rows_per_file).numpy()
+        columns = {
+            "row_id": pa.array(np.arange(f * rows_per_file, (f + 1) * rows_per_file, dtype=np.int64)),
+            "label": pa.array(batch.labels.numpy().astype(np.int8)),
+            **{f"int_{j}": pa.array(column) for j, column in enumerate(batch.dense_features.numpy().T)},
+            **{f"cat_{k}": pa.array(column.astype(np.int64)) for k, column in enumerate(ids)},
+        }
+        pq.write_table(pa.table(columns), os.path.join(folder, f"day_{f}.parquet"), row_group_size=row_group_rows)
+    return folder
+
+
+def scores_auroc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The AUROC of ``scores`` against ``labels``, as the app's validation computes it (torchmetrics)."""
+    from torchmetrics.functional.classification import binary_auroc
+
+    return float(binary_auroc(torch.tensor(scores), torch.tensor(labels).int()))

@@ -1,0 +1,345 @@
+"""After training: train -> export -> predict as a user runs them, three ``torchx run`` commands on
+local_cwd, and what their results must be.
+
+Once per module: Parquet click logs that a DLRM learns (testing/click_parquet.py), a sharded
+training run on two ranks that keeps its best checkpoint and tests it, its float32 package
+(``components.dlrm:export``), its int8 package, predictions of every row by the float32 package on
+two ranks (``components.dlrm:predict``), and the training job's own per-row scores of its test
+split (its sharded model and evaluation loop: testing/training_scores.py).
+"""
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from torchx.runner import get_runner
+from torchx.schedulers import get_scheduler_factories
+
+from apps.dlrm.common.errors import ConfigError
+from apps.dlrm.serving.api import load_model
+from apps.dlrm.serving.config import ExportConfig
+from apps.dlrm.serving.export import export
+from apps.dlrm.serving.package import MANIFEST_FILE, PROGRAM_FILE
+from components import dlrm
+from testing.click_parquet import scores_auroc, write_click_parquet
+from testing.criteo_files import generate_day, write_day
+from tests.conftest import BIN, LOCAL_TRAIN_1X2, assert_ok, run
+
+# Tier (tests/conftest.py): real processes; the component dry runs are marked unit.
+TIER = "integration"
+
+ROWS_PER_FILE = 4096
+FILES = 4
+#: The test split: the second half of the last file (--eval_days 1), as row ids.
+TEST_ROWS = np.arange((FILES - 1) * ROWS_PER_FILE + ROWS_PER_FILE // 2, FILES * ROWS_PER_FILE)
+MODEL = ["--num_embeddings", "2000", "--batch_size", "256"]
+TORCHX = os.path.join(BIN, "torchx")
+
+
+def torchx_run(component: str, *args: str) -> subprocess.CompletedProcess:
+    result = run([TORCHX, "run", "-s", "local_cwd", component, *args])
+    assert_ok(result)
+    return result
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serving")
+    paths = SimpleNamespace(**{name: str(root / name) for name in ("data", "ckpt", "out", "fp32", "int8", "scores")})
+    write_click_parquet(paths.data, files=FILES, rows_per_file=ROWS_PER_FILE)
+    data = ["--data", "parquet", "--data_path", paths.data]
+    train = [*data, *MODEL, "--val_batches", "0", "--test_batches", "0", "--checkpoint_dir", paths.ckpt]
+    assert_ok(run([*LOCAL_TRAIN_1X2, *train, "--output_dir", paths.out]))
+    torchx_run("components.dlrm:export", "--checkpoint_dir", paths.ckpt, "--step", "best", "--output", paths.fp32)
+    export(ExportConfig(checkpoint_dir=paths.ckpt, output=paths.int8, quantize="int8"))
+    predicted = torchx_run(
+        "components.dlrm:predict", "-j", "1x2", "--model", paths.fp32, *data, "--output", paths.scores,
+        "--passthrough_columns", "row_id,label",
+    )  # fmt: skip
+    own = str(root / "own.npz")
+    evaluation = [*train, "--output_dir", "", "--evaluate_checkpoint", "best"]
+    assert_ok(run([sys.executable, "-m", "testing.training_scores", "--out", own, *evaluation]))
+    return SimpleNamespace(
+        **vars(paths),
+        summary=json.loads((root / "out" / "summary.json").read_text()),
+        own=np.load(own),
+        predict_log=predicted.stdout + predicted.stderr,
+    )
+
+
+def predictions(folder: str) -> pa.Table:
+    """Every prediction of ``folder``, in row id order."""
+    tables = [
+        pq.read_table(os.path.join(folder, name)) for name in sorted(os.listdir(folder)) if name.endswith(".parquet")
+    ]
+    table = pa.concat_tables(tables)
+    return table.take(np.argsort(table["row_id"].to_numpy()))
+
+
+def manifest(package: str) -> dict:
+    with open(os.path.join(package, MANIFEST_FILE)) as f:
+        return json.load(f)
+
+
+def test_the_float32_package_scores_the_test_split_as_the_training_job_did(job):
+    scores = predictions(job.scores)
+    assert scores["row_id"].to_numpy().tolist() == list(range(FILES * ROWS_PER_FILE))
+    test = scores.take(TEST_ROWS)
+    package_scores = test["score"].to_numpy()
+    assert np.abs(package_scores - job.own["scores"]).max() <= 1e-5  # row for row, the sharded model's own
+    assert abs(scores_auroc(package_scores, test["label"].to_numpy()) - job.summary["test_auroc"]) <= 1e-4
+    assert job.summary["test_auroc"] > 0.6  # the model learned something to be equal to
+    report = json.loads(open(os.path.join(job.scores, "report.json")).read())
+    assert (report["world_size"], report["rows_read"], report["rows_scored"]) == (2, 16384, 16384)
+    assert report["rows_skipped"] == {} and len(report["files"]) == FILES
+    assert report["source"] == manifest(job.fp32)["source"]
+    assert "scored 16,384 rows of 4 files (0 skipped)" in job.predict_log
+
+
+def test_the_int8_package_is_smaller_and_ranks_the_rows_nearly_alike(job):
+    tables = manifest(job.int8)["tables"]
+    assert tables["quantize"] == "int8" and tables["trained_bytes"] / tables["package_bytes"] >= 1.9
+    rows = pq.read_table(job.data).take(TEST_ROWS)
+    labels = rows["label"].to_numpy()
+    fp32, int8 = load_model(job.fp32)(rows), load_model(job.int8)(rows)
+    assert abs(scores_auroc(int8, labels) - scores_auroc(fp32, labels)) <= 0.005
+
+
+def test_load_model_scores_columns_in_any_form_as_predict_did(job):
+    rows = pq.read_table(job.data).take(TEST_ROWS)
+    expected = predictions(job.scores).take(TEST_ROWS)["score"].to_numpy()
+    package = load_model(job.fp32)
+    columns = {name: rows[name].to_numpy() for name in reversed(rows.column_names)}  # any order
+    for given in (rows, columns, pa.Table.from_batches(rows.to_batches()).combine_chunks().to_batches()[0]):
+        assert np.array_equal(package(given), expected)
+    assert np.array_equal(load_model(job.ckpt, step="best")(rows), expected)  # straight from the checkpoint
+    assert np.abs(package(rows.slice(5, 1)) - expected[5:6]).max() <= 1e-6  # one row alone: beside an empty one
+
+
+#: Scores the package with torch (and TorchRec's operators for quantized tables) alone, from the
+#: manifest's description: this project is not importable in the process that runs it.
+WITHOUT_THE_PROJECT = """
+import json, sys
+import numpy as np
+import torch
+try:
+    import apps
+except ImportError:
+    pass
+else:
+    sys.exit(f"this process imports the project from {apps.__path__}")
+package, inputs, out = sys.argv[1:4]
+manifest = json.load(open(f"{package}/manifest.json"))
+features = manifest["features"]
+if manifest["tables"]["quantize"] != "none":
+    import torchrec  # noqa: F401 - registers FBGEMM's table operators
+dense, raw = np.load(f"{inputs}/dense.npy"), np.load(f"{inputs}/sparse.npy")
+
+
+def splitmix64(x):  # the manifest's id_transform
+    x = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+assert features["categorical_ids"] == "hash"
+ids = splitmix64(raw) % np.array(features["table_sizes"], dtype=np.uint64)
+values = torch.from_numpy(ids.T.reshape(-1).astype(np.int64))  # feature after feature, row after row
+lengths = torch.ones(values.numel(), dtype=torch.int32)
+program = torch.export.load(f"{package}/{manifest['program']['file']}").module()
+np.save(out, program(torch.from_numpy(dense), values, lengths).detach().numpy())
+"""
+
+
+@pytest.mark.parametrize("package", ["fp32", "int8"])
+def test_a_package_scores_in_a_process_that_cannot_import_this_project(job, tmp_path, package):
+    rows = pq.read_table(job.data).take(TEST_ROWS[:300])
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    columns = manifest(getattr(job, package))["training"]["config"]
+    assert columns["dense_columns"] == ["int_*"] and columns["sparse_columns"] == ["cat_*"]
+    np.save(inputs / "dense.npy", np.stack([rows[f"int_{j}"].to_numpy() for j in range(13)], axis=1))
+    np.save(inputs / "sparse.npy", np.stack([rows[f"cat_{k}"].to_numpy() for k in range(26)], axis=1))
+    script = tmp_path / "score.py"
+    script.write_text(WITHOUT_THE_PROJECT)
+    # -S: no site module, so no .pth file (the venv's editable install of this project is one) adds
+    # the repository to sys.path; PYTHONPATH names the installed packages alone.
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": sysconfig.get_paths()["purelib"], "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-S", str(script), getattr(job, package), str(inputs), str(tmp_path / "scores.npy")]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    expected = load_model(getattr(job, package))(rows)
+    assert np.abs(np.load(tmp_path / "scores.npy") - expected).max() <= 1e-6
+
+
+def test_a_preprocessed_criteo_folder_is_scored_straight_from_a_checkpoint(tmp_path):
+    for d in range(3):
+        write_day(generate_day(3000, seed=d), str(tmp_path / f"day_{d}"))
+    data, ckpt, out, scores = (str(tmp_path / name) for name in ("npy", "ckpt", "out", "scores"))
+    preprocess = ["--input", str(tmp_path / "day_*"), "--output", data, "--num_embeddings", "2000"]
+    assert_ok(run([sys.executable, "-m", "apps.dlrm.preprocess", *preprocess]))
+    train = ["--data", "criteo", "--data_path", data, *MODEL, "--checkpoint_dir", ckpt]
+    assert_ok(run([sys.executable, "-m", "apps.dlrm.train", *train, "--output_dir", out]))  # one process
+    predict = ["--model", ckpt, "--data", "criteo", "--data_path", data, "--passthrough_columns", "row,label"]
+    assert_ok(run([sys.executable, "-m", "apps.dlrm.predict", *predict, "--output", scores]))
+    last = pq.read_table(os.path.join(scores, "day_2.parquet"))
+    assert last["row"].to_numpy().tolist() == list(range(last.num_rows))
+    test = last.slice((last.num_rows + 1) // 2)  # the day's second half (--eval_days 1)
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert abs(scores_auroc(test["score"].to_numpy(), test["label"].to_numpy()) - summary["test_auroc"]) <= 1e-4
+
+
+# --- bad input: one line naming the value and the fix, nothing overwritten ---------------------------
+
+
+def test_an_output_that_holds_predictions_is_refused_and_left_as_it_was(job):
+    before = {name: os.path.getmtime(os.path.join(job.scores, name)) for name in os.listdir(job.scores)}
+    command = [sys.executable, "-m", "apps.dlrm.predict", "--model", job.int8, "--data_path", job.data]
+    result = run([*command, "--output", job.scores])
+    assert result.returncode == 2
+    (line,) = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert f"--output {job.scores} already holds 5 entries" in line and "give a new --output" in line
+    assert before == {name: os.path.getmtime(os.path.join(job.scores, name)) for name in os.listdir(job.scores)}
+    with pytest.raises(ConfigError, match=f"--output {job.int8} already holds 2 entries"):
+        export(ExportConfig(checkpoint_dir=job.ckpt, output=job.int8))
+
+
+def copy_package(job, tmp_path, change) -> str:
+    """A copy of the float32 package with ``change(manifest)`` applied to its manifest."""
+    package = str(tmp_path / "package")
+    shutil.copytree(job.fp32, package)
+    changed = manifest(package)
+    change(changed)
+    with open(os.path.join(package, MANIFEST_FILE), "w") as f:
+        json.dump(changed, f)
+    return package
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (lambda m: m.update(format_version=99), "is a package of format version 99, but this version of the project"),
+        (lambda m: m["versions"].update(torch="9.1.0"), "was exported with torch 9.1.0, newer than this torch"),
+        (lambda m: m["program"].update(sha256="0" * 64), "is not the program its manifest names"),
+    ],
+)
+def test_a_package_of_another_version_or_changed_is_refused(job, tmp_path, change, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        load_model(copy_package(job, tmp_path, change))
+
+
+def test_a_folder_that_is_no_package_nor_checkpoint_of_ours_is_refused(job, tmp_path):
+    with pytest.raises(ConfigError, match="is neither an inference package .* nor a checkpoint folder"):
+        load_model(job.data)
+    foreign = tmp_path / "ckpt"
+    shutil.copytree(job.ckpt, foreign)
+    (step,) = [name for name in os.listdir(foreign) if name.startswith("step_")]
+    (foreign / step / "manifest.json").write_text(json.dumps({"step": int(step[5:])}))
+    with pytest.raises(ConfigError, match="is not a checkpoint of this project .* records no config and model"):
+        load_model(str(foreign), step="latest")
+
+
+def test_columns_missing_from_the_data_are_named(job):
+    rows = pq.read_table(job.data).slice(0, 10)
+    with pytest.raises(ConfigError, match="--dense_columns int_\\* matches 12 columns of the columns given"):
+        load_model(job.fp32)(rows.drop_columns(["int_4"]))
+
+
+class RunsCode:
+    """Unpickles as ``touch MARKER``: what an attacker would plant."""
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def plant_pickled_weight(entries: dict[str, bytes], marker) -> None:
+    """Makes an archive's first weight a pickle that runs ``touch marker`` when torch loads it."""
+    (name,) = [name for name in entries if name.endswith("weights_config.json")]
+    config = json.loads(entries[name])
+    first = next(iter(config["config"].values()))
+    first["use_pickle"] = True
+    entries[name] = json.dumps(config).encode()
+    entries[name.rsplit("/", 1)[0] + "/" + first["path_name"]] = pickle.dumps(RunsCode(marker))
+
+
+def plant_guard(entries: dict[str, bytes], marker) -> None:
+    """Makes an archive's guard Python code that runs ``touch marker`` when the program is built."""
+    (name,) = [name for name in entries if name.endswith("models/model.json")]
+    program = json.loads(entries[name])
+    program["guards_code"] = [f"__import__('os').system('touch {marker}') == 0"]
+    entries[name] = json.dumps(program).encode()
+
+
+@pytest.mark.parametrize("plant", [plant_pickled_weight, plant_guard])
+def test_a_planted_program_is_refused_unread_and_runs_nothing(job, tmp_path, plant):
+    marker = tmp_path / "ran"
+    package = str(tmp_path / "package")
+    shutil.copytree(job.fp32, package)
+    program = os.path.join(package, PROGRAM_FILE)
+    with zipfile.ZipFile(program) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    plant(entries, marker)
+    with zipfile.ZipFile(program, "w") as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    with open(program, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    copy = manifest(package)
+    copy["program"]["sha256"] = digest  # as a planter would make it
+    with open(os.path.join(package, MANIFEST_FILE), "w") as f:
+        json.dump(copy, f)
+    with pytest.raises(ConfigError, match="refused unread, nothing in it ran"):
+        load_model(package)
+    assert not marker.exists()
+
+
+# --- the components, on every scheduler ----------------------------------------------------------
+
+#: What each scheduler needs to render a request without a cluster (as tests/test_dryrun.py gives).
+SCHEDULER_CFG = {
+    "kubernetes": {"queue": "dlrm", "validate_spec": False},
+    "kubeflow": {"queue": "dlrm"},
+    "aws_batch": {"queue": "dlrm", "user": "alice"},
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("scheduler", list(get_scheduler_factories()))
+def test_export_and_predict_render_on_every_scheduler(scheduler):
+    apps = {
+        ("apps.dlrm.export", "--quantize", "int8"): dlrm.export(
+            checkpoint_dir="s3://b/ckpt", output="s3://b/pkg", quantize="int8"
+        ),
+        ("apps.dlrm.predict", "--model", "s3://b/pkg", "--nproc_per_node"): dlrm.predict(
+            j="2x4", model="s3://b/pkg", data_path="s3://b/c/", output="s3://b/s/"
+        ),
+    }
+    with get_runner() as runner:
+        for words, app in apps.items():
+            request = str(runner.dryrun(app, scheduler, cfg=SCHEDULER_CFG.get(scheduler, {})).request)
+            assert all(word in request for word in words), (words, request)
+
+
+@pytest.mark.unit
+def test_component_arguments_are_checked_before_submission():
+    with pytest.raises(ConfigError, match="--quantize 'int4' is not supported: use one of none, fp16, int8"):
+        dlrm.export(checkpoint_dir="c", output="o", quantize="int4")
+    with pytest.raises(ConfigError, match="--output is missing"):
+        dlrm.predict(model="m", data_path="d")
+    with pytest.raises(ConfigError, match="--step 'newest': give best, latest or a step number"):
+        dlrm.export(checkpoint_dir="c", output="o", step="newest")
