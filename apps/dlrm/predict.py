@@ -7,19 +7,14 @@ Each rank scores its share of the files (see apps/dlrm/serving/predict.py); with
 is one process. Exit status 2, with one line, for a bad option, model, input or output place.
 """
 
-import logging
-import sys
-
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from apps.dlrm.common.distributed import init_distributed
+from apps.dlrm.common.distributed import exit_refused, init_distributed
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.serving.config import parse_predict_config
 from apps.dlrm.serving.predict import predict
 from apps.dlrm.training.report import setup_logging
-
-logger = logging.getLogger("apps.dlrm")
 
 
 @record  # a failing rank's traceback goes to torchrun's error file, which TorchX reports
@@ -30,9 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         predict(cfg, env)
     except ConfigError as e:
-        if env.is_main:
-            logger.error("%s", e)
-        sys.exit(2)
+        exit_refused(e, env)
     finally:
         dist.destroy_process_group()
 

@@ -7,25 +7,18 @@ goes to the rank's error file only, and torchrun's agent says in one line which 
 how (apps/dlrm/launch/agent.py).
 """
 
-import logging
 import sys
-import time
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from apps.dlrm.checkpoint.storage import SaveFailed
-from apps.dlrm.common.distributed import DistEnv, init_distributed, restarts_left
+from apps.dlrm.common.distributed import DistEnv, exit_refused, init_distributed, restarts_left
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.training.report import setup_logging
 from apps.dlrm.training.trainer import Trainer
-
-logger = logging.getLogger("apps.dlrm")
-
-#: How long a rank other than 0 waits before it exits on a refused option or data.
-MAIN_RANK_GRACE_SECONDS = 5
 
 
 def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
@@ -49,13 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(cfg, env)
     except ConfigError as e:
-        if env.is_main:
-            logger.error("%s", e)
-        else:
-            # torchrun stops every rank once one exits and quotes the first: rank 0, which says
-            # why (it meets the same error, or is stopped anyway), gets the time to say it first.
-            time.sleep(MAIN_RANK_GRACE_SECONDS)
-        sys.exit(2)
+        exit_refused(e, env)
     except Exception as e:
         if not restarts_left():
             raise

@@ -4,8 +4,10 @@ import datetime
 import logging
 import os
 import socket
+import sys
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -77,6 +79,21 @@ def restarts_left() -> int:
     """How many more times torchrun restarts this node's trainers if they fail now (``--max_restarts``
     less the restarts so far); 0 outside torchrun."""
     return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+#: How long a rank other than 0 waits before it exits on a refused option or data.
+MAIN_RANK_GRACE_SECONDS = 5
+
+
+def exit_refused(error: Exception, env: DistEnv) -> NoReturn:
+    """Ends this rank on a refused option or data (exit 2): rank 0 logs the one line. The others
+    wait a few seconds first: torchrun stops every rank once one exits and quotes the first, and
+    rank 0, which says why (it meets the same error, or is stopped anyway), should be that one."""
+    if env.is_main:
+        logging.getLogger("apps.dlrm").error("%s", error)
+    else:
+        time.sleep(MAIN_RANK_GRACE_SECONDS)
+    sys.exit(2)
 
 
 def free_port() -> int:
