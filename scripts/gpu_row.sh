@@ -42,7 +42,7 @@ check_staged() (
   for part in "$VENV"/gpu/p*; do STAGE_ROOT="$work/stage" bash "$part/stage.sh"; done
   . "$work/stage/gpu_env.sh"
   python -m torchx.cli.main run -s local_cwd components.dlrm:train -j 1x2 --steps 20 --output_dir "$work/staged/{run}"
-  python -m apps.dlrm.plan --j 1x2 >/dev/null
+  python -m apps.dlrm.plan -j 1x2 >/dev/null
   echo "gpu_row.sh: the staged pack suffices on an image like the GPU machine's"
 )
 
@@ -63,7 +63,7 @@ summary = json.load(open(sys.argv[1]))
 assert (summary["resumed_from_step"], summary["steps"]) == (40, 60), summary
 print("gpu_row.sh: the second job resumed from step 40 and trained to 60")
 PY
-  python -m apps.dlrm.plan --j 1x2
+  python -m apps.dlrm.plan -j 1x2
   torchx run -s local_cwd components.dlrm:plan -j 1x1 --gpu 1 --memMB 65536 --hbm_gb 8 \
     --num_sparse_features 8 --num_embeddings 10000000 --embedding_dim 128 --dense_arch_layer_sizes 512,256,128
   echo "gpu_row.sh: the GPU machine's row passed on $VENV"
