@@ -14,7 +14,7 @@ for training and evaluation: a null, NaN or infinite dense value as 0, a null sp
 id, a list column's elements as a multi-hot bag, hashed ids by SplitMix64 modulo the table.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -99,13 +99,10 @@ class Features:
 
     def with_columns(self, dense_columns: list[str], sparse_columns: list[str]) -> "Features":
         """These features read from other columns (given: not empty)."""
-        return Features(
-            self.data,
-            dense_columns or self.dense_columns,
-            sparse_columns or self.sparse_columns,
-            self.categorical_ids,
-            self.table_sizes,
-            self.num_dense_features,
+        return replace(
+            self,
+            dense_columns=dense_columns or self.dense_columns,
+            sparse_columns=sparse_columns or self.sparse_columns,
         )
 
     def reading(self, data_path: str) -> TrainConfig:
