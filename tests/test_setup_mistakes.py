@@ -11,7 +11,7 @@ from botocore.exceptions import EndpointConnectionError, NoCredentialsError
 
 from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.urls import reaching
-from tests.conftest import BIN, process_env, run, tiny
+from tests.conftest import BIN, LOCAL_TRAIN_1X2, process_env, run, tiny
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"
@@ -40,11 +40,6 @@ def run_without_aws(cmd: list[str], cwd: str, **env: str) -> subprocess.Complete
         full.pop(name, None)
     full.update(env)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd, env=full)
-
-
-#: The main job with one trainer: a job of several stops at the first rank that fails, which need
-#: not be rank 0, the one that says why.
-LOCAL_TRAIN_1X1 = [os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x1"]
 
 
 def torchx(*args: str, cwd: str | None = None, **env: str) -> subprocess.CompletedProcess:
@@ -192,7 +187,7 @@ def test_trainers_run_with_torchxs_python_where_the_environment_is_not_activated
     python = system / "python"
     python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n")
     python.chmod(0o755)
-    cmd = [*LOCAL_TRAIN_1X1, *tiny(steps=4)]
+    cmd = [*LOCAL_TRAIN_1X2, *tiny(steps=4)]
     result = subprocess.run(
         [*cmd, "--output_dir", str(tmp_path / "out")],
         capture_output=True,
@@ -262,10 +257,12 @@ def test_other_storage_errors_pass_through_reaching():
     ids=["no-credentials", "refused-endpoint"],
 )
 def test_s3_that_cannot_be_reached_stops_the_job_in_one_line(tmp_path, args, env, message):
-    cmd = [*LOCAL_TRAIN_1X1, *tiny(), "--output_dir", str(tmp_path / "out"), *args]
+    cmd = [*LOCAL_TRAIN_1X2, *tiny(), "--output_dir", str(tmp_path / "out"), *args]
     result = run_without_aws(cmd, str(tmp_path), AWS_DEFAULT_REGION="us-west-2", **env)
     out = result.stdout + result.stderr
     assert result.returncode != 0 and out.count(message) == 1, out[-3000:]
+    # torchrun's last line names rank 0, whose line is above, whichever rank met the error first.
+    assert "apps.dlrm.train failed on" in out and "rank 0 exited with 2; its error is above" in out, out[-3000:]
     assert "Traceback" not in out and "ChildFailedError" not in out, out[-3000:]
     assert SECRET not in out
 
