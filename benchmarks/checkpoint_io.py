@@ -103,7 +103,7 @@ def evict(paths: list[str]) -> None:
 
 def checkpointer(cfg, run, env):
     """Collective. The app's checkpointer of the trainer ``run`` at ``cfg.checkpoint.checkpoint_dir``, as training builds it."""
-    from apps.dlrm.checkpoint.checkpointer import Checkpointer, open_checkpoints
+    from apps.core.checkpoint.checkpointer import Checkpointer, open_checkpoints
 
     return Checkpointer(cfg, env, open_checkpoints(cfg, env), run.checkpointed, run.run_length.steps)
 
@@ -116,7 +116,7 @@ def step_files(store, step: int) -> list[str]:
 
 def checkpoint_save(saver, step: int, env) -> float:
     """Collective. Seconds for the checkpointer ``saver`` to save and commit the checkpoint of ``step``."""
-    from apps.dlrm.checkpoint.checkpointer import TrainState
+    from apps.core.checkpoint.checkpointer import TrainState
 
     return timed(lambda: saver.save(TrainState(env.rank, step, 0.0)))
 
@@ -133,7 +133,7 @@ def newest(store, env):
 def checkpoint_load(loader, checkpoint, local: bool, env) -> float:
     """Collective. Seconds for the checkpointer ``loader`` to restore ``checkpoint`` into its model
     and optimizer, from the disk where ``local``."""
-    from apps.dlrm.checkpoint.checkpointer import TrainState
+    from apps.core.checkpoint.checkpointer import TrainState
 
     if local:
         evict(step_files(loader.store, checkpoint.step))
@@ -146,8 +146,8 @@ def shards_save(app, url: str, local: bool, summed: bool, env) -> float:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    from apps.dlrm.checkpoint import storage
-    from apps.dlrm.checkpoint.checkpointer import TrainState
+    from apps.core.checkpoint import storage
+    from apps.core.checkpoint.checkpointer import TrainState
 
     state = app.entries(TrainState(env.rank, 0, 0.0))
     if summed:
@@ -158,7 +158,7 @@ def shards_save(app, url: str, local: bool, summed: bool, env) -> float:
 
 def unchecked(checkpoint):
     """``checkpoint`` as one written before checksums: its manifest has none."""
-    from apps.dlrm.checkpoint.folder import CHECKSUMS
+    from apps.core.checkpoint.folder import CHECKSUMS
 
     return dataclasses.replace(checkpoint, manifest={k: v for k, v in checkpoint.manifest.items() if k != CHECKSUMS})
 
@@ -245,7 +245,7 @@ class Resharded:
 
 def build_resharded(rows: int, sharding_type: str, env) -> Resharded:
     """Collective. The benchmark's model sharded ``sharding_type``, as the app builds it."""
-    from apps.dlrm.common.errors import ConfigError
+    from apps.core.common.errors import ConfigError
     from apps.dlrm.training.trainer import Trainer
 
     try:
@@ -305,7 +305,7 @@ def tables_equal(saved, resharded, env) -> bool:
 def reshard(checkpoint, saved, target: Resharded, gb: float, repeats: int, local: bool, env) -> dict:
     """Collective. Loads ``checkpoint`` into ``target``'s model ``repeats`` times (from the disk
     where ``local``): its figures for the report (the median rate, every sample)."""
-    from apps.dlrm.common.errors import ConfigError
+    from apps.core.common.errors import ConfigError
 
     figures = {"reshard_to": target.sharding_type, "reshard_load_gbps": None, "reshard_equal": False}
     if target.error:
@@ -393,7 +393,7 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, res
     """Runs under torchrun: measures each URL; rank 0 prints the figures and writes ``results``."""
     import torch.distributed as dist
 
-    from apps.dlrm.common.distributed import init_distributed
+    from apps.core.common.distributed import init_distributed
     from apps.dlrm.training.trainer import Trainer
 
     env = init_distributed()

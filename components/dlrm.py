@@ -19,10 +19,10 @@ from typing import Any
 from torchx import specs
 from torchx.components import utils
 
+from apps.core.launch.target import PlanTarget
+from apps.core.options import to_argv
 from apps.dlrm.config import PlanConfig, TrainConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
-from apps.dlrm.launch.target import PlanTarget
-from apps.dlrm.options import to_argv
 from apps.dlrm.serving.config import ExportConfig, PredictConfig
 from apps.dlrm.training.run_folder import TORCHRUN_LOGS, output_folder
 from components import torchx_logs

@@ -8,9 +8,9 @@ from torchx import specs
 from torchx.components import dist
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.launch.job_shape import JobShape
-from apps.dlrm.options import option
+from apps.core.common.errors import ConfigError
+from apps.core.launch.job_shape import JobShape
+from apps.core.options import option
 from schedulers.node_request import DEFAULT_HOST_REQUEST
 
 #: The image built by the repository's Dockerfile (``docker build -t torchrec-dlrm .``).

@@ -9,10 +9,10 @@ from typing import Iterator
 
 from torchx import specs
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.launch.target import PlanTarget, check_hbm_gb
+from apps.core.options import option
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.launch.target import PlanTarget, check_hbm_gb
-from apps.dlrm.options import option
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
 

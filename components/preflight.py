@@ -2,7 +2,7 @@
 ``--dryrun`` checks too), from the facts at hand: the GPUs the job asks for, and its data where
 that is on this machine (apps/dlrm/data/preflight.py)."""
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.preflight import check_local_data
 from apps.dlrm.training.device_support import check_device_support

@@ -22,7 +22,7 @@ from torchx import specs
 from torchx.specs.finder import ComponentValidationException
 from torchx.util.types import to_dict
 
-from apps.dlrm.options import (
+from apps.core.options import (
     ConfigError,
     Options,
     field_default,
@@ -85,7 +85,7 @@ def take(cls: type[D], kwargs: dict[str, Any]) -> D:
 
     Arguments still in their text form (from TorchX's CLI or a .torchxconfig) are parsed here.
     TorchX hands every argument over, given or not; for a configuration of sections
-    (:class:`~apps.dlrm.options.Options`) those that differ from their default count as given,
+    (:class:`~apps.core.options.Options`) those that differ from their default count as given,
     so a --preset fills the others (an argument given at its default value cannot be told apart
     here, unlike on the app's own command line).
     """

@@ -65,7 +65,7 @@ from torchx.specs import (
 from torchx.specs.finder import ComponentValidationException
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
-from apps.dlrm.urls import AWS_CREDENTIALS_FIX, unreachable_aws_fix
+from apps.core.urls import AWS_CREDENTIALS_FIX, unreachable_aws_fix
 from schedulers.docker_builds import DryRunWithoutDockerMixin
 from schedulers.node_request import NodeRequestCheck
 from schedulers.setup_checks import SetupError, first_line

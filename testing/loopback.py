@@ -9,7 +9,7 @@ import time
 import urllib.request
 from typing import Callable, Iterator
 
-from apps.dlrm.common.distributed import free_port
+from apps.core.common.distributed import free_port
 
 
 @contextlib.contextmanager

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from apps.dlrm.checkpoint.checkpointer import TrainState
-from apps.dlrm.common.distributed import init_distributed
+from apps.core.checkpoint.checkpointer import TrainState
+from apps.core.common.distributed import init_distributed
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.training.trainer import Trainer
 

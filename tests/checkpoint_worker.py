@@ -17,8 +17,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from apps.dlrm.checkpoint.checkpointer import Checkpointer, TrainState, open_checkpoints
-from apps.dlrm.common.distributed import DistEnv, init_distributed
+from apps.core.checkpoint.checkpointer import Checkpointer, TrainState, open_checkpoints
+from apps.core.common.distributed import DistEnv, init_distributed
 from apps.dlrm.config import parse_train_config
 from apps.dlrm.train import train
 from apps.dlrm.training.trainer import Trainer

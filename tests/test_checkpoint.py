@@ -16,10 +16,10 @@ import fsspec
 import pytest
 import torch
 
-from apps.dlrm.checkpoint.checkpointer import CheckpointError, check_compatible, model_signature, open_checkpoints
-from apps.dlrm.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointStore
-from apps.dlrm.checkpoint.reshard import column_map
-from apps.dlrm.common.distributed import DistEnv
+from apps.core.checkpoint.checkpointer import CheckpointError, check_compatible, model_signature, open_checkpoints
+from apps.core.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointStore
+from apps.core.checkpoint.reshard import column_map
+from apps.core.common.distributed import DistEnv
 from apps.dlrm.config import SHARDING_TYPES, train_config
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, REPO, TINY, assert_ok, run, tiny, torchrun, trainer_pids
 from tests.shards import assemble, saved_tensors

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from apps.dlrm.checkpoint.folder import COMMIT_MARKER, CheckpointStore
+from apps.core.checkpoint.folder import COMMIT_MARKER, CheckpointStore
 from tests.conftest import REPO, assert_ok, process_env, torchrun, trainer_pids
 
 # Tier (tests/conftest.py): real processes and servers.

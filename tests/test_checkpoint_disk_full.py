@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from apps.dlrm.checkpoint.folder import CheckpointStore
+from apps.core.checkpoint.folder import CheckpointStore
 from tests.conftest import run, tiny
 
 # Tier (tests/conftest.py): real processes and servers.

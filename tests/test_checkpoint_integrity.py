@@ -13,11 +13,11 @@ import torch
 import torch.distributed as dist
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
-from apps.dlrm.checkpoint import storage as checkpoint_storage
-from apps.dlrm.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
-from apps.dlrm.checkpoint.folder import CheckpointStore
-from apps.dlrm.checkpoint.storage import CheckpointReader, DamagedCheckpoint
-from apps.dlrm.common.distributed import DistEnv, free_port
+from apps.core.checkpoint import storage as checkpoint_storage
+from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
+from apps.core.checkpoint.folder import CheckpointStore
+from apps.core.checkpoint.storage import CheckpointReader, DamagedCheckpoint
+from apps.core.common.distributed import DistEnv, free_port
 from apps.dlrm.config import train_config
 from tests.shards import sharded, whole
 

@@ -12,9 +12,9 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from apps.dlrm.checkpoint import storage as checkpoint_storage
-from apps.dlrm.checkpoint.storage import _CheckpointWriter, load_shards, save_shards
-from apps.dlrm.common.distributed import free_port
+from apps.core.checkpoint import storage as checkpoint_storage
+from apps.core.checkpoint.storage import _CheckpointWriter, load_shards, save_shards
+from apps.core.common.distributed import free_port
 from tests.shards import sharded, whole
 
 # Tier (tests/conftest.py): pure logic, fast.

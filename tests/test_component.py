@@ -12,9 +12,9 @@ import pytest
 from torchx import specs
 from torchx.specs.builders import materialize_appdef
 
+from apps.core.launch.job_shape import parse_job_size
+from apps.core.options import options_of
 from apps.dlrm.config import TrainConfig, train_config
-from apps.dlrm.launch.job_shape import parse_job_size
-from apps.dlrm.options import options_of
 from components import dlrm
 from components.launch import DEFAULT_ENV
 from components.signature import InvalidComponentArgument

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.options import options_of, to_argv
 from apps.dlrm.config import TrainConfig, parse_train_config, train_config
-from apps.dlrm.options import options_of, to_argv
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.options import to_argv
 from apps.dlrm.config import train_config
 from apps.dlrm.data.criteo.fetch import local_folder
 from apps.dlrm.data.criteo.layout import FORMAT, FORMAT_VERSION, array_file, checksums, day_report_file, write_json
 from apps.dlrm.data.criteo.loader import CriteoClickLogs
-from apps.dlrm.options import to_argv
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"

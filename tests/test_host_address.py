@@ -1,14 +1,14 @@
 """How a multi-node trainer's torchrun is told this host's address (apps/dlrm/torchrun.py,
-apps/dlrm/launch/torchrun_args.py, apps/dlrm/launch/network.py): the pure parts. The real thing
+apps/core/launch/torchrun_args.py, apps/core/launch/network.py): the pure parts. The real thing
 runs across hosts in test_multi_node.py."""
 
 import socket
 
 import pytest
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.launch import network, torchrun_args
-from apps.dlrm.launch.network import HostAddress
+from apps.core.common.errors import ConfigError
+from apps.core.launch import network, torchrun_args
+from apps.core.launch.network import HostAddress
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"

@@ -5,8 +5,10 @@ it:
   without TorchX's component and scheduler layers;
 - the app imports neither the benchmarks nor the tests nor what they share (testing/), and the
   benchmarks never import the tests (what both need lives in testing/);
-- inside the app, the rooms: common/ imports nothing else from the app; data/ imports neither
-  launch/ nor the checkpoints; launch/ does not import data/; serving/ (export and prediction)
+- apps/core/ holds what every app shares (common/, launch/, checkpoint/, options, URLs); apps/dlrm/
+  is the DLRM app on top of it;
+- the rooms: common/ imports nothing else from the apps; data/ imports neither launch/ nor the
+  checkpoints; launch/ does not import data/; serving/ (export and prediction)
   builds on the model, the data and the checkpoints, not on training, and only the commands
   above it import it.
 """
@@ -25,6 +27,8 @@ ABOVE_THE_APP = ("components", "schedulers", "torchx_plugins")
 #: What measures and checks the app, and what those share: the app never needs them to run.
 BESIDE_THE_APP = ("benchmarks", "tests", "testing")
 DLRM = REPO / "apps" / "dlrm"
+#: What every app shares: processes, launching, checkpoints, options (apps/core/).
+CORE = REPO / "apps" / "core"
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:
@@ -83,31 +87,31 @@ def test_the_benchmarks_import_no_test(path):
     assert_imports_none(path, "tests", fix="the tests import the benchmarks; move what both use to testing/")
 
 
-@pytest.mark.parametrize("path", sources(DLRM / "common"), ids=name)
+@pytest.mark.parametrize("path", sources(CORE / "common"), ids=name)
 def test_common_imports_nothing_else_from_the_app(path):
     fix = (
-        "apps/dlrm/common/ is what every room shares, so it builds on the standard library and "
+        "apps/core/common/ is what every room shares, so it builds on the standard library and "
         "third-party packages only; move the code that needs more out of common/"
     )
-    assert_imports_none(path, "apps", allowed=("apps.dlrm.common",), fix=fix)
+    assert_imports_none(path, "apps", allowed=("apps.core.common",), fix=fix)
 
 
 @pytest.mark.parametrize("path", sources(DLRM / "data"), ids=name)
 def test_the_data_sources_import_neither_launch_nor_checkpoints(path):
     fix = (
-        "a data source is handed what it needs (a TrainConfig, a DistEnv from apps.dlrm.common) "
+        "a data source is handed what it needs (a TrainConfig, a DistEnv from apps.core.common) "
         "and knows neither how the job was launched nor how it is saved"
     )
-    assert_imports_none(path, "apps.dlrm.launch", "apps.dlrm.checkpoint", fix=fix)
+    assert_imports_none(path, "apps.core.launch", "apps.core.checkpoint", fix=fix)
 
 
-@pytest.mark.parametrize("path", sources(DLRM / "launch"), ids=name)
+@pytest.mark.parametrize("path", sources(CORE / "launch"), ids=name)
 def test_launch_does_not_import_the_data_sources(path):
-    fix = "starting a job must not load the data sources; move what both need to apps/dlrm/common/"
+    fix = "starting a job must not load the data sources; move what both need to apps/core/common/"
     assert_imports_none(path, "apps.dlrm.data", fix=fix)
 
 
-@pytest.mark.parametrize("path", sources(DLRM / "data") + sources(DLRM / "checkpoint"), ids=name)
+@pytest.mark.parametrize("path", sources(DLRM / "data") + sources(CORE / "checkpoint"), ids=name)
 def test_data_and_checkpoints_do_not_import_training(path):
     fix = (
         "the training room (apps/dlrm/training/) builds on the data sources and the checkpoints, "
@@ -116,10 +120,10 @@ def test_data_and_checkpoints_do_not_import_training(path):
     assert_imports_none(path, "apps.dlrm.training", fix=fix)
 
 
-@pytest.mark.parametrize("path", sources(DLRM / "launch"), ids=name)
+@pytest.mark.parametrize("path", sources(CORE / "launch"), ids=name)
 def test_launch_imports_neither_training_nor_checkpoints(path):
     fix = "shaping and starting a job must not load the training machinery; move what both need to common/"
-    assert_imports_none(path, "apps.dlrm.training", "apps.dlrm.checkpoint", fix=fix)
+    assert_imports_none(path, "apps.dlrm.training", "apps.core.checkpoint", fix=fix)
 
 
 @pytest.mark.parametrize("path", sources(DLRM / "serving"), ids=name)
@@ -128,7 +132,7 @@ def test_serving_builds_on_the_model_data_and_checkpoints_not_on_training(path):
         "exporting and scoring load a checkpoint whole in one process: they need the model, the data "
         "sources and the checkpoints, not the training run's machinery (move what both need below both)"
     )
-    assert_imports_none(path, "apps.dlrm.training", "apps.dlrm.launch", fix=fix)
+    assert_imports_none(path, "apps.dlrm.training", "apps.core.launch", fix=fix)
 
 
 @pytest.mark.parametrize("path", [p for p in sources(DLRM) if "serving" not in p.parts], ids=name)

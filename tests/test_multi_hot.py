@@ -14,14 +14,14 @@ import pytest
 import torch
 from torchmetrics.classification import BinaryAUROC
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.options import to_argv
 from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.data.criteo import multi_hot
 from apps.dlrm.data.criteo.loader import CriteoClickLogs
 from apps.dlrm.data.criteo.multi_hot import MLPERF_MULTI_HOT_SIZES, expand, multi_hot_tables
 from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.data.synthetic import SyntheticClickLogs
-from apps.dlrm.options import to_argv
 from benchmarks.equivalence import STEPS, TOLERANCE, compare
 from tests.conftest import TINY, assert_ok, run, torchrun
 from tests.test_criteo_data import TABLES, dataset, rows_of, write_folder

@@ -10,8 +10,8 @@ import boto3
 import pytest
 from torchx import specs
 
+from apps.core.options import option_values
 from apps.dlrm.config import parse_train_config
-from apps.dlrm.options import option_values
 from components import dlrm
 from testing.moto_server import REGION, aws_env, moto_server
 from tests.conftest import TINY, assert_ok, torchrun

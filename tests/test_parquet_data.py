@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.config import train_config
 from apps.dlrm.data.parquet.loader import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
 from apps.dlrm.data.parquet.order import Pieces, eval_runs

@@ -14,10 +14,10 @@ import pytest
 from torchx import specs
 from torchx.specs.builders import materialize_appdef
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.launch.target import GiB, PlanTarget
 from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
-from apps.dlrm.launch.target import GiB, PlanTarget
 from apps.dlrm.plan import DOES_NOT_FIT, preview
 from apps.dlrm.plan import main as plan_app
 from apps.dlrm.training.sharding import describe_plan

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.data.criteo.config import PreprocessConfig, parse_preprocess_config
 from apps.dlrm.data.criteo.layout import NpyAppender, open_folder
 from apps.dlrm.data.criteo.pipeline import PreprocessFailed, preprocess

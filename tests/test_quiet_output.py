@@ -12,8 +12,8 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torchrec.distributed.types import ParameterSharding, ShardingPlan
 
-from apps.dlrm.launch import agent
-from apps.dlrm.launch.torchrun_args import available_cores, trainer_threads
+from apps.core.launch import agent
+from apps.core.launch.torchrun_args import available_cores, trainer_threads
 from apps.dlrm.model import EBC_PATH
 from apps.dlrm.training.report import Reporter
 from apps.dlrm.training.sharding import summarize_plan

@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from apps.dlrm.checkpoint.reshard import ColumnMap, StateKey, column_map, parse_key
+from apps.core.checkpoint.reshard import ColumnMap, StateKey, column_map, parse_key
 from tests.conftest import REPO, assert_ok, torchrun
 from tests.shards import assemble, saved_tensors
 

@@ -15,7 +15,7 @@ from torchx.schedulers import slurm_scheduler
 from torchx.schedulers.api import Stream
 from torchx.specs.builders import materialize_appdef
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.config import train_config
 from apps.dlrm.training.run_folder import TORCHRUN_LOGS, make_run_folder, output_folder, torchrun_log_dir
 from components import dlrm

@@ -3,7 +3,7 @@
 
 import pytest
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.config import train_config
 from apps.dlrm.training.optim import LRShape, lr_scale
 from apps.dlrm.training.run_length import RunLength

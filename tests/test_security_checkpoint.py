@@ -19,14 +19,14 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, MetadataIndex
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-from apps.dlrm.checkpoint import storage as checkpoint_storage
-from apps.dlrm.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
-from apps.dlrm.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointStore
-from apps.dlrm.checkpoint.storage import CheckpointError, CheckpointReader
-from apps.dlrm.common.distributed import DistEnv, free_port
+from apps.core.checkpoint import storage as checkpoint_storage
+from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
+from apps.core.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointStore
+from apps.core.checkpoint.storage import CheckpointError, CheckpointReader
+from apps.core.common.distributed import DistEnv, free_port
+from apps.core.urls import redact_urls
 from apps.dlrm.config import TrainConfig, train_config
 from apps.dlrm.training.report import Reporter
-from apps.dlrm.urls import redact_urls
 from tests.conftest import assert_ok, run, tiny
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.

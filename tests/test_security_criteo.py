@@ -12,7 +12,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.data.criteo import fetch
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.data.criteo.fetch import local_folder

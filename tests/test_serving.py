@@ -26,7 +26,7 @@ import pytest
 from torchx.runner import get_runner
 from torchx.schedulers import get_scheduler_factories
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.serving.api import load_model
 from apps.dlrm.serving.config import ExportConfig
 from apps.dlrm.serving.export import export

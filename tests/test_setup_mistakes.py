@@ -9,8 +9,8 @@ import subprocess
 import pytest
 from botocore.exceptions import EndpointConnectionError, NoCredentialsError
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.urls import reaching
+from apps.core.common.errors import ConfigError
+from apps.core.urls import reaching
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, process_env, run, tiny
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.

@@ -7,10 +7,10 @@ TorchRec's planner plans for cuda ranks without a GPU, so these run on this CPU 
 import pytest
 import torch
 
-from apps.dlrm.common.distributed import DistEnv
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.distributed import DistEnv
+from apps.core.common.errors import ConfigError
+from apps.core.launch.target import GiB, PlanTarget
 from apps.dlrm.config import TrainConfig, train_config
-from apps.dlrm.launch.target import GiB, PlanTarget
 from apps.dlrm.model import EBC_PATH
 from apps.dlrm.plan import preview
 from apps.dlrm.training.device_support import check_device_support

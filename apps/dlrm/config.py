@@ -8,11 +8,11 @@
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from apps.core.common.errors import ConfigError
+from apps.core.options import Options, check_choices, field_default, option, options_of, parse_config, section
 from apps.dlrm import presets
-from apps.dlrm.common.errors import ConfigError
 from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES
 from apps.dlrm.data.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
-from apps.dlrm.options import Options, check_choices, field_default, option, options_of, parse_config, section
 
 SHARDING_TYPES = (
     "auto",

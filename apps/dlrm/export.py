@@ -10,7 +10,7 @@ Exit status 2, with one line, for a bad option, checkpoint or output place.
 import logging
 import sys
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.serving.config import parse_export_config
 from apps.dlrm.serving.export import export
 from apps.dlrm.training.report import setup_logging

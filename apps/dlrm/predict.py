@@ -10,8 +10,8 @@ is one process. Exit status 2, with one line, for a bad option, model, input or 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from apps.dlrm.common.distributed import exit_refused, init_distributed
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.distributed import exit_refused, init_distributed
+from apps.core.common.errors import ConfigError
 from apps.dlrm.serving.config import parse_predict_config
 from apps.dlrm.serving.predict import predict
 from apps.dlrm.training.report import setup_logging

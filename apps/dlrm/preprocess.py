@@ -14,7 +14,7 @@ a bad option.
 import logging
 import sys
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.data.criteo.config import parse_preprocess_config
 from apps.dlrm.data.criteo.pipeline import PreprocessFailed, preprocess
 from apps.dlrm.training.report import redacting_handler

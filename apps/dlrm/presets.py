@@ -3,7 +3,7 @@
 A preset is a set of option values. It fills only the options a run does not give: an option
 given wins over the preset (``--preset dlrmv2 --batch_size 256`` trains MLPerf's model with
 batches of 256), even when given at its default value (``--preset dlrmv2 --batch_size 512``
-trains with 512: the app's parser knows what was given, :func:`apps.dlrm.options.add_options`).
+trains with 512: the app's parser knows what was given, :func:`apps.core.options.add_options`).
 The TorchX component cannot tell: TorchX hands it every argument, given or not, so there an
 argument at its default value counts as not given and takes the preset's value. The table sizes
 are one choice made by three options: the preset's ``--table_size_preset`` applies only when none

@@ -4,13 +4,13 @@
 
 takes torchrun's own arguments and runs torchrun (``torch.distributed.run``) in this process.
 For a job of more than one node it first completes them with how the other hosts reach this one
-(:mod:`apps.dlrm.launch.torchrun_args`: ``--local_addr``, ``--rdzv_conf is_host=1``,
+(:mod:`apps.core.launch.torchrun_args`: ``--local_addr``, ``--rdzv_conf is_host=1``,
 ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``), which torchrun and the trainers would
 otherwise guess from the hostname, wrongly wherever it resolves to loopback. What the user set is
 kept. On every job it also sets the trainers' ``OMP_NUM_THREADS`` (this host's cores shared
-among them, :func:`~apps.dlrm.launch.torchrun_args.trainer_threads`), names the run's folder in
+among them, :func:`~apps.core.launch.torchrun_args.trainer_threads`), names the run's folder in
 torchrun's ``--log_dir`` (:func:`~apps.dlrm.training.run_folder.torchrun_log_dir`), and says in
-one line why it restarts the trainers or why the job failed (:mod:`apps.dlrm.launch.agent`), in
+one line why it restarts the trainers or why the job failed (:mod:`apps.core.launch.agent`), in
 place of torchrun's warnings, tracebacks and failure table. The components run every trainer
 through it (components/launch.py).
 """
@@ -24,9 +24,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.launch.agent import describe_failure, recorded_error, report_restarts, root_failure
-from apps.dlrm.launch.torchrun_args import multi_node_args, trainer_threads
+from apps.core.common.errors import ConfigError
+from apps.core.launch.agent import describe_failure, recorded_error, report_restarts, root_failure
+from apps.core.launch.torchrun_args import multi_node_args, trainer_threads
 from apps.dlrm.training.run_folder import torchrun_log_dir
 
 logger = logging.getLogger("apps.dlrm.torchrun")

@@ -4,7 +4,7 @@ The command: parse the configuration, join the process group, and let a
 :class:`~apps.dlrm.training.trainer.Trainer` run the training; a configuration error is one line, exit 2.
 Any other error is a traceback, unless torchrun restarts the trainers after it: then the traceback
 goes to the rank's error file only, and torchrun's agent says in one line which rank failed and
-how (apps/dlrm/launch/agent.py).
+how (apps/core/launch/agent.py).
 """
 
 import sys
@@ -13,9 +13,9 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
-from apps.dlrm.checkpoint.storage import SaveFailed
-from apps.dlrm.common.distributed import DistEnv, exit_refused, init_distributed, restarts_left
-from apps.dlrm.common.errors import ConfigError
+from apps.core.checkpoint.storage import SaveFailed
+from apps.core.common.distributed import DistEnv, exit_refused, init_distributed, restarts_left
+from apps.core.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.training.report import setup_logging
 from apps.dlrm.training.trainer import Trainer

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
     from torchrec.datasets.utils import Batch
 
-    from apps.dlrm.common.distributed import DistEnv
+    from apps.core.common.distributed import DistEnv
     from apps.dlrm.config import TrainConfig
 
 

@@ -12,8 +12,8 @@ statistics, not their data). A path that is not here (it may exist only on the c
 
 import glob
 
+from apps.core.urls import is_url
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.urls import is_url
 
 
 def check_local_data(cfg: TrainConfig) -> None:

@@ -36,7 +36,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from apps.dlrm.common.hashing import GOLDEN_GAMMA, MASK64, mix64, mix64_int, shift_right, signed
+from apps.core.common.hashing import GOLDEN_GAMMA, MASK64, mix64, mix64_int, shift_right, signed
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.model import feature_names
 

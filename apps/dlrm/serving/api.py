@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow as pa
 from torch import nn
 
+from apps.core.urls import redact_urls
 from apps.dlrm.serving.features import DEFAULT_BATCH_ROWS, Features, RowScorer
 from apps.dlrm.serving.package import MANIFEST_FILE, PackageError, read_manifest, read_package
 from apps.dlrm.serving.program import scorer
 from apps.dlrm.serving.trained import NoCheckpoint, load_trained
-from apps.dlrm.urls import redact_urls
 
 #: How errors name the columns a model is given in memory.
 GIVEN = "the columns given"

@@ -4,9 +4,9 @@ apps.dlrm.export`` and ``python -m apps.dlrm.predict``, and the arguments of the
 
 from dataclasses import dataclass
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.options import Options, check_choices, option, parse_config
 from apps.dlrm.config import DATA_PATH_HELP
-from apps.dlrm.options import Options, check_choices, option, parse_config
 
 #: --quantize: the tables' dtype in the package (none: as trained, float32).
 QUANTIZE = ("none", "fp16", "int8")

@@ -15,15 +15,15 @@ import logging
 import time
 from typing import Any
 
-from apps.dlrm.checkpoint.checkpointer import package_versions
-from apps.dlrm.options import option_values
+from apps.core.checkpoint.checkpointer import package_versions
+from apps.core.options import option_values
+from apps.core.urls import redact_urls
 from apps.dlrm.serving.config import ExportConfig
 from apps.dlrm.serving.features import Features
 from apps.dlrm.serving.outputs import refuse_existing
 from apps.dlrm.serving.package import manifest_record, write_package
 from apps.dlrm.serving.program import export_program, quantize_tables, scorer, table_bytes
 from apps.dlrm.serving.trained import Trained, load_trained
-from apps.dlrm.urls import redact_urls
 
 logger = logging.getLogger("apps.dlrm.serving")
 

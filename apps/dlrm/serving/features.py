@@ -22,8 +22,8 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.common.hashing import GOLDEN_GAMMA
+from apps.core.common.errors import ConfigError
+from apps.core.common.hashing import GOLDEN_GAMMA
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.parquet.files import ColumnSpec, resolve_columns
 from apps.dlrm.data.parquet.loader import assemble_batch
@@ -40,7 +40,7 @@ _HASH = (
     "row = (SplitMix64 finaliser of (value + 0x{gamma:X}) mod 2**64, as an unsigned 64-bit integer) modulo the "
     "table's size; value: the column's integer as int64 (uint64 values by their bits); finaliser: x ^= x >> 30; "
     "x *= 0xBF58476D1CE4E5B9; x ^= x >> 27; x *= 0x94D049BB133111EB; x ^= x >> 31 (logical shifts, wrapping "
-    "products); no seed beyond the constant. Reference: apps/dlrm/common/hashing.py"
+    "products); no seed beyond the constant. Reference: apps/core/common/hashing.py"
 ).format(gamma=GOLDEN_GAMMA)
 _DENSE = {
     "parquet": "each dense column read as float32; null, NaN and infinite values as 0",

@@ -8,8 +8,8 @@ from typing import IO, Callable
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.urls import redact_urls
+from apps.core.common.errors import ConfigError
+from apps.core.urls import redact_urls
 
 
 class OutputError(ConfigError):

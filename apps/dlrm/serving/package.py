@@ -46,10 +46,10 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from torch.export import ExportedProgram
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.urls import redact_urls
 from apps.dlrm.serving.outputs import refuse_existing
 from apps.dlrm.serving.program import quiet_torch
-from apps.dlrm.urls import redact_urls
 
 PACKAGE_FORMAT = "torchrec-dlrm-inference-package"
 #: Bumped whenever a package's meaning changes: a reader refuses the formats it does not know.

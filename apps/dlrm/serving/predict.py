@@ -31,8 +31,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch.distributed as dist
 
-from apps.dlrm.common.distributed import DistEnv, decided_by_main
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.distributed import DistEnv, decided_by_main
+from apps.core.common.errors import ConfigError
+from apps.core.urls import redact_urls
 from apps.dlrm.data.criteo.fetch import local_folder
 from apps.dlrm.data.criteo.layout import check_table_sizes, open_folder
 from apps.dlrm.data.parquet.files import ColumnSpec, check_statistics, open_files
@@ -40,7 +41,6 @@ from apps.dlrm.serving.api import Model, open_model
 from apps.dlrm.serving.config import PredictConfig
 from apps.dlrm.serving.features import Features, RowScorer
 from apps.dlrm.serving.outputs import refuse_existing, write_file
-from apps.dlrm.urls import redact_urls
 
 logger = logging.getLogger("apps.dlrm.serving")
 

@@ -2,7 +2,7 @@
 
 The checkpoint may have been written by any number of ranks under any sharding: DCP reads every
 table's pieces into one whole tensor, as it reshards a resumed run. The reading is the checkpoint
-room's (:class:`~apps.dlrm.checkpoint.folder.CheckpointStore`: the commit marker, the manifest,
+room's (:class:`~apps.core.checkpoint.folder.CheckpointStore`: the commit marker, the manifest,
 ``.metadata`` through the unpickler that builds nothing but DCP's metadata, the shards' tensors
 read without unpickling), here in one process without a process group. Only the model's entries
 are read: the optimizer state, often larger than the model, stays where it is.
@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from torchrec.models.dlrm import DLRM
 
-from apps.dlrm.checkpoint.checkpointer import check_compatible
-from apps.dlrm.checkpoint.folder import Checkpoint, CheckpointStore
-from apps.dlrm.checkpoint.storage import CheckpointError
-from apps.dlrm.common.errors import ConfigError
+from apps.core.checkpoint.checkpointer import check_compatible
+from apps.core.checkpoint.folder import Checkpoint, CheckpointStore
+from apps.core.checkpoint.storage import CheckpointError
+from apps.core.common.errors import ConfigError
+from apps.core.urls import redact_urls
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.model import build_model
-from apps.dlrm.urls import redact_urls
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ silently ignored); this check names the option and the CPU alternative instead.
 
 from typing import Iterator
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig
 
 #: Pipelines that fail on CPU ranks, and why.

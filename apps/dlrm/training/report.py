@@ -15,7 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from apps.dlrm.urls import redact_urls
+from apps.core.urls import redact_urls
 
 logger = logging.getLogger("apps.dlrm.training.report")
 

@@ -5,7 +5,7 @@ a folder of its own, named by :func:`run_folder_name`: the TorchX app id (``dlrm
 ``local_cwd``; ``dlrm-1234`` on Slurm, whose app ids are job numbers), the same for every
 attempt of the job, else the job's name and start time. ``latest`` beside it links to the
 newest. Any folder, made here or given, records the run that writes it in ``RUN`` (the run id of
-:mod:`apps.dlrm.checkpoint.checkpointer`), and a folder of another run is refused, as is one
+:mod:`apps.core.checkpoint.checkpointer`), and a folder of another run is refused, as is one
 holding the summary.json of a run that ended, unless this run resumes it: two runs never share
 a folder, and no run writes over another's results.
 
@@ -19,8 +19,8 @@ import re
 import uuid
 from typing import Mapping
 
-from apps.dlrm.common.distributed import DistEnv, decided_by_main
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.distributed import DistEnv, decided_by_main
+from apps.core.common.errors import ConfigError
 from apps.dlrm.config import RUN_PLACEHOLDER
 from apps.dlrm.training.report import SUMMARY_FILE
 

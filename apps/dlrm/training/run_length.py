@@ -8,7 +8,7 @@ every ``--val_every_steps``, by default after every epoch, and always after its 
 
 from dataclasses import dataclass
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.config import SYNTHETIC_STEPS, TrainConfig
 
 

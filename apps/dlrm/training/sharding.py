@@ -33,8 +33,8 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.distributed.types import ShardingPlan
 
-from apps.dlrm.common.distributed import DistEnv
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.distributed import DistEnv
+from apps.core.common.errors import ConfigError
 from apps.dlrm.config import LaunchConfig, TrainConfig, check_int8_comms
 from apps.dlrm.model import EBC_PATH, build_model
 from apps.dlrm.training.optim import fuse_embedding_optimizer

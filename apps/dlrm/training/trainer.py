@@ -16,10 +16,11 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSparseDist, train_pipelines
 
-from apps.dlrm.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
-from apps.dlrm.checkpoint.folder import Checkpoint
-from apps.dlrm.common.distributed import DistEnv, all_reduce_mean
-from apps.dlrm.common.errors import ConfigError
+from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
+from apps.core.checkpoint.folder import Checkpoint
+from apps.core.common.distributed import DistEnv, all_reduce_mean
+from apps.core.common.errors import ConfigError
+from apps.core.urls import config_record, redact_urls
 from apps.dlrm.config import LaunchConfig, TrainConfig
 from apps.dlrm.data import make_dataset
 from apps.dlrm.model import speed_up_dense
@@ -38,7 +39,6 @@ from apps.dlrm.training.sharding import (
     summarize_plan,
 )
 from apps.dlrm.training.validations import Validations
-from apps.dlrm.urls import config_record, redact_urls
 
 logger = logging.getLogger("apps.dlrm")
 

@@ -6,10 +6,10 @@ and the arguments of the TorchX component ``components.dlrm:preprocess``.
 
 from dataclasses import dataclass
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.options import Options, check_choices, option, parse_config
 from apps.dlrm.data.criteo.layout import CAT_FEATURES, OUTPUT_FORMATS
 from apps.dlrm.data.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
-from apps.dlrm.options import Options, check_choices, option, parse_config
 
 CATEGORICAL_IDS = ("hash", "vocabulary")
 

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import fsspec
 from tqdm import tqdm
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.urls import is_url, reaching
 from apps.dlrm.data.criteo.layout import (
     MANIFEST,
     day_files,
@@ -45,7 +46,6 @@ from apps.dlrm.data.criteo.layout import (
     temporary_name,
     write_json,
 )
-from apps.dlrm.urls import is_url, reaching
 
 logger = logging.getLogger("apps.dlrm.data")
 

@@ -54,7 +54,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 
 INT_FEATURES = 13
 CAT_FEATURES = 26

@@ -19,7 +19,7 @@ draw, with the figures (:func:`check_host_memory`), instead of its processes bei
 
 import numpy as np
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 
 #: Ids per sample of each of the 26 Criteo features in MLPerf's DLRMv2 (``--multi_hot_sizes`` of
 #: TorchRec's torchrec_dlrm example and of MLPerf's reference, recommendation_v2/torchrec_dlrm).

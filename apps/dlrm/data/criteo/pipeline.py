@@ -22,7 +22,7 @@ from typing import Callable, TypeVar
 import pyarrow as pa
 from tqdm import tqdm
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 from apps.dlrm.data.criteo import convert, vocabulary
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.data.criteo.layout import (

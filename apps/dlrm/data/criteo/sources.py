@@ -14,9 +14,9 @@ from typing import Callable, Iterator
 import fsspec
 import pyarrow as pa
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.urls import reaching
 from apps.dlrm.data.criteo.layout import is_plain_name, shown
-from apps.dlrm.urls import reaching
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _EXTENSIONS = (".gz", ".tsv", ".txt", ".csv")

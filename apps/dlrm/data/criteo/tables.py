@@ -6,7 +6,7 @@ configuration, 97 GiB of tables at dimension 128), ``mlperf_x2`` at 80M, and ``f
 categorical feature as many rows as it has distinct values in the 24 days.
 """
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 
 # 26 sizes per preset, in feature order, as TorchRec's example writes them.
 # fmt: off

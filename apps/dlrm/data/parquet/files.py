@@ -34,10 +34,10 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
+from apps.core.urls import is_url, reaching
 from apps.dlrm.config import TrainConfig, is_pattern
 from apps.dlrm.data.criteo.sources import natural_key
-from apps.dlrm.urls import is_url, reaching
 
 SUFFIXES = (".parquet", ".parq")
 #: Bytes read from a file's end for its footer in the first request; a larger footer takes a second.

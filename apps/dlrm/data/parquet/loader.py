@@ -35,8 +35,8 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.common.splits import held_out_split
+from apps.core.common.errors import ConfigError
+from apps.core.common.splits import held_out_split
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.parquet.files import CheckedFiles, null_report
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs

@@ -25,7 +25,7 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
   decoded block, at the cost of one sum per feature when there are none;
 - a sparse column becomes ids and per-row offsets, as a KeyedJaggedTensor holds them: an integer
   column one id per row (none for a null), a list column its elements (nulls in a list dropped,
-  a null list empty); ``hash`` ids are SplitMix64 of the value (:func:`apps.dlrm.common.hashing.mix64`,
+  a null list empty); ``hash`` ids are SplitMix64 of the value (:func:`apps.core.common.hashing.mix64`,
   its int64 bits) modulo the table size, ``as_is`` ids must lie in the table
   (:func:`apps.dlrm.data.parquet.files.check_id`).
 
@@ -46,8 +46,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.common.hashing import mix64
+from apps.core.common.errors import ConfigError
+from apps.core.common.hashing import mix64
 from apps.dlrm.data.parquet.files import (
     ColumnSpec,
     DataFile,

@@ -19,7 +19,7 @@ import math
 import typing
 from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 
 T = TypeVar("T")
 C = TypeVar("C", bound="Options")

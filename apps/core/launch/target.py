@@ -14,9 +14,9 @@ from torchx.components.dist import parse_nnodes
 from torchx.components.structured_arg import StructuredJArgument
 from torchx.specs.named_resources_aws import K8S_ITYPE
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.launch.job_shape import JobShape
-from apps.dlrm.options import option
+from apps.core.common.errors import ConfigError
+from apps.core.launch.job_shape import JobShape
+from apps.core.options import option
 
 GiB = 1024**3
 MiB = 1024**2

@@ -1,7 +1,7 @@
 """A training run's checkpoints: :class:`Checkpointer` saves (in the background or not),
 restores (under any sharding and world size) and has the folder prune; :func:`open_checkpoints`
 picks the checkpoint to resume from before the model is built; :class:`TrainState` is where the
-run is. What a checkpoint folder holds and how it commits is :mod:`apps.dlrm.checkpoint.folder`.
+run is. What a checkpoint folder holds and how it commits is :mod:`apps.core.checkpoint.folder`.
 """
 
 import datetime
@@ -20,17 +20,17 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.optim.keyed import CombinedOptimizer
 
-from apps.dlrm.checkpoint.folder import Checkpoint, CheckpointStore
-from apps.dlrm.checkpoint.reshard import Resharding, below
-from apps.dlrm.checkpoint.storage import (
+from apps.core.checkpoint.folder import Checkpoint, CheckpointStore
+from apps.core.checkpoint.reshard import Resharding, below
+from apps.core.checkpoint.storage import (
     CheckpointError,
     CheckpointReader,
     DamagedCheckpoint,
     HostStager,
 )
-from apps.dlrm.common.distributed import DistEnv, decided_by_main
+from apps.core.common.distributed import DistEnv, decided_by_main
+from apps.core.urls import config_record
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.urls import config_record
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def package_versions() -> dict[str, str]:
 
 def check_compatible(checkpoint: Checkpoint, cfg: TrainConfig) -> None:
     """Refuses, before any step, a checkpoint of another model. Any sharding and world size may
-    resume it: :mod:`apps.dlrm.checkpoint.reshard` carries the optimizer state across."""
+    resume it: :mod:`apps.core.checkpoint.reshard` carries the optimizer state across."""
     saved = checkpoint.manifest.get("model", {})
     wanted = model_signature(cfg)
     differences = [
@@ -325,7 +325,7 @@ class Checkpointer:
     def restore(self, state: TrainState, checkpoint: Checkpoint | None = None) -> Checkpoint | None:
         """Collective. Loads ``checkpoint`` (by default the one to resume from, if any) into the
         model, optimizers and ``state``; returns it. It may have been written under any sharding
-        and world size: optimizer states whose layout differs are converted (:mod:`apps.dlrm.checkpoint.reshard`).
+        and world size: optimizer states whose layout differs are converted (:mod:`apps.core.checkpoint.reshard`).
 
         A checkpoint to resume from that turns out damaged as it loads (a block that does not
         match its checksum, an unreadable entry) is skipped, with a warning, for the newest one

@@ -17,7 +17,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from apps.dlrm.checkpoint.storage import CheckpointError
+from apps.core.checkpoint.storage import CheckpointError
 from apps.dlrm.model import EBC_PATH
 
 #: Per embedding optimizer: each fused (FBGEMM) state of a table -> the same state of a

@@ -2,7 +2,7 @@
 interface, and the trainers' thread count: the machinery of ``python -m apps.dlrm.torchrun``.
 
 For a job of more than one node it finds how the other hosts reach this one
-(:mod:`apps.dlrm.launch.network`) and adds what torchrun and the trainers would otherwise guess from
+(:mod:`apps.core.launch.network`) and adds what torchrun and the trainers would otherwise guess from
 the hostname, wrongly wherever it resolves to loopback:
 
 - ``--local_addr ADDRESS``: the address torchrun publishes for the trainers' store;
@@ -23,7 +23,7 @@ import socket
 
 from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
-from apps.dlrm.launch.network import host_address
+from apps.core.launch.network import host_address
 
 # The command's logger: apps.dlrm.torchrun's main prints its lines.
 logger = logging.getLogger("apps.dlrm.torchrun")

@@ -9,8 +9,8 @@ import re
 import urllib.parse
 from typing import Any, Iterator
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.options import option_values
+from apps.core.common.errors import ConfigError
+from apps.core.options import option_values
 
 #: How to give boto3 (s3fs, AWS Batch) credentials: its own sources, in the order it reads them.
 AWS_CREDENTIALS_FIX = (

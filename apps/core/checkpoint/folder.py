@@ -12,14 +12,14 @@ Layout under ``--checkpoint_dir`` (a local path, ``file://``, ``s3://``, ``gs://
 
 Embedding tables are never gathered: every rank writes and reads only its own shards, and
 ``torch.distributed.checkpoint`` reshards them when the world size or sharding changes; the
-optimizer states that another sharding lays out otherwise are converted (:mod:`apps.dlrm.checkpoint.reshard`). A
+optimizer states that another sharding lays out otherwise are converted (:mod:`apps.core.checkpoint.reshard`). A
 directory without ``COMMITTED``, or whose files do not match its ``.metadata`` and checksums, is
 skipped with a warning and never resumed from (a load that finds a block damaged falls back to
-the checkpoint before it, :class:`apps.dlrm.checkpoint.checkpointer.Checkpointer`). Old
+the checkpoint before it, :class:`apps.core.checkpoint.checkpointer.Checkpointer`). Old
 checkpoints are deleted only after a newer one is committed, only the run's own, and never the
 newest one that a load verified (see :meth:`CheckpointStore._prune`).
 
-Nothing in a checkpoint runs code: the shards are read by :mod:`apps.dlrm.checkpoint.storage`,
+Nothing in a checkpoint runs code: the shards are read by :mod:`apps.core.checkpoint.storage`,
 which runs nothing from them, and the manifest is JSON.
 """
 
@@ -38,7 +38,7 @@ import torch.distributed as dist
 from fsspec.implementations.local import LocalFileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 
-from apps.dlrm.checkpoint.storage import (
+from apps.core.checkpoint.storage import (
     CheckpointError,
     CheckpointReader,
     Checksums,
@@ -48,9 +48,9 @@ from apps.dlrm.checkpoint.storage import (
     save_shards,
     save_shards_async,
 )
-from apps.dlrm.common.distributed import DistEnv, decided_by_main
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.urls import reaching
+from apps.core.common.distributed import DistEnv, decided_by_main
+from apps.core.common.errors import ConfigError
+from apps.core.urls import reaching
 
 logger = logging.getLogger(__name__)
 

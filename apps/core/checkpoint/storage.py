@@ -1,6 +1,6 @@
 """How checkpoint shards are written and read: DCP with storage that runs no code from the files.
 
-:mod:`apps.dlrm.checkpoint.checkpointer` decides what is saved, where, and when it counts; this module moves
+:mod:`apps.core.checkpoint.checkpointer` decides what is saved, where, and when it counts; this module moves
 the bytes. Every rank writes its own shards and ``.metadata`` (a pickle, written by rank 0)
 says where each tensor's pieces are; loading reads only the pieces a rank holds under its
 current sharding, which is how DCP reshards.
@@ -65,8 +65,8 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from apps.dlrm.common.errors import ConfigError
-from apps.dlrm.urls import redact_urls
+from apps.core.common.errors import ConfigError
+from apps.core.urls import redact_urls
 
 # Bytes fetched per round trip when loading from an object store. A load holds two such batches
 # beyond the model (one loading, the next one arriving).

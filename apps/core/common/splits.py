@@ -4,7 +4,7 @@
 
 import math
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 
 Range = tuple[int, int]  # [start, stop) in the rows of all days, in day order
 

@@ -1,7 +1,7 @@
 """The grammar of a job's shape, ``-j`` and ``-h``, and the checks between them.
 
 Shared by the components (``components/launch.py``, which builds the job) and the app's planner
-(:mod:`apps.dlrm.launch.target`, which plans for it), so that a job size is read and refused the same
+(:mod:`apps.core.launch.target`, which plans for it), so that a job size is read and refused the same
 way by both. Needs neither torch nor a GPU: components import it to check their arguments cheaply.
 Dependencies point one way: components import this module, never the other way round.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from torchx import specs
 
-from apps.dlrm.common.errors import ConfigError
+from apps.core.common.errors import ConfigError
 
 _JOB_SIZE = re.compile(r"^(?:(?P<min>\d+):)?(?P<nodes>\d+)(?:x(?P<nproc>\d+))?$")
 
