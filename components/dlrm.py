@@ -123,7 +123,7 @@ def export(**kwargs: Any) -> specs.AppDef:
 
 @component_args(Launch, PredictConfig)
 def predict(**kwargs: Any) -> specs.AppDef:
-    """Scores Parquet files or a preprocessed Criteo folder with an inference package or a checkpoint.
+    """Scores Parquet files, a preprocessed Criteo folder or Criteo click logs with a package or a checkpoint.
 
     Runs ``python -m apps.dlrm.predict`` under torchrun on every node: each rank loads the whole
     model and scores its share of the input files, writing one Parquet file of predictions per

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,8 +28,13 @@ from torchx.runner import get_runner
 from torchx.schedulers import get_scheduler_factories
 
 from apps.core.common.errors import ConfigError
+from apps.dlrm.data.criteo.config import PreprocessConfig
+from apps.dlrm.data.criteo.parse import LineCounts
+from apps.dlrm.data.criteo.pipeline import preprocess as preprocess_days
+from apps.dlrm.data.criteo.vocabulary import RARE_ID
 from apps.dlrm.serving.api import load_model
 from apps.dlrm.serving.config import ExportConfig
+from apps.dlrm.serving.criteo_tsv import CriteoIds
 from apps.dlrm.serving.export import export
 from apps.dlrm.serving.package import MANIFEST_FILE, PROGRAM_FILE
 from components import dlrm
@@ -184,21 +190,69 @@ def test_a_package_scores_in_a_process_that_cannot_import_this_project(job, tmp_
     assert np.abs(np.load(tmp_path / "scores.npy") - expected).max() <= 1e-6
 
 
-def test_a_preprocessed_criteo_folder_is_scored_straight_from_a_checkpoint(tmp_path):
-    for d in range(3):
-        write_day(generate_day(3000, seed=d), str(tmp_path / f"day_{d}"))
-    data, ckpt, out, scores = (str(tmp_path / name) for name in ("npy", "ckpt", "out", "scores"))
+def test_a_preprocessed_criteo_folder_and_its_click_logs_score_alike_straight_from_a_checkpoint(tmp_path):
+    days = [generate_day(3000, seed=d) for d in range(3)]  # every kind of bad line mixed in
+    for d, day in enumerate(days):
+        write_day(day, str(tmp_path / f"day_{d}{'.gz' if d == 2 else ''}"), compress=d == 2)
+    data, ckpt, out, scores, logs = (str(tmp_path / name) for name in ("npy", "ckpt", "out", "scores", "logs"))
     preprocess = ["--input", str(tmp_path / "day_*"), "--output", data, "--num_embeddings", "2000"]
     assert_ok(run([sys.executable, "-m", "apps.dlrm.preprocess", *preprocess]))
     train = ["--data", "criteo", "--data_path", data, *MODEL, "--checkpoint_dir", ckpt]
     assert_ok(run([sys.executable, "-m", "apps.dlrm.train", *train, "--output_dir", out]))  # one process
-    predict = ["--model", ckpt, "--data", "criteo", "--data_path", data, "--passthrough_columns", "row,label"]
-    assert_ok(run([sys.executable, "-m", "apps.dlrm.predict", *predict, "--output", scores]))
+    predict = [sys.executable, "-m", "apps.dlrm.predict", "--model", ckpt, "--passthrough_columns", "row,label"]
+    assert_ok(run([*predict, "--data", "criteo", "--data_path", data, "--output", scores]))
     last = pq.read_table(os.path.join(scores, "day_2.parquet"))
     assert last["row"].to_numpy().tolist() == list(range(last.num_rows))
     test = last.slice((last.num_rows + 1) // 2)  # the day's second half (--eval_days 1)
     summary = json.loads(open(os.path.join(out, "summary.json")).read())
     assert abs(scores_auroc(test["score"].to_numpy(), test["label"].to_numpy()) - summary["test_auroc"]) <= 1e-4
+
+    # The click logs themselves, their ids made as the training run's folder records (its --data_path).
+    assert_ok(run([*predict, "--data", "criteo_tsv", "--data_path", str(tmp_path / "day_*"), "--output", logs]))
+    for d in range(3):
+        preprocessed = pq.read_table(os.path.join(scores, f"day_{d}.parquet"))
+        assert pq.read_table(os.path.join(logs, f"day_{d}.parquet")).equals(preprocessed)
+    report = json.loads(open(os.path.join(logs, "report.json")).read())
+    assert report["rows_read"] == sum(len(day.lines) for day in days)
+    assert report["rows_scored"] == sum(day.rows_written for day in days)
+    assert report["rows_skipped"] == dict(sum((day.skipped for day in days), Counter()))
+    assert report["rows_repaired"] == dict(sum((day.repaired for day in days), Counter()))
+
+    elsewhere = ["--preprocessed_path", str(tmp_path), "--output", str(tmp_path / "never")]
+    moved = run([*predict, "--data", "criteo_tsv", "--data_path", str(tmp_path / "day_0"), *elsewhere])
+    assert moved.returncode == 2
+    (line,) = [line for line in moved.stderr.splitlines() if "ERROR" in line]
+    assert f"--preprocessed_path {tmp_path} holds no manifest.json" in line and "give --preprocessed_path" in line
+
+
+def test_click_logs_take_the_ids_of_a_vocabulary_folder_and_new_values_the_rare_id(tmp_path):
+    sizes = [50_000] * 26
+    sizes[3] = 5
+    days = [generate_day(800, seed=d) for d in range(2)]
+    for d, day in enumerate(days):
+        write_day(day, str(tmp_path / f"day_{d}"))
+    folder = str(tmp_path / "vocabulary_ids")
+    config = dict(input=[str(tmp_path / "day_*")], output=folder, num_embeddings_per_feature=sizes, workers=1)
+    preprocess_days(PreprocessConfig(**config, categorical_ids="vocabulary", frequency_threshold=2))
+    ids = CriteoIds(folder, "--preprocessed_path", sizes)
+    counts = LineCounts()
+    (block,) = ids.blocks(str(tmp_path / "day_1"), counts)
+    assert np.array_equal(block.ids, np.load(os.path.join(folder, "day_1_sparse.npy")))
+    assert np.array_equal(block.dense, np.load(os.path.join(folder, "day_1_dense.npy")))
+    assert block.not_in_vocabulary == 0 and counts.skipped == days[1].skipped
+
+    label, ints, cats = days[1].labels[0], days[1].ints[0], days[1].cats[0]  # its first row kept, as a line
+    fields = [str(label), *map(str, ints), "fedcba98", *(f"{value:08x}" for value in cats[1:3]), "fedcba97"]
+    (tmp_path / "new").write_text("\t".join([*fields, *(f"{value:08x}" for value in cats[4:])]) + "\n")
+    (block,) = ids.blocks(str(tmp_path / "new"), LineCounts())
+    assert block.not_in_vocabulary == 1 and block.ids[0, 0] == RARE_ID and block.ids[0, 3] == RARE_ID % 5
+    assert np.array_equal(block.ids[0, 4:], np.load(os.path.join(folder, "day_1_sparse.npy"))[0, 4:])
+
+    os.remove(os.path.join(folder, "vocabulary", "cat_0_values.npy"))
+    with pytest.raises(
+        ConfigError, match=r"vocabulary, and has no vocabulary/cat_0_values.npy: .* give --preprocessed_path"
+    ):
+        CriteoIds(folder, "--preprocessed_path", sizes)
 
 
 # --- bad input: one line naming the value and the fix, nothing overwritten ---------------------------

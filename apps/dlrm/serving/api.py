@@ -31,11 +31,16 @@ GIVEN = "the columns given"
 class Model:
     """A trained model, ready to score: its module (a package's program, or a checkpoint's model),
     what it reads, and where it comes from (a package's manifest; for a checkpoint its
-    ``source`` and ``features`` as a package of it would record them)."""
+    ``source``, ``features`` and training ``config`` as a package of it would record them)."""
 
     module: nn.Module
     features: Features
     manifest: dict[str, Any]
+
+    @property
+    def training_data_path(self) -> str:
+        """The --data_path its training run read ("" for synthetic data)."""
+        return self.manifest["training"]["config"].get("data_path", "")
 
     def __call__(self, columns: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
         """Click probabilities (float32, one per row) of the rows of ``columns``."""
@@ -65,7 +70,11 @@ def open_model(url: str, step: str, option: str) -> Model:
             "components.dlrm:export or the --checkpoint_dir of a training run"
         ) from None
     features = Features.of(trained.cfg)
-    manifest = {"source": trained.source, "features": features.record()}
+    manifest = {
+        "source": trained.source,
+        "features": features.record(),
+        "training": {"config": trained.checkpoint.manifest["config"]},
+    }
     return Model(scorer(trained.model, trained.cfg.model), features, manifest)
 
 

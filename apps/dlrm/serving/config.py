@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from apps.core.common.errors import ConfigError
 from apps.core.options import Options, check_choices, option, parse_config
+from apps.core.urls import redact_urls
 from apps.dlrm.config import DATA_PATH_HELP
 
 #: --quantize: the tables' dtype in the package (none: as trained, float32).
@@ -13,7 +14,13 @@ QUANTIZE = ("none", "fp16", "int8")
 #: What --step takes besides a step number.
 NAMED_STEPS = ("best", "latest")
 #: What prediction reads.
-PREDICT_DATA = ("parquet", "criteo")
+PREDICT_DATA = ("parquet", "criteo", "criteo_tsv")
+#: What --data_path names, per --data.
+PREDICT_DATA_PATH_HELP = {
+    **DATA_PATH_HELP,
+    "criteo_tsv": "Criteo TSV click logs (plain or gzip) as preprocessing's --input takes them: a file, a folder of "
+    "them, a glob or a URL (e.g. s3://bucket/criteo/day_23.gz)",
+}
 _STEP_HELP = "Which checkpoint: best (the one the BEST marker names: the best validation's), latest, or a step number."
 
 
@@ -55,13 +62,23 @@ class PredictConfig(Options):
     data: str = option(
         "parquet",
         "What to score. parquet: Parquet files (see --data_path), their rows read as the model trained on "
-        "them; criteo: a folder written by `python -m apps.dlrm.preprocess` (its days' arrays).",
+        "them; criteo: a folder written by `python -m apps.dlrm.preprocess` (its days' arrays); criteo_tsv: "
+        "Criteo's raw click logs, made into ids and dense values as the model's preprocessed folder made them "
+        "(see --preprocessed_path).",
         choices=PREDICT_DATA,
     )
     data_path: str = option(
         "",
         f"Parquet: {DATA_PATH_HELP['parquet']}, each rank scoring its share of the files. Criteo: "
-        f"{DATA_PATH_HELP['criteo']}, each rank scoring its share of the days.",
+        f"{DATA_PATH_HELP['criteo']}, each rank scoring its share of the days. Criteo TSV: "
+        f"{PREDICT_DATA_PATH_HELP['criteo_tsv']}, each rank scoring its share of the files.",
+    )
+    preprocessed_path: str = option(
+        "",
+        "Criteo TSV: the folder (or URL) `python -m apps.dlrm.preprocess` wrote that the model trained on, or a "
+        "copy: its manifest.json says how values became ids (hash: modulo its table sizes; vocabulary: its "
+        "vocabulary/ tables, which must be local). Empty: the training run's --data_path, as the checkpoint or "
+        "package records it.",
     )
     data_cache_dir: str = option(
         "", "Criteo with a URL --data_path: the node-local folder it is copied to (as for training)."
@@ -75,7 +92,7 @@ class PredictConfig(Options):
     passthrough_columns: list[str] = option(
         [],
         "Columns copied into the predictions beside the score, comma separated (e.g. a row id, the label). "
-        "Criteo: label and row (the row's number in its day).",
+        "Criteo and Criteo TSV: label and row (the row's number in its day, among the lines kept).",
     )
     output: str = option(
         "",
@@ -88,7 +105,11 @@ class PredictConfig(Options):
     def __post_init__(self) -> None:
         check_choices(self)
         _require("model", self.model, "an inference package or a training run's --checkpoint_dir")
-        _require("data_path", self.data_path, DATA_PATH_HELP[self.data])
+        _require("data_path", self.data_path, PREDICT_DATA_PATH_HELP[self.data])
+        if self.preprocessed_path and self.data != "criteo_tsv":
+            raise ConfigError(
+                f"--preprocessed_path {redact_urls(self.preprocessed_path)} is read only with --data criteo_tsv: leave it out"
+            )
         _require("output", self.output, "where the predictions go, e.g. --output s3://bucket/scores/")
         check_step(self.step)
         if self.batch_size <= 0:
@@ -123,7 +144,7 @@ def parse_predict_config(argv: list[str] | None = None) -> PredictConfig:
         PredictConfig,
         argv,
         prog="python -m apps.dlrm.predict",
-        description="Score Parquet files or a preprocessed Criteo folder with an inference package or a "
+        description="Score Parquet files, a preprocessed Criteo folder or Criteo click logs with an inference package or a "
         "checkpoint; one Parquet file of predictions per input file. Run it under torchrun (or `torchx run "
         "components.dlrm:predict`) to share the files among ranks; alone it is one process.",
     )

@@ -1,18 +1,20 @@
-"""Scoring data in batch (``components.dlrm:predict``): Parquet files or a preprocessed Criteo
-folder, with an inference package or straight from a checkpoint, over any number of ranks.
+"""Scoring data in batch (``components.dlrm:predict``): Parquet files, a preprocessed Criteo folder
+or Criteo's click logs, with an inference package or straight from a checkpoint, over any number of
+ranks.
 
 Every rank loads the whole model (:func:`apps.dlrm.serving.api.open_model`) and scores its share of
-the input files (Parquet files, or Criteo days), dealt out by their row counts, largest first, to
-the rank with the fewest rows so far. Each input file gives one Parquet file of predictions under
+the input files (Parquet files, Criteo days, or click logs), dealt out by their row counts (a click
+log's: its bytes), largest first, to the rank with the fewest so far. Each input file gives one Parquet file of predictions under
 ``--output``, named after it: the ``--passthrough_columns`` (a row id, the label...) and ``score``,
 row for row in the input's order, written whole (:func:`apps.dlrm.serving.outputs.write_file`).
-Once every rank is done, rank 0 writes ``report.json``: per file and in all, the rows read, scored
-and skipped (and why), the dense values read as 0, the model's source and the throughput. An
+Once every rank is done, rank 0 writes ``report.json``: per file and in all, the rows read, scored,
+skipped (and why) and repaired (and how), the dense values read as 0, the model's source and the throughput. An
 ``--output`` that holds anything is refused before anything is read: nothing is overwritten.
 
 Rows are read as training read them (:mod:`apps.dlrm.serving.features`). A Parquet row that
 training would refuse is skipped instead, and counted: with ``--categorical_ids as_is``, a row
-with an id outside its table. Criteo days hold preprocessed rows, which are all scored.
+with an id outside its table. Criteo days hold preprocessed rows, which are all scored. A line of a
+click log that preprocessing would skip is skipped, and counted by kind (apps/dlrm/data/criteo/parse.py).
 """
 
 import collections
@@ -22,7 +24,7 @@ import os
 import posixpath
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Iterator, Protocol
+from typing import IO, Any, Iterator, Mapping, Protocol
 
 import fsspec
 import numpy as np
@@ -36,9 +38,12 @@ from apps.core.common.errors import ConfigError
 from apps.core.urls import redact_urls
 from apps.dlrm.data.criteo.fetch import local_folder
 from apps.dlrm.data.criteo.layout import check_table_sizes, open_folder
+from apps.dlrm.data.criteo.parse import CAT_NAMES, INT_NAMES, LineCounts
+from apps.dlrm.data.criteo.sources import find_sources
 from apps.dlrm.data.parquet.files import ColumnSpec, check_statistics, open_files
 from apps.dlrm.serving.api import Model, open_model
 from apps.dlrm.serving.config import PredictConfig
+from apps.dlrm.serving.criteo_tsv import NOT_IN_VOCABULARY, PREPROCESSED_OPTION, CriteoIds
 from apps.dlrm.serving.features import Features, RowScorer
 from apps.dlrm.serving.outputs import refuse_existing, write_file
 
@@ -58,7 +63,7 @@ OUT_OF_TABLE = "id outside its table (--categorical_ids as_is)"
 class InputFile:
     url: str  #: as messages and the report name it
     output: str  #: the name of its predictions' file
-    rows: int
+    size: int  #: what dealing balances: its rows (a click log: its bytes)
 
 
 @dataclass
@@ -70,6 +75,7 @@ class Scored:
     rows_read: int = 0
     rows_scored: int = 0
     rows_skipped: dict[str, int] = field(default_factory=dict)
+    rows_repaired: dict[str, int] = field(default_factory=dict)
 
 
 class Inputs(Protocol):
@@ -92,6 +98,11 @@ class Inputs(Protocol):
         """Per reason, which of ``table``'s rows cannot be scored (a boolean mask)."""
         ...
 
+    def dropped(self, index: int) -> tuple[dict[str, int], dict[str, int]]:
+        """The rows of file ``index`` that :meth:`tables` left out, per reason, and those it
+        repaired, per kind (a click log's lines): known once its tables are read."""
+        ...
+
 
 # --- the job -------------------------------------------------------------------------------------
 
@@ -102,8 +113,8 @@ def predict(cfg: PredictConfig, env: DistEnv) -> dict[str, Any]:
     decided_by_main(lambda: refuse_existing(cfg.output), env)
     model = open_model(cfg.model, cfg.step, "--model")
     features = model.features.with_columns(cfg.dense_columns, cfg.sparse_columns)
-    inputs = open_inputs(cfg, features, env)
-    mine = deal([file.rows for file in inputs.files], env.world_size)[env.rank]
+    inputs = open_inputs(cfg, model, features, env)
+    mine = deal([file.size for file in inputs.files], env.world_size)[env.rank]
     scorer = RowScorer(model.module, features, inputs.spec, cfg.batch_size)
     scoring = time.perf_counter()
     try:
@@ -135,15 +146,15 @@ def predict(cfg: PredictConfig, env: DistEnv) -> dict[str, Any]:
     return report
 
 
-def deal(rows: list[int], ranks: int) -> list[list[int]]:
-    """Which files (indices into ``rows``) each rank scores: the largest first, each to the rank
-    with the fewest rows so far (the lowest such rank on ties); each rank's in file order."""
+def deal(sizes: list[int], ranks: int) -> list[list[int]]:
+    """Which files (indices into ``sizes``) each rank scores: the largest first, each to the rank
+    with the least so far (the lowest such rank on ties); each rank's in file order."""
     shares: list[list[int]] = [[] for _ in range(ranks)]
     loads = [0] * ranks
-    for i in sorted(range(len(rows)), key=lambda i: (-rows[i], i)):
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         rank = min(range(ranks), key=lambda r: (loads[r], r))
         shares[rank].append(i)
-        loads[rank] += rows[i]
+        loads[rank] += sizes[i]
     return [sorted(share) for share in shares]
 
 
@@ -170,6 +181,9 @@ def _score_file(inputs: Inputs, index: int, scorer: RowScorer, cfg: PredictConfi
                 scored.rows_scored += table.num_rows
 
     write_file(fs, posixpath.join(root, file.output), write)
+    dropped, scored.rows_repaired = inputs.dropped(index)
+    skipped.update(dropped)
+    scored.rows_read += sum(dropped.values())
     scored.rows_skipped = dict(skipped)
     logger.info("scored %s: %s rows -> %s", scored.input, f"{scored.rows_scored:,}", scored.output)
     return scored
@@ -191,9 +205,11 @@ def _report(
 ) -> dict[str, Any]:
     files = sorted((vars(s) for rank in ranks for s in rank.scored), key=lambda s: s["input"])
     skipped: collections.Counter = collections.Counter()
+    repaired: collections.Counter = collections.Counter()
     made_zero: collections.Counter = collections.Counter()
     for file in files:
         skipped.update(file["rows_skipped"])
+        repaired.update(file["rows_repaired"])
     for rank in ranks:
         made_zero.update(rank.nonfinite)
     rows = sum(file["rows_scored"] for file in files)
@@ -208,6 +224,7 @@ def _report(
         "rows_read": sum(file["rows_read"] for file in files),
         "rows_scored": rows,
         "rows_skipped": dict(skipped),
+        "rows_repaired": dict(repaired),
         "dense_nan_or_infinite_read_as_0": dict(made_zero),
         "nulls_read_as_0_or_no_id": {name: n for name, n in inputs.null_counts.items() if n != 0},
         "files": files,
@@ -221,9 +238,11 @@ def _report(
 # --- the inputs ----------------------------------------------------------------------------------
 
 
-def open_inputs(cfg: PredictConfig, features: Features, env: DistEnv) -> Inputs:
+def open_inputs(cfg: PredictConfig, model: Model, features: Features, env: DistEnv) -> Inputs:
     if cfg.data == "criteo":
         return CriteoInputs(cfg, features, env)
+    if cfg.data == "criteo_tsv":
+        return CriteoTsvInputs(cfg, model, features)
     return ParquetInputs(cfg, features)
 
 
@@ -288,49 +307,109 @@ class ParquetInputs:
                 bad |= outside_np
         return {OUT_OF_TABLE: bad} if bad.any() else {}
 
+    def dropped(self, index: int) -> tuple[dict[str, int], dict[str, int]]:
+        return {}, {}  # skipped() finds the rows left out
 
-class CriteoInputs:
-    """The days of a folder written by ``python -m apps.dlrm.preprocess``, their rows read as the
-    columns of its Parquet output (``int_*``, ``cat_*``: a model trained on Criteo reads those)."""
 
-    def __init__(self, cfg: PredictConfig, features: Features, env: DistEnv) -> None:
-        folder = local_folder(cfg.data_path, cfg.data_cache_dir, copier=env.local_rank == 0)
-        manifest, self.days = open_folder(folder)
-        check_table_sizes(manifest["num_embeddings_per_feature"], features.table_sizes, folder)
+class _CriteoRows:
+    """What the inputs of Criteo rows share: the columns of preprocessing's Parquet days
+    (``int_*`` float32, ``cat_*`` int64: a model trained on Criteo reads those), and the label and
+    the row's number in its day passed through."""
+
+    schema = pa.schema([*((name, pa.float32()) for name in INT_NAMES), *((name, pa.int64()) for name in CAT_NAMES)])
+
+    def __init__(self, cfg: PredictConfig, features: Features, where: str) -> None:
         unknown = [name for name in cfg.passthrough_columns if name not in CRITEO_PASSTHROUGH]
         if unknown:
             raise ConfigError(
                 f"--passthrough_columns {','.join(unknown)}: a Criteo day passes through "
                 f"{' and '.join(CRITEO_PASSTHROUGH)} only"
             )
-        dense = [f"int_{j}" for j in range(self.days[0].dense.shape[1])] if self.days else []
-        sparse = [f"cat_{k}" for k in range(self.days[0].sparse.shape[1])] if self.days else []
-        self.schema = pa.schema([*((name, pa.float32()) for name in dense), *((name, pa.int64()) for name in sparse)])
-        self.spec = features.spec([(folder, self.schema)])
-        self.null_counts: dict[str, int | None] = {}  # preprocessing filled them (its report counts them)
-        base = cfg.data_path.rstrip("/")
-        self.files = [InputFile(f"{base}/{day.day}", f"{day.day}.parquet", day.rows) for day in self.days]
+        self.spec = features.spec([(where, self.schema)])
+        self.null_counts: dict[str, int | None] = {}  # preprocessing's parser fills them (its report counts them)
 
     def output_schema(self, passthrough: list[str]) -> pa.Schema:
         return pa.schema([*((name, CRITEO_PASSTHROUGH[name]) for name in passthrough), (SCORE, pa.float32())])
+
+    def _table(
+        self, dense: np.ndarray, ids: np.ndarray, labels: np.ndarray, first: int, passthrough: list[str]
+    ) -> pa.Table:
+        """Rows ``first``... of a day (dense float32 [rows, 13], ids [rows, 26], labels [rows]) as a
+        table of the spec's and ``passthrough``'s columns."""
+        columns = {
+            **{name: dense[:, j] for j, name in enumerate(INT_NAMES)},
+            **{name: ids[:, k].astype(np.int64) for k, name in enumerate(CAT_NAMES)},
+            "label": labels,
+            "row": np.arange(first, first + len(labels), dtype=np.int64),
+        }
+        return pa.table({name: columns[name] for name in [*self.spec.names, *passthrough]})
+
+    def skipped(self, table: pa.Table) -> dict[str, np.ndarray]:
+        return {}  # preprocessed rows are all in their tables (check_table_sizes)
+
+
+class CriteoInputs(_CriteoRows):
+    """The days of a folder written by ``python -m apps.dlrm.preprocess``, memory-mapped."""
+
+    def __init__(self, cfg: PredictConfig, features: Features, env: DistEnv) -> None:
+        folder = local_folder(cfg.data_path, cfg.data_cache_dir, copier=env.local_rank == 0)
+        manifest, self.days = open_folder(folder)
+        check_table_sizes(manifest["num_embeddings_per_feature"], features.table_sizes, folder)
+        super().__init__(cfg, features, folder)
+        base = cfg.data_path.rstrip("/")
+        self.files = [InputFile(f"{base}/{day.day}", f"{day.day}.parquet", day.rows) for day in self.days]
 
     def tables(self, index: int, passthrough: list[str]) -> Iterator[tuple[pa.Table, int]]:
         day = self.days[index]
         for chunk, lo in enumerate(range(0, day.rows, CRITEO_CHUNK_ROWS)):
             hi = min(lo + CRITEO_CHUNK_ROWS, day.rows)
-            columns = {
-                **{name: day.dense[lo:hi, j] for j, name in enumerate(self.schema.names[: day.dense.shape[1]])},
-                **{
-                    name: day.sparse[lo:hi, k].astype(np.int64)
-                    for k, name in enumerate(self.schema.names[day.dense.shape[1] :])
-                },
-                "label": day.labels[lo:hi, 0],
-                "row": np.arange(lo, hi, dtype=np.int64),
-            }
-            yield pa.table({name: columns[name] for name in [*self.spec.names, *passthrough]}), chunk
+            yield self._table(day.dense[lo:hi], day.sparse[lo:hi], day.labels[lo:hi, 0], lo, passthrough), chunk
 
-    def skipped(self, table: pa.Table) -> dict[str, np.ndarray]:
-        return {}  # preprocessed rows are all in their tables (check_table_sizes)
+    def dropped(self, index: int) -> tuple[dict[str, int], dict[str, int]]:
+        return {}, {}  # preprocessing dropped and repaired lines (its report counts them)
+
+
+class CriteoTsvInputs(_CriteoRows):
+    """Criteo's click logs (TSV, plain or gzip), each line parsed and made into the row that the
+    model's preprocessed folder holds for it (:mod:`apps.dlrm.serving.criteo_tsv`): a line
+    preprocessing skips is skipped, counted by kind; a file's predictions are named after its day
+    (``day_23.gz`` -> ``day_23.parquet``), as those of its preprocessed day are."""
+
+    def __init__(self, cfg: PredictConfig, model: Model, features: Features) -> None:
+        folder, given = cfg.preprocessed_path, PREPROCESSED_OPTION
+        if not folder:
+            folder, given = model.training_data_path, "the training run's --data_path"
+            if not folder:
+                raise ConfigError(
+                    "--data criteo_tsv: the model trained on data of no folder (--data synthetic), so nothing records "
+                    "how click logs become its ids: score click logs with a model trained on a folder of "
+                    f"`python -m apps.dlrm.preprocess`, or give {PREPROCESSED_OPTION}"
+                )
+        self.ids = CriteoIds(folder, given, features.table_sizes)
+        self.sources = find_sources([cfg.data_path], "--data_path")
+        super().__init__(cfg, features, cfg.data_path)
+        self.files = [InputFile(source.url, f"{source.day}.parquet", source.size) for source in self.sources]
+        self._counts: dict[int, LineCounts] = {}
+        self._not_in_vocabulary: dict[int, int] = {}
+
+    def tables(self, index: int, passthrough: list[str]) -> Iterator[tuple[pa.Table, int]]:
+        counts = self._counts[index] = LineCounts()
+        self._not_in_vocabulary[index] = 0
+        first = 0
+        for number, block in enumerate(self.ids.blocks(self.sources[index].url, counts)):
+            self._not_in_vocabulary[index] += block.not_in_vocabulary
+            yield self._table(block.dense, block.ids, block.labels, first, passthrough), number
+            first += len(block.labels)
+
+    def dropped(self, index: int) -> tuple[dict[str, int], dict[str, int]]:
+        """The lines of file ``index`` skipped, and those repaired, per kind (of parse.py)."""
+        counts = self._counts[index]
+        repaired = {**counts.repaired, NOT_IN_VOCABULARY: self._not_in_vocabulary[index]}
+        return _nonzero(counts.skipped), _nonzero(repaired)
+
+
+def _nonzero(counts: Mapping[str, int]) -> dict[str, int]:
+    return {kind: n for kind, n in counts.items() if n}
 
 
 def _output_name(url: str, data_path: str) -> str:

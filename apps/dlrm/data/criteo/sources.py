@@ -43,38 +43,39 @@ def natural_key(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def find_sources(inputs: list[str]) -> list[Source]:
+def find_sources(inputs: list[str], option: str = "--input") -> list[Source]:
     """The files that ``inputs`` name, as days in natural order; a bad input (or one whose day
-    name could not be a file name of the output, see ``is_plain_name``) is a ConfigError."""
+    name could not be a file name of the output, see ``is_plain_name``) is a ConfigError naming
+    ``option``, the option that gave them (preprocessing's --input, prediction's --data_path)."""
     sources: dict[str, Source] = {}
     for item in inputs:
-        with reaching("--input", item):
-            found = _expand(item)
+        with reaching(option, item):
+            found = _expand(item, option)
         for source in found:
             if not is_plain_name(source.day):
                 raise ConfigError(
-                    f"--input file {shown(source.url)} would become day {shown(source.day)}, "
+                    f"{option} file {shown(source.url)} would become day {shown(source.day)}, "
                     "which is not a plain file name (no leading '.', no control character): rename it"
                 )
             other = sources.get(source.day)
             if other is not None and other.url != source.url:
                 raise ConfigError(
-                    f"--input files {other.url} and {source.url} would both become day "
-                    f"'{source.day}': rename one, or preprocess them into different --output folders"
+                    f"{option} files {other.url} and {source.url} would both become day "
+                    f"'{source.day}': rename one, or give them to separate runs (different --output folders)"
                 )
             sources[source.day] = source
     return [sources[day] for day in sorted(sources, key=natural_key)]
 
 
-def _expand(item: str) -> list[Source]:
+def _expand(item: str, option: str) -> list[Source]:
     fs, path = fsspec.core.url_to_fs(item)
     if _GLOB_CHARS.search(path):
         entries = [fs.info(p) for p in fs.glob(path)]
         entries = [e for e in entries if e["type"] == "file"]
         if not entries:
-            raise ConfigError(f"--input {item} matches no file")
+            raise ConfigError(f"{option} {item} matches no file")
     elif not fs.exists(path):
-        raise ConfigError(f"--input {item} does not exist")
+        raise ConfigError(f"{option} {item} does not exist")
     elif fs.isdir(path):
         entries = [
             e
@@ -82,7 +83,7 @@ def _expand(item: str) -> list[Source]:
             if e["type"] == "file" and not os.path.basename(e["name"]).startswith(".")
         ]
         if not entries:
-            raise ConfigError(f"--input folder {item} holds no file")
+            raise ConfigError(f"{option} folder {item} holds no file")
     else:
         entries = [fs.info(path)]
     return [

@@ -147,13 +147,36 @@ class Vocabulary:
 
     def lookup(self, cats: np.ndarray) -> np.ndarray:
         """The ids (int32 [n, 26]) of the values (uint32 [n, 26]) of days it was built from."""
-        ids = np.empty(cats.shape, dtype=np.int32)
-        for f, (values, table) in enumerate(self._tables):
-            at = np.minimum(np.searchsorted(values, cats[:, f]), len(values) - 1)
-            if not len(values) or (values[at] != cats[:, f]).any():
-                raise ValueError(
-                    f"categorical feature {f} has a value the vocabulary was not built from: "
-                    "the vocabulary is stale; remove the vocabulary folder and rerun"
-                )
-            ids[:, f] = table[at]
+        ids, unseen = self._ids(cats, None)
+        if unseen.any():
+            f = int(np.flatnonzero(unseen.any(axis=0))[0])
+            raise ValueError(
+                f"categorical feature {f} has a value the vocabulary was not built from: "
+                "the vocabulary is stale; remove the vocabulary folder and rerun"
+            )
         return ids
+
+    def lookup_or_rare(self, cats: np.ndarray, table_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ids (int32 [n, 26]) of any values (uint32 [n, 26]), and which rows held a value the
+        vocabulary was not built from (bool [n]): scoring new days meets such values, whose id is
+        the rare values' (RARE_ID modulo the table's size in ``table_sizes``), as a value seen
+        fewer than the threshold's times is: never seen is rarer still."""
+        ids, unseen = self._ids(cats, table_sizes)
+        return ids, np.asarray(unseen.any(axis=1))
+
+    def _ids(self, cats: np.ndarray, table_sizes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of ``cats`` and where a value is not in its table (there: the rare id modulo
+        ``table_sizes``, or 0 without them)."""
+        ids = np.empty(cats.shape, dtype=np.int32)
+        unseen = np.empty(cats.shape, dtype=bool)
+        for f, (values, table) in enumerate(self._tables):
+            if not len(values):
+                unseen[:, f] = True
+                ids[:, f] = 0
+            else:
+                at = np.minimum(np.searchsorted(values, cats[:, f]), len(values) - 1)
+                unseen[:, f] = values[at] != cats[:, f]
+                ids[:, f] = table[at]
+            if table_sizes is not None:
+                ids[unseen[:, f], f] = RARE_ID % table_sizes[f]
+        return ids, unseen
