@@ -5,7 +5,8 @@ compared with a reviewed golden file under tests/golden/ (run-to-run values repl
 placeholders; UPDATE_GOLDEN=1 rewrites them). The Volcano job is also validated offline
 against a schema of the Volcano Job API and the Kubernetes client's pod models, and the Kubeflow
 PyTorchJob and TrainJob against the operators' published models, since no API server can run
-here; the sbatch script is parsed by bash.
+here; the sbatch script is parsed by bash. The requests of export and predict (docs/serving.md)
+are checked the same way on every cluster scheduler, and against AWS Batch's API model.
 """
 
 import ast
@@ -14,10 +15,14 @@ import json
 import os
 import re
 import subprocess
+from typing import Any
 
+import botocore.session
 import pytest
 import torchx
 import yaml
+from botocore.validate import ParamValidator
+from torchx.runner import get_runner
 
 from tests.conftest import BIN, process_env
 from tests.golden_files import assert_matches_golden
@@ -151,3 +156,46 @@ def test_volcano_validation_refuses_what_a_cluster_would(volcano_job, break_it, 
     break_it(job)
     errors = validate_volcano_job(job)
     assert any(fragment in error for error in errors), errors
+
+
+# --- after training: export and predict, as docs/serving.md submits them ------------------------
+
+SERVING = {
+    "apps.dlrm.export": ["--checkpoint_dir", "s3://b/ckpt", "--output", "s3://b/pkg", "--quantize", "int8"],
+    "apps.dlrm.predict": [
+        "-j", "2x4", "--model", "s3://b/pkg", "--data", "criteo_tsv", "--data_path", "s3://b/logs/",
+        "--output", "s3://b/scores/", "--passthrough_columns", "row,label",
+    ],
+}  # fmt: skip
+
+
+def serving_request(scheduler: str, module: str, **cfg: object) -> Any:
+    """The request ``torchx run --dryrun -s SCHEDULER components.dlrm:export|predict ...`` renders."""
+    component = f"components.dlrm:{module.rsplit('.', 1)[1]}"
+    return get_runner().dryrun_component(component, SERVING[module], scheduler, cfg=cfg).request
+
+
+def batch_errors(operation: str, params: dict) -> str:
+    """Every field of ``params`` that AWS Batch's API model does not take ("" if none)."""
+    batch = botocore.session.get_session().get_service_model("batch")
+    report = ParamValidator().validate(params, batch.operation_model(operation).input_shape)
+    return report.generate_report() if report.has_errors() else ""
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("module", list(SERVING))
+def test_export_and_predict_requests_are_valid_on_every_cluster_scheduler(module):
+    script = serving_request("slurm", module).materialize()
+    syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert syntax.returncode == 0 and module in script, syntax.stderr
+
+    volcano = yaml.safe_load(str(serving_request("kubernetes", module, queue="dlrm", validate_spec=False)))
+    assert validate_volcano_job(volcano) == [] and module in json.dumps(volcano)
+
+    for api, validate in (("pytorchjob", validate_pytorchjob), ("trainer", validate_trainjob)):
+        job = serving_request("kubeflow", module, queue="dlrm", api=api).resource
+        assert validate(job) == [] and module in json.dumps(job)
+
+    batch = serving_request("aws_batch", module, queue="dlrm", user="alice")
+    assert batch_errors("RegisterJobDefinition", batch.job_definition) == ""
+    assert batch_errors("SubmitJob", batch.job) == "" and module in json.dumps(batch.job_definition)
