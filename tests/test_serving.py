@@ -21,6 +21,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -127,7 +128,8 @@ def test_load_model_scores_columns_in_any_form_as_predict_did(job):
     expected = predictions(job.scores).take(TEST_ROWS)["score"].to_numpy()
     package = load_model(job.fp32)
     columns = {name: rows[name].to_numpy() for name in reversed(rows.column_names)}  # any order
-    for given in (rows, columns, pa.Table.from_batches(rows.to_batches()).combine_chunks().to_batches()[0]):
+    frame = pd.DataFrame(columns, index=TEST_ROWS)  # an index of its own, which is no column
+    for given in (rows, columns, frame, pa.Table.from_batches(rows.to_batches()).combine_chunks().to_batches()[0]):
         assert np.array_equal(package(given), expected)
     assert np.array_equal(load_model(job.ckpt, step="best")(rows), expected)  # straight from the checkpoint
     assert np.abs(package(rows.slice(5, 1)) - expected[5:6]).max() <= 1e-6  # one row alone: beside an empty one
