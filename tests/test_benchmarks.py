@@ -14,6 +14,7 @@ TIER = "integration"
 
 LOADER = f"{REPO}/benchmarks/criteo_loader.py"
 CHECKPOINT_IO = f"{REPO}/benchmarks/checkpoint_io.py"
+PREDICT_THROUGHPUT = f"{REPO}/benchmarks/predict_throughput.py"
 RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per_sec", "eval_samples_per_cpu_sec")
 
 
@@ -95,3 +96,18 @@ def test_checkpoint_io_reshards_local_checkpoint_equal(tmp_path):
     assert all(local["samples"][name] == [local[name]] for name in rates + checksums), local
     assert local["checksum_save_cost"] > 0 and local["checksum_load_cost"] > 0, local
     assert local["reshard_to"] == "row_wise" and local["reshard_equal"] is True
+
+
+def test_predict_throughput_prints_its_ratios_against_the_evaluation_loop(tmp_path):
+    report = tmp_path / "predict.json"
+    tiny = ["--files", "2", "--rows_per_file", "4096", "--num_embeddings", "2000", "--batch_size", "512"]
+    result = run([sys.executable, PREDICT_THROUGHPUT, *tiny, "--repeats", "1", "--json", str(report)])
+    assert_ok(result)
+    figures = json.loads(report.read_text())
+    assert figures["rows_scored"] == 2048 and figures["batch_size"] == 512
+    models = ("package_fp32", "package_int8", "checkpoint_eager", "torchscript_fp32", "torchscript_int8")
+    for name in models:
+        ratio = f"{name}_over_eval_loop_per_cpu_sec"
+        assert figures[ratio] > 0 and ratio in result.stdout, figures
+    assert figures["int8_table_reduction"] > 1 and figures["export_none_seconds_per_trained_gb"] > 0, figures
+    assert figures["predict_job_1_rank_rows_per_sec"] > 0, figures
