@@ -399,3 +399,5 @@ def test_component_arguments_are_checked_before_submission():
         dlrm.predict(model="m", data_path="d")
     with pytest.raises(ConfigError, match="--step 'newest': give best, latest or a step number"):
         dlrm.export(checkpoint_dir="c", output="o", step="newest")
+    with pytest.raises(ConfigError, match="--preprocessed_path /p is read only with --data criteo_tsv: leave it out"):
+        dlrm.predict(model="m", data_path="d", output="o", preprocessed_path="/p")

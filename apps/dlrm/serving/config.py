@@ -108,7 +108,8 @@ class PredictConfig(Options):
         _require("data_path", self.data_path, PREDICT_DATA_PATH_HELP[self.data])
         if self.preprocessed_path and self.data != "criteo_tsv":
             raise ConfigError(
-                f"--preprocessed_path {redact_urls(self.preprocessed_path)} is read only with --data criteo_tsv: leave it out"
+                f"--preprocessed_path {redact_urls(self.preprocessed_path)} is read only with --data criteo_tsv: "
+                "leave it out"
             )
         _require("output", self.output, "where the predictions go, e.g. --output s3://bucket/scores/")
         check_step(self.step)

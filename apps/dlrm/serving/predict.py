@@ -4,17 +4,20 @@ ranks.
 
 Every rank loads the whole model (:func:`apps.dlrm.serving.api.open_model`) and scores its share of
 the input files (Parquet files, Criteo days, or click logs), dealt out by their row counts (a click
-log's: its bytes), largest first, to the rank with the fewest so far. Each input file gives one Parquet file of predictions under
-``--output``, named after it: the ``--passthrough_columns`` (a row id, the label...) and ``score``,
-row for row in the input's order, written whole (:func:`apps.dlrm.serving.outputs.write_file`).
-Once every rank is done, rank 0 writes ``report.json``: per file and in all, the rows read, scored,
-skipped (and why) and repaired (and how), the dense values read as 0, the model's source and the throughput. An
-``--output`` that holds anything is refused before anything is read: nothing is overwritten.
+log's: its bytes), largest first, to the rank with the least so far. Each input file gives one
+Parquet file of predictions under ``--output``, named after it: the ``--passthrough_columns`` (a
+row id, the label...) and ``score``, row for row in the input's order, written whole
+(:func:`apps.dlrm.serving.outputs.write_file`). Once every rank is done, rank 0 writes
+``report.json``: per file and in all, the rows read, scored, skipped (and why) and repaired (and
+how), the dense values read as 0, the model's source and the throughput. An ``--output`` that holds
+anything is refused before anything is read: nothing is overwritten.
 
 Rows are read as training read them (:mod:`apps.dlrm.serving.features`). A Parquet row that
 training would refuse is skipped instead, and counted: with ``--categorical_ids as_is``, a row
 with an id outside its table. Criteo days hold preprocessed rows, which are all scored. A line of a
-click log that preprocessing would skip is skipped, and counted by kind (apps/dlrm/data/criteo/parse.py).
+click log that preprocessing would skip is skipped, and counted by kind
+(:mod:`apps.dlrm.data.criteo.parse`); its fields repaired, as preprocessing repairs them, are counted
+too (:mod:`apps.dlrm.serving.criteo_tsv`).
 """
 
 import collections
