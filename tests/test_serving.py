@@ -35,7 +35,7 @@ from apps.dlrm.data.criteo.pipeline import preprocess as preprocess_days
 from apps.dlrm.data.criteo.vocabulary import RARE_ID
 from apps.dlrm.serving.api import load_model
 from apps.dlrm.serving.config import ExportConfig
-from apps.dlrm.serving.criteo_tsv import CriteoIds
+from apps.dlrm.serving.criteo_tsv import Block, CriteoIds
 from apps.dlrm.serving.export import export
 from apps.dlrm.serving.package import MANIFEST_FILE, PROGRAM_FILE
 from components import dlrm
@@ -238,16 +238,18 @@ def test_click_logs_take_the_ids_of_a_vocabulary_folder_and_new_values_the_rare_
     preprocess_days(PreprocessConfig(**config, categorical_ids="vocabulary", frequency_threshold=2))
     ids = CriteoIds(folder, "--preprocessed_path", sizes)
     counts = LineCounts()
-    (block,) = ids.blocks(str(tmp_path / "day_1"), counts)
+    blocks = list(ids.blocks(str(tmp_path / "day_1"), counts, rows=300))
+    assert [len(block) for block in blocks] == [300, 300, days[1].rows_written - 600]  # as a day is chunked
+    block = Block.join(blocks)
     assert np.array_equal(block.ids, np.load(os.path.join(folder, "day_1_sparse.npy")))
     assert np.array_equal(block.dense, np.load(os.path.join(folder, "day_1_dense.npy")))
-    assert block.not_in_vocabulary == 0 and counts.skipped == days[1].skipped
+    assert not block.unseen.any() and counts.skipped == days[1].skipped
 
     label, ints, cats = days[1].labels[0], days[1].ints[0], days[1].cats[0]  # its first row kept, as a line
     fields = [str(label), *map(str, ints), "fedcba98", *(f"{value:08x}" for value in cats[1:3]), "fedcba97"]
     (tmp_path / "new").write_text("\t".join([*fields, *(f"{value:08x}" for value in cats[4:])]) + "\n")
-    (block,) = ids.blocks(str(tmp_path / "new"), LineCounts())
-    assert block.not_in_vocabulary == 1 and block.ids[0, 0] == RARE_ID and block.ids[0, 3] == RARE_ID % 5
+    (block,) = ids.blocks(str(tmp_path / "new"), LineCounts(), rows=300)
+    assert block.unseen.tolist() == [True] and block.ids[0, 0] == RARE_ID and block.ids[0, 3] == RARE_ID % 5
     assert np.array_equal(block.ids[0, 4:], np.load(os.path.join(folder, "day_1_sparse.npy"))[0, 4:])
 
     os.remove(os.path.join(folder, "vocabulary", "cat_0_values.npy"))

@@ -50,7 +50,21 @@ class Block:
     dense: np.ndarray  #: float32 [rows, 13]
     ids: np.ndarray  #: int32 [rows, 26], table rows
     labels: np.ndarray  #: int32 [rows]
-    not_in_vocabulary: int  #: rows holding a value the vocabulary was not built from
+    unseen: np.ndarray  #: bool [rows]: which held a value the vocabulary was not built from
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def split(self, rows: int) -> tuple["Block", "Block"]:
+        """The first ``rows`` rows, and the others."""
+        head, tail = zip(*((array[:rows], array[rows:]) for array in vars(self).values()))
+        return Block(*head), Block(*tail)
+
+    @classmethod
+    def join(cls, blocks: list["Block"]) -> "Block":
+        if len(blocks) == 1:
+            return blocks[0]
+        return cls(*(np.concatenate(arrays) for arrays in zip(*(vars(block).values() for block in blocks))))
 
 
 class CriteoIds:
@@ -95,10 +109,24 @@ class CriteoIds:
             )
         return Vocabulary(folder)
 
-    def blocks(self, url: str, counts: LineCounts) -> Iterator[Block]:
-        """The lines of the click log ``url`` (plain or gzip, any fsspec URL), in blocks of kept lines,
-        ``counts`` counting what was skipped and repaired. A file that cannot be read is a one-line
-        ConfigError naming it."""
+    def blocks(self, url: str, counts: LineCounts, rows: int) -> Iterator[Block]:
+        """The kept lines of the click log ``url`` (plain or gzip, any fsspec URL) in blocks of
+        ``rows`` (the last one fewer), ``counts`` counting what was skipped and repaired. Blocks of
+        the rows a preprocessed day is scored in: batches of the same rows then score to the same
+        bits (the kernels' sums may take another order in a batch cut elsewhere). A file that
+        cannot be read is a one-line ConfigError naming it."""
+        pending: list[Block] = []
+        for block in self._parsed(url, counts):
+            pending.append(block)
+            while sum(map(len, pending)) >= rows:
+                whole, rest = Block.join(pending).split(rows)
+                yield whole
+                pending = [rest]
+        if sum(map(len, pending)):
+            yield Block.join(pending)
+
+    def _parsed(self, url: str, counts: LineCounts) -> Iterator[Block]:
+        """The kept lines of ``url`` in the blocks the parser makes."""
         try:
             with open_lines(url) as (stream, _):
                 for rows in read_blocks(stream, counts):
@@ -115,6 +143,7 @@ class CriteoIds:
 
     def _block(self, ints: np.ndarray, cats: np.ndarray, labels: np.ndarray) -> Block:
         if self.vocabulary is None:
-            return Block(dense_features(ints), hashed_ids(cats, self.table_sizes), labels, 0)
+            unseen = np.zeros(len(labels), dtype=bool)
+            return Block(dense_features(ints), hashed_ids(cats, self.table_sizes), labels, unseen)
         ids, unseen = self.vocabulary.lookup_or_rare(cats.T, self.table_sizes)  # a view: column f is row f
-        return Block(dense_features(ints), ids, labels, int(unseen.sum()))
+        return Block(dense_features(ints), ids, labels, unseen)

@@ -399,10 +399,10 @@ class CriteoTsvInputs(_CriteoRows):
         counts = self._counts[index] = LineCounts()
         self._not_in_vocabulary[index] = 0
         first = 0
-        for number, block in enumerate(self.ids.blocks(self.sources[index].url, counts)):
-            self._not_in_vocabulary[index] += block.not_in_vocabulary
-            yield self._table(block.dense, block.ids, block.labels, first, passthrough), number
-            first += len(block.labels)
+        for chunk, block in enumerate(self.ids.blocks(self.sources[index].url, counts, CRITEO_CHUNK_ROWS)):
+            self._not_in_vocabulary[index] += int(block.unseen.sum())
+            yield self._table(block.dense, block.ids, block.labels, first, passthrough), chunk
+            first += len(block)
 
     def dropped(self, index: int) -> tuple[dict[str, int], dict[str, int]]:
         """The lines of file ``index`` skipped, and those repaired, per kind (of parse.py)."""
