@@ -69,12 +69,12 @@ def write_files(folder: str, rows: int, files: int, group_rows: int) -> list[str
 
 
 def timed(start: Callable[[], tuple[Iterator, int | None]]) -> tuple[float, float]:
-    """(samples/s wall, samples per CPU-second) of a reader in its steady state. ``start()`` opens
-    it: a generator of one label column per batch, and how many to time (None: all). Its first
-    batch (start-up: listing, footers, threads, the first read) is taken before the clocks start,
-    its closing after they stop."""
+    """(samples/s wall, samples per CPU-second) of a reader, from its first batch to its last.
+    ``start()`` opens it (listing, footers: before the clocks start): a generator of one label
+    column per batch, not yet begun, and how many to take (None: all). Its first batch counts: a
+    reader that decodes ahead in threads (the scanner reads several files' row groups ahead)
+    would otherwise do uncounted work before the clocks start. Its closing comes after they stop."""
     labels, count = start()
-    next(labels)
     samples = 0
     wall, cpu = time.perf_counter(), time.process_time()
     for batch in itertools.islice(labels, count):
@@ -118,7 +118,9 @@ def scanner(
 
     def start() -> tuple[Iterator, int | None]:
         dataset = ds.dataset(files, format="parquet", filesystem=filesystem)
-        return (batch.column(0) for batch in dataset.scanner(columns=COLUMNS, batch_size=batch_size).to_batches()), None
+        scan = dataset.scanner(columns=COLUMNS, batch_size=batch_size)
+        # to_batches() starts reading ahead at once, so it is called at the first next(), as the clocks run.
+        return (batch.column(0) for _ in [None] for batch in scan.to_batches()), None
 
     return start
 

@@ -23,7 +23,7 @@ import torch
 from apps.core.common.errors import ConfigError
 from apps.dlrm.config import train_config
 from apps.dlrm.data.parquet.loader import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
-from apps.dlrm.data.parquet.order import Pieces, eval_runs
+from apps.dlrm.data.parquet.order import Pieces, block_permutation, eval_runs
 from testing.moto_server import REGION
 from tests.conftest import assert_ok, run, tiny
 from tests.test_criteo_data import rows_of, take
@@ -72,6 +72,7 @@ def dataset(path, rank=0, world=1, **kwargs) -> ParquetClickLogs:
         "sparse_columns": SPARSE,
         "categorical_ids": "as_is",
         "shuffle_buffer_rows": 300,
+        "shuffle_block_rows": 20,
         **kwargs,
     }
     return ParquetClickLogs(train_config(**options), rank, world, pin_memory=False)
@@ -136,6 +137,38 @@ def test_shuffling_mixes_rows_across_row_groups_and_differs_per_epoch_and_seed(f
     assert len({r // 128 for r in epochs[0][:100]}) > 1  # a batch mixes row groups
     other_seed = sum((rows_of(b) for b in take(dataset(folder, seed=2).train_batches(0), per_epoch)), [])
     assert other_seed != epochs[0]
+
+
+def runs_of_consecutive_rows(rows: list[int]) -> list[int]:
+    """The lengths of the runs of consecutive row numbers that ``rows`` is made of."""
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    return np.diff([0, *breaks, len(rows)]).tolist()
+
+
+@pytest.mark.unit
+def test_windows_are_shuffled_in_blocks_of_consecutive_rows_and_blocks_of_one_permute_rows(folder):
+    per_epoch = dataset(folder).steps_per_epoch
+    rows = sum((rows_of(b) for b in take(dataset(folder, seed=3).train_batches(0), per_epoch)), [])
+    runs = runs_of_consecutive_rows(rows)
+    # Blocks of 20 rows, cut short where a window's pieces meet (a row group's end, a split's
+    # edge), joined where consecutive blocks happen to follow each other; never a batch in file order.
+    assert runs.count(20) > len(runs) // 2 and max(runs) < 100
+    single = sum(
+        (rows_of(b) for b in take(dataset(folder, seed=3, shuffle_block_rows=1).train_batches(0), per_epoch)), []
+    )
+    assert sorted(single) == sorted(rows) and max(runs_of_consecutive_rows(single)) <= 3
+
+
+@pytest.mark.unit
+def test_a_block_permutation_of_one_row_blocks_is_the_generators_permutation():
+    for rows, block in ((1000, 1), (1000, 64), (7, 3), (5, 10)):
+        order = block_permutation(np.random.default_rng([4, 2]), rows, block)
+        assert sorted(order) == list(range(rows))
+        inside = order % block != 0  # a row that does not start a block follows its block's previous row
+        assert not inside[0] and (order[1:][inside[1:]] == order[:-1][inside[1:]] + 1).all()
+    assert block_permutation(np.random.default_rng([4, 2]), 1000, 1).tolist() == (
+        np.random.default_rng([4, 2]).permutation(1000).tolist()
+    )
 
 
 @pytest.mark.unit

@@ -276,12 +276,12 @@ class DataConfig:
         True,
         "Criteo: shuffle the training rows every epoch, deterministically from --seed, in "
         "blocks of --shuffle_block_rows consecutive rows; Parquet: permute the row groups every "
-        "epoch and the rows within --shuffle_buffer_rows. false: file order.",
+        "epoch and, within --shuffle_buffer_rows, blocks of --shuffle_block_rows rows. false: file order.",
     )
     shuffle_block_rows: int = option(
         1024,
-        "Criteo: consecutive rows that stay together when shuffling; smaller blocks mix "
-        "better, larger blocks read faster.",
+        "Criteo and Parquet: consecutive rows that stay together when shuffling; smaller blocks "
+        "mix better, larger blocks read faster (Parquet: 1 permutes every row of a window).",
     )
     shuffle_buffer_rows: int = option(
         262_144,

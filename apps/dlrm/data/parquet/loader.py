@@ -12,7 +12,7 @@ columns that training could not use (:mod:`apps.dlrm.data.parquet.files`). The s
 Which rows a rank reads at each step (:mod:`apps.dlrm.data.parquet.order`) is a pure function of
 (seed, step, rank, world size) computed from the footers' row counts: row groups permuted per
 epoch and dealt to the ranks as equal runs of rows, then read in windows of
-``--shuffle_buffer_rows`` rows shuffled in memory. Resuming at step ``s`` skips whole row groups
+``--shuffle_buffer_rows`` rows shuffled in memory in blocks of ``--shuffle_block_rows``. Resuming at step ``s`` skips whole row groups
 by their counts without reading them, and yields exactly the batches of an uninterrupted run.
 Every rank steps ``steps_per_epoch`` times per epoch and gets as many evaluation batches as the
 others, as the sharded model's collectives require.
@@ -88,6 +88,7 @@ class ParquetClickLogs:
             cfg.training.seed,
             cfg.data.shuffle,
             cfg.data.shuffle_buffer_rows,
+            cfg.data.shuffle_block_rows,
         )
         self.steps_per_epoch = self._order.steps_per_epoch
         if not self.steps_per_epoch:
@@ -179,8 +180,10 @@ def assemble_batch(
     dense_np, labels_np, lengths_np = dense.numpy(), labels.numpy(), lengths.numpy()
     at = 0
     for rows, index in parts:
-        np.take(rows.dense, index, axis=0, out=dense_np[at : at + len(index)])
-        np.take(rows.labels, index, out=labels_np[at : at + len(index)])
+        # mode="clip": the indices are rows of the part by construction, and numpy's default
+        # "raise" buffers the output to check them (1.6x the gather's time).
+        np.take(rows.dense, index, axis=0, out=dense_np[at : at + len(index)], mode="clip")
+        np.take(rows.labels, index, out=labels_np[at : at + len(index)], mode="clip")
         at += len(index)
     runs = [[rows.lengths(f, index) for rows, index in parts] for f in range(len(keys))]
     per_key = [

@@ -1,10 +1,10 @@
 """Fetching row groups of Parquet files and decoding them into the arrays batches are cut from.
 
-Fetching. The byte ranges of the needed column chunks of every row group asked for at once are
-known from the footers, so they are requested together (``fs.cat_ranges``: an object store's
-filesystem issues them concurrently, a local one reads them in turn), and pyarrow then decodes the
-row groups from those bytes in memory. Only the columns training reads travel, and nothing but the
-row groups of this rank's share: a data set is never copied whole to any host. A row group whose
+Fetching. Row groups are read by pyarrow through its own filesystem for the files' URL
+(:mod:`apps.dlrm.data.parquet.filesystems`), the footers already read at start-up given to it,
+the needed column chunks of a row group fetched in a few concurrent ranged reads (``pre_buffer``).
+Only the columns training reads travel, and nothing but the row groups of this rank's share: a
+data set is never copied whole to any host. A row group whose
 pages do not decode (a file damaged after its footer was written) stops training with an error
 naming the file and the row group.
 
@@ -33,11 +33,10 @@ Nothing read from a file is executed or unpickled: Parquet pages are decoded by 
 numbers, and only numbers reach training.
 """
 
-import io
 import logging
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import fsspec
 import numpy as np
@@ -53,18 +52,12 @@ from apps.dlrm.data.parquet.files import (
     DataFile,
     check_id,
     check_label,
-    leaf_columns,
     null_label_error,
 )
+from apps.dlrm.data.parquet.filesystems import arrow_filesystem
 from apps.dlrm.data.parquet.order import Piece
 
-if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer  # exists only for type checkers
-
 logger = logging.getLogger("apps.dlrm.data")
-
-#: Column chunks closer than this are fetched in one request (the gap's bytes are cheaper than a request).
-MERGE_GAP = 1 << 16
 
 
 @dataclass
@@ -90,53 +83,12 @@ class Rows:
         """Writes the ids of rows ``index`` (whose :meth:`lengths` are ``lengths``) into ``out``."""
         ids, offsets = self.ids[feature], self.offsets[feature]
         if offsets is None:
-            np.take(ids, index, out=out)
+            np.take(ids, index, out=out, mode="clip")  # in range by construction; see assemble_batch
             return
         assert lengths is not None, "a feature with offsets has lengths (see lengths())"
         # Each row's run of ids, in turn: id k of the output is id (k - run start + row start).
         runs = np.cumsum(lengths) - lengths
-        np.take(ids, np.repeat(offsets[index] - runs, lengths) + np.arange(len(out)), out=out)
-
-
-class _FetchedParts(io.RawIOBase):
-    """A read-only file of which some byte ranges were fetched: reads inside them are served from
-    memory, any other read (rare: a reader peeking past a chunk) goes to the filesystem."""
-
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, parts: dict[int, bytes]) -> None:
-        super().__init__()
-        self._fs, self._path, self._size = fs, path, size
-        self._parts = sorted(parts.items())
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._pos = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence] + offset
-        return self._pos
-
-    def read(self, size: int = -1) -> bytes:
-        stop = self._size if size < 0 else min(self._size, self._pos + size)
-        for start, data in self._parts:
-            if start <= self._pos and stop <= start + len(data):
-                chunk = data[self._pos - start : stop - start]
-                break
-        else:
-            chunk = self._fs.cat_file(self._path, self._pos, stop) if stop > self._pos else b""
-        self._pos += len(chunk)
-        return chunk
-
-    def readinto(self, buffer: "WriteableBuffer") -> int:
-        with memoryview(buffer) as view:
-            chunk = self.read(len(view))
-            view[: len(chunk)] = chunk
-        return len(chunk)
+        np.take(ids, np.repeat(offsets[index] - runs, lengths) + np.arange(len(out)), out=out, mode="clip")
 
 
 class RowGroupReader:
@@ -144,12 +96,11 @@ class RowGroupReader:
     ``decoder``."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, files: list[DataFile], decoder: "RowDecoder") -> None:
-        self.fs = fs
+        self._arrow_fs = arrow_filesystem(fs, files[0].path)
         self.files = files
         self.decoder = decoder
         self.spec = decoder.spec
         self._cached: tuple[tuple[int, int], Rows] | None = None
-        self._leaves = [[i for name in self.spec.names for i in leaf_columns(file.metadata)[name]] for file in files]
 
     @property
     def nonfinite(self) -> dict[str, int]:
@@ -170,24 +121,14 @@ class RowGroupReader:
         return self._cached[1]
 
     def _read_groups(self, groups: list[tuple[int, int]]) -> dict[tuple[int, int], pa.Table]:
-        ranges = [(f, start, end) for f, g in groups for start, end in self._chunk_ranges(f, g)]
-        data = self.fs.cat_ranges(
-            [self.files[f].path for f, _, _ in ranges],
-            [s for _, s, _ in ranges],
-            [e for _, _, e in ranges],
-            on_error="raise",
-        )
-        parts: dict[int, dict[int, bytes]] = {}
-        for (f, start, _), chunk in zip(ranges, data):
-            parts.setdefault(f, {})[start] = chunk
-        readers = {
-            f: pq.ParquetFile(
-                pa.PythonFile(_FetchedParts(self.fs, self.files[f].path, self.files[f].size, file_parts), mode="r"),
-                metadata=self.files[f].metadata,
-            )
-            for f, file_parts in parts.items()
-        }
-        return {(f, g): self._decoded_group(readers[f], f, g) for f, g in groups}
+        tables = {}
+        for f in sorted({f for f, _ in groups}):
+            with self._arrow_fs.open_input_file(self.files[f].path) as source:
+                # pre_buffer: the needed column chunks of a row group are fetched in a few
+                # concurrent ranged reads (adjacent ones merged), not page by page.
+                reader = pq.ParquetFile(source, metadata=self.files[f].metadata, pre_buffer=True)
+                tables.update({(f, g): self._decoded_group(reader, f, g) for ff, g in groups if ff == f})
+        return tables
 
     def _decoded_group(self, reader: pq.ParquetFile, f: int, g: int) -> pa.Table:
         """Row group ``g`` of file ``f``, its columns of ``spec``; a page that does not decode
@@ -199,22 +140,6 @@ class RowGroupReader:
                 f"{self.files[f].url}: row group {g} cannot be decoded ({' '.join(str(e).split())}): the file is "
                 "corrupt, or was rewritten since the job started; write it again, or leave it out of --data_path"
             ) from e
-
-    def _chunk_ranges(self, f: int, g: int) -> list[tuple[int, int]]:
-        """The byte ranges of row group ``g``'s needed column chunks in file ``f``, merged."""
-        group = self.files[f].metadata.row_group(g)
-        spans = []
-        for leaf in self._leaves[f]:
-            column = group.column(leaf)
-            start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
-            spans.append((start, start + column.total_compressed_size))
-        merged: list[tuple[int, int]] = []
-        for start, end in sorted(spans):
-            if merged and start - merged[-1][1] <= MERGE_GAP:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-            else:
-                merged.append((start, end))
-        return merged
 
     def _decode(self, pieces: list[Piece], table: pa.Table) -> Rows:
         """The rows of ``table``, which holds those of ``pieces``; an error names the piece's file."""
