@@ -14,6 +14,7 @@ TIER = "integration"
 
 LOADER = f"{REPO}/benchmarks/criteo_loader.py"
 CHECKPOINT_IO = f"{REPO}/benchmarks/checkpoint_io.py"
+STARTUP = f"{REPO}/benchmarks/startup.py"
 RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per_sec", "eval_samples_per_cpu_sec")
 
 
@@ -95,3 +96,16 @@ def test_checkpoint_io_reshards_local_checkpoint_equal(tmp_path):
     assert all(local["samples"][name] == [local[name]] for name in rates + checksums), local
     assert local["checksum_save_cost"] > 0 and local["checksum_load_cost"] > 0, local
     assert local["reshard_to"] == "row_wise" and local["reshard_equal"] is True
+
+
+def test_startup_times_both_sides_to_their_first_step(tmp_path):
+    report = tmp_path / "startup.json"
+    result = run([sys.executable, STARTUP, "--repeats", "1", "--json", str(report)], BENCH_DIR=str(tmp_path))
+    assert_ok(result)
+    figures = json.loads(report.read_text())
+    assert figures["nproc"] == 2 and figures["repeats"] == 1
+    assert figures["samples"] == {"ours": [figures["ours_s"]], "plain": [figures["plain_s"]]}
+    assert figures["ours_s"] > 0 and figures["plain_s"] > 0
+    assert figures["ratio"] == figures["ours_s"] / figures["plain_s"]
+    assert "time to step 1, 2 ranks, medians of 1" in result.stdout
+    assert list(tmp_path.iterdir()) == [report]  # the run folders and logs went with the benchmark's folder
