@@ -15,6 +15,7 @@ TIER = "integration"
 LOADER = f"{REPO}/benchmarks/criteo_loader.py"
 CHECKPOINT_IO = f"{REPO}/benchmarks/checkpoint_io.py"
 PREDICT_THROUGHPUT = f"{REPO}/benchmarks/predict_throughput.py"
+STARTUP = f"{REPO}/benchmarks/startup.py"
 RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per_sec", "eval_samples_per_cpu_sec")
 
 
@@ -111,3 +112,16 @@ def test_predict_throughput_prints_its_ratios_against_the_evaluation_loop(tmp_pa
         assert figures[ratio] > 0 and ratio in result.stdout, figures
     assert figures["int8_table_reduction"] > 1 and figures["export_none_seconds_per_trained_gb"] > 0, figures
     assert figures["predict_job_1_rank_rows_per_sec"] > 0, figures
+
+
+def test_startup_times_both_sides_to_their_first_step(tmp_path):
+    report = tmp_path / "startup.json"
+    result = run([sys.executable, STARTUP, "--repeats", "1", "--json", str(report)], BENCH_DIR=str(tmp_path))
+    assert_ok(result)
+    figures = json.loads(report.read_text())
+    assert figures["nproc"] == 2 and figures["repeats"] == 1
+    assert figures["samples"] == {"ours": [figures["ours_s"]], "plain": [figures["plain_s"]]}
+    assert figures["ours_s"] > 0 and figures["plain_s"] > 0
+    assert figures["ratio"] == figures["ours_s"] / figures["plain_s"]
+    assert "time to step 1, 2 ranks, medians of 1" in result.stdout
+    assert list(tmp_path.iterdir()) == [report]  # the run folders and logs went with the benchmark's folder

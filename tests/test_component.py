@@ -233,3 +233,11 @@ def test_component_resolves_from_any_directory(tmp_path):
     assert result.returncode == 0, result.stderr
     (role,) = json.loads(result.stdout)["app"]["roles"]
     assert "-m apps.dlrm.train --steps 7" in role["args"][1]
+
+
+def test_submitting_imports_neither_torch_nor_the_data_readers():
+    # Every `torchx run` imports the component: torch alone would add seconds to each submission.
+    code = "import sys, components.dlrm; print(sorted({'torch', 'pyarrow', 'torchrec'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -380,7 +380,7 @@ class Checkpointer:
             self.cfg.training.embedding_optimizer,
             loaded.step,
         )
-        self._store().load(checkpoint, {**entries, "optimizer": resharding.destinations})
+        self._store().load(checkpoint, {**entries, "optimizer": resharding.destinations}, saved)
         resharding.apply()
         optimizer.load_state_dict(optimizer_state)
         state.load_state_dict(entries)

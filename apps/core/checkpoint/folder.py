@@ -338,14 +338,15 @@ class CheckpointStore:
                 self.fs.rm(self._path(step), recursive=True)
                 logger.info("deleted old checkpoint %s", self.step_url(step))
 
-    def load(self, checkpoint: Checkpoint, state: dict[str, Any]) -> None:
+    def load(self, checkpoint: Checkpoint, state: dict[str, Any], metadata: Metadata | None = None) -> None:
         """Collective: every rank reads the shards it holds under its current sharding, checked
         against the checksums in its manifest; raises :class:`DamagedCheckpoint` on every rank
-        where they do not match. A checkpoint of an earlier version has none: it loads unchecked."""
+        where they do not match. A checkpoint of an earlier version has none: it loads unchecked.
+        ``metadata``: its ``.metadata``, where this rank has read it already."""
         checksums = Checksums.of(checkpoint.manifest.get(CHECKSUMS))
         if checksums is None:
             logger.info("%s has no checksums (written before they were recorded): it loads unverified", checkpoint.url)
-        load_shards(state, checkpoint.url, self.is_local, checksums)
+        load_shards(state, checkpoint.url, self.is_local, checksums, metadata)
         if checksums is not None:
             self.verified = max(self.verified or 0, checkpoint.step)
 

@@ -306,12 +306,25 @@ class CheckpointReader(FsspecReader):
     checking every block read against ``checksums`` (None: a checkpoint written before they were
     recorded, read unchecked). Every read of our checkpoints goes through it (and its subclass)."""
 
-    def __init__(self, path: str, checksums: Checksums | None = None) -> None:
+    def __init__(
+        self, path: str, checksums: Checksums | None = None, metadata: dcp_metadata.Metadata | None = None
+    ) -> None:
         super().__init__(path)
         self.checksums = checksums
+        self.metadata = metadata
 
     def read_metadata(self) -> dcp_metadata.Metadata:
+        """The checkpoint's ``.metadata``, checked; the one given at construction where it was
+        already read (a resume reads it to plan the optimizer states' conversion, then loads:
+        one request to the object store and one restricted unpickling, not two)."""
         # No **kwargs: DCP then never falls back to per-rank metadata files, which we never write.
+        metadata = self.metadata or self._read_metadata()
+        if metadata.storage_meta is None:
+            metadata.storage_meta = dcp_metadata.StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def _read_metadata(self) -> dcp_metadata.Metadata:
         path = self.fs.concat_path(self.path, ".metadata")
         with self.fs.create_stream(path, "rb") as f:
             # torch types the stream as io.IOBase; opened "rb", it is a binary file.
@@ -321,9 +334,6 @@ class CheckpointReader(FsspecReader):
         problem = _metadata_problem(metadata)
         if problem:
             raise DamagedCheckpoint(f"{redact_urls(str(path))}: {problem}")
-        if metadata.storage_meta is None:
-            metadata.storage_meta = dcp_metadata.StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
@@ -334,28 +344,30 @@ class CheckpointReader(FsspecReader):
         )
         if any(info.transform_descriptors for _, info in items):
             return super().read_data(plan, planner)  # compressed/transformed: DCP's own path
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-check") as checker:
-            for source, group in self._sources(items, checker):
-                for req, info in group:
-                    _load_item(_EntryView(source, info), req, planner)
+        for source, group in self._sources(items):
+            for req, info in group:
+                _load_item(_EntryView(source, info), req, planner)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _sources(self, items: list, checker: ThreadPoolExecutor) -> Iterator[tuple["_Source", list]]:
+    def _sources(self, items: list) -> Iterator[tuple["_Source", list]]:
         """(a source, the items it holds) for every ``(req, info)`` of ``items`` (sorted by file
-        and offset): here each file, opened once. Its checksums are checked by ``checker``."""
-        for name, group in itertools.groupby(items, key=lambda item: item[1].relative_path):
-            with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as stream:
-                yield self._source(name, stream, 0, checker), list(group)
+        and offset): here each file, opened once, its blocks checked as they are read
+        (:class:`_CheckedSource`) where the checkpoint has checksums."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-check") as checker:
+            for name, group in itertools.groupby(items, key=lambda item: item[1].relative_path):
+                with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as stream:
+                    if self.checksums is None:
+                        yield _Source(stream, 0), list(group)
+                        continue
+                    sums = self.checksums.of_file(name)
+                    source = _CheckedSource(stream, 0, self._named(name), self.checksums.block_bytes, sums, checker)
+                    yield source, list(group)
 
-    def _source(self, name: str, stream: Any, start: int, checker: ThreadPoolExecutor) -> "_Source":
-        """The shard file ``name`` from its byte ``start`` on, as ``stream`` holds it, checked
-        by ``checker`` against its checksums where the checkpoint has them."""
-        if self.checksums is None:
-            return _Source(stream, start)
-        path = redact_urls(str(self.fs.concat_path(self.path, name)))
-        return _CheckedSource(stream, start, path, self.checksums.block_bytes, self.checksums.of_file(name), checker)
+    def _named(self, name: str) -> str:
+        """The shard file ``name`` as errors name it (its URL, without credentials)."""
+        return redact_urls(str(self.fs.concat_path(self.path, name)))
 
 
 def _metadata_problem(metadata: dcp_metadata.Metadata) -> str | None:
@@ -557,26 +569,30 @@ class BatchedFsspecReader(CheckpointReader):
     DCP's own reader hands ``torch.load`` a view of the remote file, whose many small reads and
     seeks each become a request to the object store (over 3x slower than reading the same
     bytes here on S3). This one fetches up to ``_READ_BATCH_BYTES`` of entries at once with
-    fsspec's ``cat_ranges`` (concurrent on object stores) and loads them from memory while the
-    next batch arrives.
+    fsspec's ``cat_ranges`` (concurrent on object stores), checks them against their checksums
+    in the fetching thread as they arrive, and loads them from memory while the next batch
+    arrives and is checked. Fetched blocks are whole: each is checked once, in one pass over
+    the fetched bytes, with no hand-over per run of blocks between threads, nor blocks read in
+    part kept and copied, as a file read in place needs (:class:`_CheckedSource`).
     """
 
-    def _sources(self, items: list, checker: ThreadPoolExecutor) -> Iterator[tuple["_Source", list]]:
+    def _sources(self, items: list) -> Iterator[tuple["_Source", list]]:
         """The fetched batches; the next one is fetched while this one loads into the tensors."""
         batches = _batches(items)
         if not batches:
             return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-fetch") as fetcher:
-            pending = fetcher.submit(self._fetch, batches[0], checker)
+            pending = fetcher.submit(self._fetch, batches[0])
             for following in batches[1:]:
                 fetched = pending.result()
-                pending = fetcher.submit(self._fetch, following, checker)
+                pending = fetcher.submit(self._fetch, following)
                 yield from fetched
             yield from pending.result()
 
-    def _fetch(self, batch: list, checker: ThreadPoolExecutor) -> list[tuple["_Source", list]]:
+    def _fetch(self, batch: list) -> list[tuple["_Source", list]]:
         """The entries of ``batch`` fetched (with the rest of the checksum blocks they lie in),
-        each run of adjacent ones (DCP writes a rank's tensors back to back) in one request."""
+        each run of adjacent ones (DCP writes a rank's tensors back to back) in one request,
+        and checked where the checkpoint has checksums."""
         spans: list[list] = []  # [path, start, end, items]
         for item in batch:
             start, end = self._extent(item[1])
@@ -594,11 +610,19 @@ class BatchedFsspecReader(CheckpointReader):
             [end for _, _, end, _ in spans],
             on_error="raise",
         )
+        for (name, start, end, _), blob in zip(spans, blobs):
+            self._check_fetched(name, start, end, blob)
         # BytesIO shares the bytes: no copy
-        return [
-            (self._source(name, io.BytesIO(blob), start, checker), items)
-            for (name, start, _, items), blob in zip(spans, blobs)
-        ]
+        return [(_Source(io.BytesIO(blob), start), items) for (_, start, _, items), blob in zip(spans, blobs)]
+
+    def _check_fetched(self, name: str, start: int, end: int, blob: bytes) -> None:
+        """Checks ``blob``, the bytes ``[start, end)`` of the shard file ``name`` fetched (whole
+        blocks: :meth:`_extent`), against its checksums where the checkpoint has them."""
+        if self.checksums is None:
+            return
+        if len(blob) != end - start:
+            raise DamagedCheckpoint(f"{self._named(name)} ends at byte {start + len(blob)}, not {end}: it is truncated")
+        _check_blocks(self._named(name), self.checksums.block_bytes, self.checksums.of_file(name), start, blob)
 
     def _extent(self, info: _StorageInfo) -> tuple[int, int]:
         """The bytes of its file to fetch for the entry ``info``: its own, and where they are
@@ -621,12 +645,16 @@ def _planned_bytes(plans: list[SavePlan]) -> int:
 
 
 def _batches(items: list) -> list[list]:
-    """``items`` (sorted ``(req, info)`` pairs) cut into runs of at most ``_READ_BATCH_BYTES``
-    (an entry larger than that is a batch of its own)."""
+    """``items`` (sorted ``(req, info)`` pairs) cut into as few runs of at most
+    ``_READ_BATCH_BYTES`` as they fit in (an entry larger than that is a batch of its own), of
+    about equal sizes: a batch loads while the next one arrives, which a short last one would not
+    keep busy."""
+    total = sum(item[1].length for item in items)
+    even = total / max(1, math.ceil(total / _READ_BATCH_BYTES))
     batches: list[list] = [[]]
     size = 0
     for item in items:
-        if batches[-1] and size + item[1].length > _READ_BATCH_BYTES:
+        if batches[-1] and (size >= even or size + item[1].length > _READ_BATCH_BYTES):
             batches.append([])
             size = 0
         batches[-1].append(item)
@@ -715,14 +743,7 @@ class _CheckedSource(_Source):
             got += more
 
     def _check(self, offset: int, data: memoryview) -> None:
-        """Checks the whole blocks ``data`` read from ``offset``."""
-        for start in range(0, len(data), self.block):
-            block = data[start : start + self.block]
-            if zlib.crc32(block) != self.sums.crc32[(offset + start) // self.block]:
-                first = offset + start
-                raise DamagedCheckpoint(
-                    f"{self.path}: bytes {first}-{first + len(block) - 1} do not match their checksum"
-                )
+        _check_blocks(self.path, self.block, self.sums, offset, data)
 
     def _kept(self, index: int) -> bytes:
         """Block ``index``, read whole and checked."""
@@ -733,6 +754,17 @@ class _CheckedSource(_Source):
                 del self.kept[min(self.kept)]
             self.kept[index] = bytes(data)
         return self.kept[index]
+
+
+def _check_blocks(path: str, block: int, sums: FileChecksums, offset: int, data: Any) -> None:
+    """Checks ``data``, whole blocks of ``block`` bytes of the file ``path`` (the file's last one
+    may be shorter) read from ``offset``, against ``sums``; raises :class:`DamagedCheckpoint`."""
+    with memoryview(data) as view:
+        for start in range(0, len(view), block):
+            if zlib.crc32(view[start : start + block]) != sums.crc32[(offset + start) // block]:
+                first = offset + start
+                last = min(first + block, offset + len(view)) - 1
+                raise DamagedCheckpoint(f"{path}: bytes {first}-{last} do not match their checksum")
 
 
 class _EntryView(io.RawIOBase):
@@ -1032,12 +1064,19 @@ def save_shards_async(
     return done
 
 
-def load_shards(state: dict[str, Any], url: str, local: bool, checksums: Checksums | None) -> None:
+def load_shards(
+    state: dict[str, Any],
+    url: str,
+    local: bool,
+    checksums: Checksums | None,
+    metadata: dcp_metadata.Metadata | None = None,
+) -> None:
     """Collective: every rank reads into ``state`` the pieces it holds under its current sharding,
-    checked against ``checksums`` (None: unchecked). Raises :class:`DamagedCheckpoint` on every
-    rank where a rank found the checkpoint damaged."""
+    checked against ``checksums`` (None: unchecked); ``metadata``: the checkpoint's ``.metadata``
+    where this rank has read it already (:meth:`CheckpointReader.read_metadata`). Raises
+    :class:`DamagedCheckpoint` on every rank where a rank found the checkpoint damaged."""
     # A local file is read in place; an object store's in large batches of requests.
-    reader = CheckpointReader(url, checksums) if local else BatchedFsspecReader(url, checksums)
+    reader = (CheckpointReader if local else BatchedFsspecReader)(url, checksums, metadata)
     try:
         dcp.load(state, storage_reader=reader, planner=_WeightsOnlyLoadPlanner())
     except CheckpointException as e:  # every rank's errors, on every rank

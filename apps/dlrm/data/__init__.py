@@ -45,19 +45,23 @@ class ClickLogs(Protocol):
 
 
 def make_dataset(cfg: TrainConfig, env: DistEnv) -> ClickLogs:
-    from apps.dlrm.data.criteo.fetch import local_folder
-    from apps.dlrm.data.criteo.loader import CriteoClickLogs
-    from apps.dlrm.data.parquet.loader import ParquetClickLogs
-    from apps.dlrm.data.synthetic import SyntheticClickLogs
-
+    # Each source is imported only where it is chosen: the Parquet loader's pyarrow alone adds
+    # ~0.7 s to the start of every other job.
     pin_memory = env.device.type == "cuda"
     if cfg.data.data == "criteo":
+        from apps.dlrm.data.criteo.fetch import local_folder
+        from apps.dlrm.data.criteo.loader import CriteoClickLogs
+
         # A URL is copied to a node-local cache once per node, by its first local rank.
         folder = local_folder(cfg.data.data_path, cfg.data.data_cache_dir, copier=env.local_rank == 0)
         return CriteoClickLogs(
             cfg, folder, env.rank, env.world_size, pin_memory=pin_memory, local_world_size=env.local_world_size
         )
     if cfg.data.data == "parquet":
+        from apps.dlrm.data.parquet.loader import ParquetClickLogs
+
         # Streamed where the files are: each rank reads only its share of the row groups.
         return ParquetClickLogs(cfg, rank=env.rank, world_size=env.world_size, pin_memory=pin_memory)
+    from apps.dlrm.data.synthetic import SyntheticClickLogs
+
     return SyntheticClickLogs(cfg, rank=env.rank, world_size=env.world_size, device=env.device)

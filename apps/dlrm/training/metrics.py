@@ -4,8 +4,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import MeanMetric, MetricCollection
-from torchmetrics.classification import BinaryAccuracy, BinaryAUROC
 
 
 class EvalMetrics:
@@ -17,6 +15,11 @@ class EvalMetrics:
     """
 
     def __init__(self, device: torch.device, with_teacher: bool = False) -> None:
+        # Imported at the first evaluation, not at start-up: torchmetrics imports matplotlib's
+        # pyplot, 1-2 s that every trainer would spend before its first step.
+        from torchmetrics import MeanMetric, MetricCollection
+        from torchmetrics.classification import BinaryAccuracy, BinaryAUROC
+
         self._metrics = MetricCollection(
             {
                 "auroc": BinaryAUROC(),

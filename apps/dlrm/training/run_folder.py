@@ -17,12 +17,14 @@ import logging
 import os
 import re
 import uuid
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from apps.core.common.distributed import DistEnv, decided_by_main
 from apps.core.common.errors import ConfigError
 from apps.dlrm.config import RUN_PLACEHOLDER
 from apps.dlrm.training.report import SUMMARY_FILE
+
+if TYPE_CHECKING:  # torch: the component names run folders at submission without it
+    from apps.core.common.distributed import DistEnv
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +64,13 @@ def is_restart(environ: Mapping[str, str]) -> bool:
     return any(int(environ.get(name) or 0) > 0 for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
 
 
-def open_output_dir(output_dir: str, run_id: str, resuming: bool, env: DistEnv) -> str:
+def open_output_dir(output_dir: str, run_id: str, resuming: bool, env: "DistEnv") -> str:
     """Collective. The folder this run writes its results to ('' for none), made this run's by
     rank 0 (:func:`claim`), or the ConfigError that refuses it, on every rank."""
+    # Imported here, in the job: torch takes seconds to import, which every `torchx run` of the
+    # component (which imports this module for the folders' names) would wait for.
+    from apps.core.common.distributed import decided_by_main
+
     if not output_dir:
         return ""
     return decided_by_main(
