@@ -55,7 +55,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from apps.dlrm.config import SHARDING_TYPES  # noqa: E402  (light: the worker imports torch)
+from apps.core.config import SHARDING_TYPES  # noqa: E402  (light: the worker imports torch)
 from benchmarks.moto_s3 import add_targets_argument, s3_bucket  # noqa: E402
 
 SAVED_SHARDING = "table_wise"

@@ -28,8 +28,9 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from apps.core.config import SHARDING_TYPES  # noqa: E402
 from apps.core.options import to_argv  # noqa: E402
-from apps.dlrm.config import POOLINGS, SHARDING_TYPES, train_config  # noqa: E402
+from apps.dlrm.config import POOLINGS, train_config  # noqa: E402
 from apps.dlrm.model import build_model  # noqa: E402
 from benchmarks.unsharded_reference import reference_losses  # noqa: E402
 

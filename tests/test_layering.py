@@ -5,8 +5,9 @@ it:
   without TorchX's component and scheduler layers;
 - the app imports neither the benchmarks nor the tests nor what they share (testing/), and the
   benchmarks never import the tests (what both need lives in testing/);
-- apps/core/ holds what every app shares (common/, launch/, checkpoint/, options, URLs); apps/dlrm/
-  is the DLRM app on top of it;
+- apps/core/ holds what every app shares (common/, launch/, checkpoint/, training/, the shared
+  config sections, options, URLs) and imports no app; apps/dlrm/ and apps/hstu/ are apps on top
+  of it, and neither imports the other;
 - the rooms: common/ imports nothing else from the apps; data/ imports neither launch/ nor the
   checkpoints; launch/ does not import data/; serving/ (export and prediction)
   builds on the model, the data and the checkpoints, not on training, and only the commands
@@ -85,6 +86,25 @@ def test_the_app_imports_no_benchmark_test_or_test_helper(path):
 @pytest.mark.parametrize("path", sources(REPO / "benchmarks"), ids=name)
 def test_the_benchmarks_import_no_test(path):
     assert_imports_none(path, "tests", fix="the tests import the benchmarks; move what both use to testing/")
+
+
+#: The apps built on apps/core/.
+APPS = ("apps.dlrm", "apps.hstu")
+
+
+@pytest.mark.parametrize("path", sources(CORE), ids=name)
+def test_core_imports_no_app(path):
+    fix = (
+        "apps/core/ is what every app shares: an app hands it what is its own (its config's "
+        "model signature, its tables' TableModule, a TrainingApp) instead of core importing the app"
+    )
+    assert_imports_none(path, *APPS, fix=fix)
+
+
+@pytest.mark.parametrize("path", sources(REPO / "apps" / "hstu"), ids=name)
+def test_hstu_does_not_import_dlrm(path):
+    fix = "the apps are siblings on apps/core/: move what both need into apps/core/"
+    assert_imports_none(path, "apps.dlrm", fix=fix)
 
 
 @pytest.mark.parametrize("path", sources(CORE / "common"), ids=name)

@@ -36,9 +36,10 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingPlan
 
 from apps.core.common.errors import ConfigError
+from apps.core.config import check_int8_comms
 from apps.core.launch.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 from apps.core.options import add_options, build_parser, options_of
-from apps.dlrm.config import PlanConfig, TrainConfig, check_int8_comms
+from apps.dlrm.config import PlanConfig, TrainConfig
 from apps.dlrm.model import table_configs
 from apps.dlrm.training.device_support import check_device_support
 from apps.dlrm.training.sharding import make_planner, make_topology, model_to_shard, planner_offers

@@ -17,7 +17,7 @@ from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from apps.dlrm.config import TrainingConfig
+from apps.core.config import TrainingConfig
 
 # Parameters of the embedding tables have this in their names.
 TABLES = "embedding_bag_collection"

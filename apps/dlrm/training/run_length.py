@@ -9,7 +9,8 @@ every ``--val_every_steps``, by default after every epoch, and always after its 
 from dataclasses import dataclass
 
 from apps.core.common.errors import ConfigError
-from apps.dlrm.config import SYNTHETIC_STEPS, TrainConfig
+from apps.core.config import SYNTHETIC_STEPS
+from apps.dlrm.config import TrainConfig
 
 
 @dataclass(frozen=True)

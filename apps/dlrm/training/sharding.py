@@ -35,7 +35,8 @@ from torchrec.distributed.types import ShardingPlan
 
 from apps.core.common.distributed import DistEnv
 from apps.core.common.errors import ConfigError
-from apps.dlrm.config import LaunchConfig, TrainConfig, check_int8_comms
+from apps.core.config import LaunchConfig, check_int8_comms
+from apps.dlrm.config import TrainConfig
 from apps.dlrm.model import EBC_PATH, build_model
 from apps.dlrm.training.optim import fuse_embedding_optimizer
 

@@ -20,10 +20,11 @@ from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainS
 from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv, all_reduce_mean
 from apps.core.common.errors import ConfigError
+from apps.core.config import LaunchConfig
 from apps.core.urls import config_record, redact_urls
-from apps.dlrm.config import LaunchConfig, TrainConfig
+from apps.dlrm.config import TrainConfig
 from apps.dlrm.data import make_dataset
-from apps.dlrm.model import speed_up_dense
+from apps.dlrm.model import TABLES, speed_up_dense
 from apps.dlrm.training.device_support import check_device_support
 from apps.dlrm.training.metrics import EvalMetrics, Stopwatch, Throughput
 from apps.dlrm.training.optim import LRSchedule, LRShape, training_optimizer
@@ -115,7 +116,7 @@ class Trainer:
     @property
     def checkpointed(self) -> Checkpointed:
         """What this run's checkpoints hold."""
-        return Checkpointed(self.model, self.optimizer, plan_tables(self.plan))
+        return Checkpointed(self.model, self.optimizer, plan_tables(self.plan), TABLES)
 
     def fit(self) -> dict[str, Any]:
         """The whole run: resume or start, train (validating on the way, stopping early if the

@@ -9,7 +9,7 @@ manifest (JSON), so a resumed run keeps its best and its count.
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from apps.dlrm.config import EvaluationConfig
+from apps.core.config import EvaluationConfig
 
 #: Metrics where a lower value is better.
 LOWER_IS_BETTER = ("log_loss",)
