@@ -148,7 +148,7 @@ def worker(init_path: str, out_path: str, steps: str, *app_args: str) -> None:
     from apps.core.common.distributed import all_reduce_mean, init_distributed
     from apps.dlrm.config import parse_train_config
     from apps.dlrm.model import EBC_PATH
-    from apps.dlrm.training.trainer import Trainer
+    from apps.dlrm.training.app import Trainer
 
     cfg = parse_train_config(list(app_args))
     env = init_distributed()

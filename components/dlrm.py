@@ -21,10 +21,10 @@ from torchx.components import utils
 
 from apps.core.launch.target import PlanTarget
 from apps.core.options import to_argv
+from apps.core.training.run_folder import TORCHRUN_LOGS, output_folder
 from apps.dlrm.config import PlanConfig, TrainConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.serving.config import ExportConfig, PredictConfig
-from apps.dlrm.training.run_folder import TORCHRUN_LOGS, output_folder
 from components import torchx_logs
 from components.cpu_launch import CpuLaunch
 from components.launch import DEFAULT_IMAGE, Launch

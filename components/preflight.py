@@ -3,9 +3,9 @@
 that is on this machine (apps/dlrm/data/preflight.py)."""
 
 from apps.core.common.errors import ConfigError
+from apps.core.training.device_support import check_device_support
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.preflight import check_local_data
-from apps.dlrm.training.device_support import check_device_support
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
 

@@ -9,7 +9,7 @@ it:
   config sections, options, URLs) and imports no app; apps/dlrm/ and apps/hstu/ are apps on top
   of it, and neither imports the other;
 - the rooms: common/ imports nothing else from the apps; data/ imports neither launch/ nor the
-  checkpoints; launch/ does not import data/; serving/ (export and prediction)
+  checkpoints; training/ (core's and each app's) builds on data/ and checkpoint/; launch/ does not import data/; serving/ (export and prediction)
   builds on the model, the data and the checkpoints, not on training, and only the commands
   above it import it.
 """
@@ -28,8 +28,10 @@ ABOVE_THE_APP = ("components", "schedulers", "torchx_plugins")
 #: What measures and checks the app, and what those share: the app never needs them to run.
 BESIDE_THE_APP = ("benchmarks", "tests", "testing")
 DLRM = REPO / "apps" / "dlrm"
-#: What every app shares: processes, launching, checkpoints, options (apps/core/).
+#: What every app shares: processes, launching, checkpoints, training, options (apps/core/).
 CORE = REPO / "apps" / "core"
+#: The training rooms: the shared Trainer and what each app plugs into it.
+TRAINING = ("apps.core.training", "apps.dlrm.training", "apps.hstu.training")
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:
@@ -134,16 +136,16 @@ def test_launch_does_not_import_the_data_sources(path):
 @pytest.mark.parametrize("path", sources(DLRM / "data") + sources(CORE / "checkpoint"), ids=name)
 def test_data_and_checkpoints_do_not_import_training(path):
     fix = (
-        "the training room (apps/dlrm/training/) builds on the data sources and the checkpoints, "
-        "not the reverse: hand them what they need, or move the shared piece below both"
+        "the training room (apps/core/training/, an app's training/) builds on the data sources and "
+        "the checkpoints, not the reverse: hand them what they need, or move the shared piece below both"
     )
-    assert_imports_none(path, "apps.dlrm.training", fix=fix)
+    assert_imports_none(path, *TRAINING, fix=fix)
 
 
 @pytest.mark.parametrize("path", sources(CORE / "launch"), ids=name)
 def test_launch_imports_neither_training_nor_checkpoints(path):
     fix = "shaping and starting a job must not load the training machinery; move what both need to common/"
-    assert_imports_none(path, "apps.dlrm.training", "apps.core.checkpoint", fix=fix)
+    assert_imports_none(path, *TRAINING, "apps.core.checkpoint", fix=fix)
 
 
 @pytest.mark.parametrize("path", sources(DLRM / "serving"), ids=name)
@@ -152,7 +154,7 @@ def test_serving_builds_on_the_model_data_and_checkpoints_not_on_training(path):
         "exporting and scoring load a checkpoint whole in one process: they need the model, the data "
         "sources and the checkpoints, not the training run's machinery (move what both need below both)"
     )
-    assert_imports_none(path, "apps.dlrm.training", "apps.core.launch", fix=fix)
+    assert_imports_none(path, *TRAINING, "apps.core.launch", fix=fix)
 
 
 @pytest.mark.parametrize("path", [p for p in sources(DLRM) if "serving" not in p.parts], ids=name)

@@ -5,7 +5,7 @@ import os
 import re
 
 from apps.core.config import SYNTHETIC_STEPS
-from apps.dlrm.training.trainer import CEILING_NOTE
+from apps.dlrm.training.app import CEILING_NOTE
 from tests.conftest import LOCAL_TRAIN_1X2, REPO, assert_ok, run
 
 # Tier (tests/conftest.py): real processes and servers.

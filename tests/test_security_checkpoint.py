@@ -24,10 +24,10 @@ from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainS
 from apps.core.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointStore
 from apps.core.checkpoint.storage import CheckpointError, CheckpointReader
 from apps.core.common.distributed import DistEnv, free_port
+from apps.core.training.report import Reporter
 from apps.core.urls import redact_urls
 from apps.dlrm.config import TrainConfig, train_config
 from apps.dlrm.model import TABLES
-from apps.dlrm.training.report import Reporter
 from tests.conftest import assert_ok, run, tiny
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.

@@ -15,7 +15,6 @@ from typing import Iterator
 
 import torch
 from torch import nn
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
 # TorchRec's own per-rank memory accounting, the figures its planner stats table prints. Private,
 # and no public API gives them: their signatures are the same in torchrec 1.6.1 and 1.8.0 as
@@ -39,10 +38,17 @@ from apps.core.common.errors import ConfigError
 from apps.core.config import check_int8_comms
 from apps.core.launch.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 from apps.core.options import add_options, build_parser, options_of
+from apps.core.training.device_support import check_device_support
+from apps.core.training.sharding import (
+    Sharder,
+    make_planner,
+    make_topology,
+    model_to_shard,
+    planner_offers,
+    table_names,
+)
 from apps.dlrm.config import PlanConfig, TrainConfig
-from apps.dlrm.model import table_configs
-from apps.dlrm.training.device_support import check_device_support
-from apps.dlrm.training.sharding import make_planner, make_topology, model_to_shard, planner_offers
+from apps.dlrm.training.app import DLRM
 
 #: The exit status of a plan that does not fit: neither 1, Python's own for an uncaught exception,
 #: nor 2, a bad option, so that a script tells the verdict from a crash (benchmarks/gpu_check.py).
@@ -171,7 +177,7 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
     device, so the planner sees the same tables and estimates the same storage.
     """
     check_device_support(cfg, cluster.device)
-    model, sharder = model_to_shard(cfg, dense_device=torch.device("meta"))
+    model, sharder = model_to_shard(DLRM, cfg, dense_device=torch.device("meta"))
     if not planner_offers(cfg.launch, sharder, cluster.device):
         raise ConfigError(
             f"--sharding_type {cfg.launch.sharding_type}: TorchRec's planner offers no row-wise kinds for "
@@ -194,7 +200,7 @@ def preview(cfg: TrainConfig, cluster: Cluster) -> Preview:
     # only serves FixedAbsoluteStorageReservation, not the heuristical one we plan with.
     reserve, dense, kjt = _compute_storage(report.storage_reservation)
     _, hbm_used, ddr_used, _ = _compute_mem_usage_and_perf(report.topology, report.best_plan, dense, kjt)
-    order = {table.name: i for i, table in enumerate(table_configs(cfg.model))}
+    order = {table: i for i, table in enumerate(table_names(model, DLRM.tables))}
     return Preview(
         cluster=cluster,
         batch_size=cfg.training.batch_size,
@@ -226,13 +232,13 @@ def _topology(cluster: Cluster, unlimited: bool = False) -> Topology:
 def _offline_plan(
     cfg: TrainConfig,
     model: nn.Module,
-    sharder: EmbeddingBagCollectionSharder,
+    sharder: Sharder,
     topology: Topology,
     report: _PlannerReport,
 ) -> ShardingPlan:
     """TorchRec's planner without a process group: ``plan`` where the app calls ``collective_plan``."""
     with _quiet_planner():
-        return make_planner(cfg, model, topology, stats=[report]).plan(model, [sharder])
+        return make_planner(DLRM, cfg, model, topology, stats=[report]).plan(model, [sharder])
 
 
 @contextlib.contextmanager

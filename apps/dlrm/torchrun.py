@@ -9,7 +9,7 @@ For a job of more than one node it first completes them with how the other hosts
 otherwise guess from the hostname, wrongly wherever it resolves to loopback. What the user set is
 kept. On every job it also sets the trainers' ``OMP_NUM_THREADS`` (this host's cores shared
 among them, :func:`~apps.core.launch.torchrun_args.trainer_threads`), names the run's folder in
-torchrun's ``--log_dir`` (:func:`~apps.dlrm.training.run_folder.torchrun_log_dir`), and says in
+torchrun's ``--log_dir`` (:func:`~apps.core.training.run_folder.torchrun_log_dir`), and says in
 one line why it restarts the trainers or why the job failed (:mod:`apps.core.launch.agent`), in
 place of torchrun's warnings, tracebacks and failure table. The components run every trainer
 through it (components/launch.py).
@@ -27,7 +27,7 @@ from torch.distributed.run import parse_args
 from apps.core.common.errors import ConfigError
 from apps.core.launch.agent import describe_failure, recorded_error, report_restarts, root_failure
 from apps.core.launch.torchrun_args import multi_node_args, trainer_threads
-from apps.dlrm.training.run_folder import torchrun_log_dir
+from apps.core.training.run_folder import torchrun_log_dir
 
 logger = logging.getLogger("apps.dlrm.torchrun")
 

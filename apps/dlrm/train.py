@@ -1,7 +1,7 @@
 """Train, validate and test a sharded DLRM: ``python -m apps.dlrm.train --help``.
 
 The command: parse the configuration, join the process group, and let a
-:class:`~apps.dlrm.training.trainer.Trainer` run the training; a configuration error is one line, exit 2.
+:class:`~apps.dlrm.training.app.Trainer` run the training; a configuration error is one line, exit 2.
 Any other error is a traceback, unless torchrun restarts the trainers after it: then the traceback
 goes to the rank's error file only, and torchrun's agent says in one line which rank failed and
 how (apps/core/launch/agent.py).
@@ -16,9 +16,9 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 from apps.core.checkpoint.storage import SaveFailed
 from apps.core.common.distributed import DistEnv, exit_refused, init_distributed, restarts_left
 from apps.core.common.errors import ConfigError
+from apps.core.training.report import setup_logging
 from apps.dlrm.config import TrainConfig, parse_train_config
-from apps.dlrm.training.report import setup_logging
-from apps.dlrm.training.trainer import Trainer
+from apps.dlrm.training.app import Trainer
 
 
 def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:

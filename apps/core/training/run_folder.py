@@ -22,7 +22,7 @@ from typing import Mapping
 from apps.core.common.distributed import DistEnv, decided_by_main
 from apps.core.common.errors import ConfigError
 from apps.core.config import RUN_PLACEHOLDER
-from apps.dlrm.training.report import SUMMARY_FILE
+from apps.core.training.report import SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
 
