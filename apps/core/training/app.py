@@ -43,8 +43,8 @@ class EvalMetrics(Protocol):
     """One split's metrics, fed batch by batch on each rank and computed over all ranks."""
 
     def update(self, batch: Pipelineable, outputs: Any) -> None:
-        """Takes one batch (as the data source gave it, on the host) and what the model's
-        forward returned for it in eval mode (its second element: TorchRec's ``(loss, outputs)``)."""
+        """Takes one batch (as the data source gave it, on the host) and the app's
+        :meth:`TrainingApp.eval_outputs` for it."""
         ...
 
     def compute(self) -> dict[str, float]:
@@ -79,6 +79,11 @@ class TrainingApp(Protocol[C]):
 
     def eval_metrics(self, cfg: C, data: DataSource, split: str, device: torch.device) -> EvalMetrics:
         """Fresh metrics of one evaluation of ``split`` (with their ceiling where ``data`` has one)."""
+        ...
+
+    def eval_outputs(self, model: nn.Module, batch: Pipelineable) -> Any:
+        """What the metrics take of one ``batch`` (on the device) from ``model`` (the sharded
+        model, in eval mode, without gradients): e.g. its forward's outputs."""
         ...
 
     def summary(self, val: dict[str, float], test: dict[str, float], best: dict[str, float]) -> dict[str, Any]:

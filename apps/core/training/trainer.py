@@ -184,7 +184,7 @@ class Trainer(Generic[C]):
         one); the pipeline's batches in flight wait meanwhile."""
         metrics = self.app.eval_metrics(self.cfg, self.data, split, self.env.device)
         with self._pipeline_paused() as model:
-            return evaluate(model, self.data.eval_batches(split, num_batches), self.env, metrics)
+            return evaluate(self.app, model, self.data.eval_batches(split, num_batches), self.env, metrics)
 
     def close(self) -> None:
         """Waits for the last save, still being written, to commit: before the process group goes."""
@@ -405,18 +405,18 @@ class Trainer(Generic[C]):
 
 
 def evaluate(
+    app: TrainingApp[Any],
     model: nn.Module,
     batches: Generator[Any, None, None],
     env: DistEnv,
     metrics: EvalMetrics,
 ) -> dict[str, float]:
-    """``metrics`` of ``model`` over this rank's ``batches``, gathered over all ranks."""
+    """``metrics`` of ``model`` over this rank's ``batches`` (what ``app`` takes of each), gathered over all ranks."""
     was_training = model.training
     model.eval()
     with torch.no_grad(), contextlib.closing(batches):
         for batch in batches:
-            _, outputs = model(batch.to(env.device))
-            metrics.update(batch, outputs)
+            metrics.update(batch, app.eval_outputs(model, batch.to(env.device)))
     model.train(was_training)
     return metrics.compute()
 

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from torchrec.datasets.utils import Batch
 
 from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
@@ -50,6 +51,11 @@ class DLRMApp:
         """Click metrics; on validation data with a teacher (synthetic), its AUROC as the ceiling."""
         clicks = cast(ClickLogs, data)  # what make_data made
         return ClickMetrics(device, clicks.teacher() if split == "val" else None)
+
+    def eval_outputs(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, ...]:
+        """``DLRMTrain``'s outputs: (loss, logits, labels)."""
+        _, outputs = model(batch)
+        return outputs
 
     def summary(self, val: dict[str, float], test: dict[str, float], best: dict[str, float]) -> dict[str, Any]:
         return {
