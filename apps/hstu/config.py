@@ -1,0 +1,164 @@
+"""The HSTU app's own option sections: the model and the sequence data.
+
+Both are dataclasses of :func:`apps.core.options.option` fields, flattened onto the command line
+next to the sections every app shares (training, launch, evaluation, checkpoint), so none of
+their names may be one of those. Each has a ``check()`` that refuses a value in one line naming
+the option and the fix.
+"""
+
+from dataclasses import dataclass
+
+from apps.core.common.errors import ConfigError
+from apps.core.options import option
+
+OBJECTIVES = ("retrieval", "ranking")
+ATTENTION_KERNELS = ("pytorch", "fused")
+SEQUENCE_DATASETS = ("synthetic", "parquet")
+LAYOUTS = ("per_user", "per_event")
+
+
+@dataclass(slots=True)
+class HSTUModelConfig:
+    """The model: the item and action tables, the HSTU layer stack and the objective."""
+
+    num_items: int = option(2000, "Rows of the item table: item ids are in [0, num_items).")
+    num_actions: int = option(4, "Rows of the action (event type) table: action ids are in [0, num_actions).")
+    embedding_dim: int = option(64, "Width of the item and action embeddings and of every HSTU layer's input.")
+    num_layers: int = option(2, "HSTU layers.")
+    num_heads: int = option(2, "Attention heads of every HSTU layer.")
+    attention_dim: int = option(32, "Width of each head's queries and keys.")
+    linear_dim: int = option(32, "Width of each head's values and gates (U, V).")
+    max_seq_len: int = option(50, "Most events of a user the model reads: the last ones, earlier events are left out.")
+    num_time_buckets: int = option(
+        32, "Buckets (logarithmic in seconds) of the time between two events, each with a learned attention bias."
+    )
+    position_embedding: bool = option(True, "Add a learned embedding of each event's position in the sequence.")
+    dropout: float = option(0.0, "Dropout of the layers' outputs in training, in [0, 1).")
+    objective: str = option(
+        "retrieval",
+        "retrieval: predict the next item, sampled softmax over in-batch and random negatives; "
+        "ranking: predict each event's action from the items so far, one logit per action (BCE).",
+        choices=OBJECTIVES,
+    )
+    num_negatives: int = option(
+        8, "Retrieval: random negative items per user, shared by the whole batch with its in-batch negatives."
+    )
+    temperature: float = option(0.05, "Retrieval: temperature of the softmax over L2-normalised embeddings.")
+    attention_kernel: str = option(
+        "pytorch",
+        "pytorch: padded attention in plain PyTorch (any device); fused: FBGEMM's HSTU attention "
+        "kernel (fbgemm_gpu's experimental hstu package, CUDA only), where installed.",
+        choices=ATTENTION_KERNELS,
+    )
+
+    def check(self) -> None:
+        for name in (
+            "num_items",
+            "num_actions",
+            "embedding_dim",
+            "num_layers",
+            "num_heads",
+            "attention_dim",
+            "linear_dim",
+            "max_seq_len",
+            "num_time_buckets",
+        ):
+            require_positive(name, getattr(self, name))
+        require_positive("temperature", self.temperature)
+        if self.num_negatives < 0:
+            raise ConfigError(f"--num_negatives {self.num_negatives} must be 0 or more")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"--dropout {self.dropout} must be in [0, 1)")
+        if self.max_seq_len < 2:
+            raise ConfigError(f"--max_seq_len {self.max_seq_len} must be at least 2: a history and its next event")
+
+
+@dataclass(slots=True)
+class SequenceDataConfig:
+    """Where the users' event sequences come from, and how they are evaluated."""
+
+    data: str = option(
+        "synthetic",
+        "synthetic: users generated from a hidden item-transition process whose best possible "
+        "HR/NDCG is known exactly (the ceiling); parquet: sequences in Parquet files (--data_path, --layout).",
+        choices=SEQUENCE_DATASETS,
+    )
+    data_path: str = option(
+        "", "Parquet: a file, folder (every .parquet under it) or glob, local or any fsspec URL (s3://, gs://)."
+    )
+    layout: str = option(
+        "per_user",
+        "Parquet: per_user: one row per user, list columns of item ids, timestamps and event types "
+        "(Yambda-style); per_event: one row per event (user, item, action, timestamp; MovieLens-style), "
+        "grouped per user and sorted by timestamp.",
+        choices=LAYOUTS,
+    )
+    user_column: str = option("user_id", "Parquet per_event: the user id column (any integer or string type).")
+    item_column: str = option(
+        "item_id", "Parquet: the item ids' column: integers in [0, --num_items) (per_user: a list column)."
+    )
+    action_column: str = option(
+        "event_type",
+        "Parquet: the actions' column, integers in [0, --num_actions) (per_user: a list column; "
+        "MovieLens: rating, with --num_actions 6); empty: every event has action 0.",
+    )
+    timestamp_column: str = option(
+        "timestamp", "Parquet: the events' times in seconds, integers (per_user: a list column)."
+    )
+    synthetic_branching: int = option(
+        4, "Synthetic: successors of each item in the hidden transition process (weights halving)."
+    )
+    synthetic_noise: float = option(
+        0.2, "Synthetic: probability that the next item is uniform over all items instead of a successor."
+    )
+    synthetic_min_events: int = option(
+        8, "Synthetic: fewest events of a user (lengths are uniform up to --max_seq_len + 2)."
+    )
+    eval_negatives: int = option(
+        0,
+        "Evaluation: rank the target among this many random items (and itself); 0: among all items, "
+        "scored in chunks through the same embedding table.",
+    )
+    eval_chunk_items: int = option(65536, "Evaluation over all items: items scored per chunk.")
+
+    def check(self) -> None:
+        if self.data == "parquet" and not self.data_path:
+            raise ConfigError("--data parquet needs --data_path: a Parquet file, folder, glob or URL")
+        if self.data != "parquet" and self.data_path:
+            raise ConfigError(f"--data_path {self.data_path} is read only with --data parquet")
+        for name in ("synthetic_branching", "eval_chunk_items"):
+            require_positive(name, getattr(self, name))
+        if self.synthetic_min_events < 3:
+            raise ConfigError(
+                f"--synthetic_min_events {self.synthetic_min_events} must be at least 3: "
+                "a training event, the validation target and the test target"
+            )
+        if not 0 <= self.synthetic_noise <= 1:
+            raise ConfigError(f"--synthetic_noise {self.synthetic_noise} must be in [0, 1]")
+        if self.eval_negatives < 0:
+            raise ConfigError(f"--eval_negatives {self.eval_negatives} must be 0 (all items) or more")
+        if self.data == "parquet" and self.layout == "per_event" and not self.user_column:
+            raise ConfigError("--layout per_event needs --user_column: the events are grouped per user")
+
+    def check_with(self, model: HSTUModelConfig) -> None:
+        """The checks that need the model's options too."""
+        if self.synthetic_branching > model.num_items:
+            raise ConfigError(
+                f"--synthetic_branching {self.synthetic_branching} is more than --num_items "
+                f"{model.num_items}: each successor of an item is a different item"
+            )
+        if self.data == "synthetic" and self.synthetic_min_events > model.max_seq_len + 2:
+            raise ConfigError(
+                f"--synthetic_min_events {self.synthetic_min_events} must be at most --max_seq_len + 2 "
+                f"({model.max_seq_len + 2})"
+            )
+        if self.eval_negatives >= model.num_items:
+            raise ConfigError(
+                f"--eval_negatives {self.eval_negatives} must be fewer than --num_items {model.num_items} "
+                "(or 0 to rank among all items)"
+            )
+
+
+def require_positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"--{name} {value} must be positive")
