@@ -7,9 +7,11 @@ the option and the fix.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from apps.core.common.errors import ConfigError
-from apps.core.options import option
+from apps.core.config import CheckpointConfig, EvaluationConfig, LaunchConfig, TrainingConfig
+from apps.core.options import Options, check_choices, option, parse_config, section
 
 OBJECTIVES = ("retrieval", "ranking")
 ATTENTION_KERNELS = ("pytorch", "fused")
@@ -162,3 +164,92 @@ class SequenceDataConfig:
 def require_positive(name: str, value: float) -> None:
     if value <= 0:
         raise ConfigError(f"--{name} {value} must be positive")
+
+
+#: The model's options that fix the shapes of its tensors (a checkpoint's model signature).
+SIGNATURE_OPTIONS = (
+    "num_items",
+    "num_actions",
+    "embedding_dim",
+    "num_layers",
+    "num_heads",
+    "attention_dim",
+    "linear_dim",
+    "max_seq_len",
+    "num_time_buckets",
+    "position_embedding",
+    "objective",
+)
+#: The validation metrics early stopping may follow (apps/hstu/metrics.py): leave-last-out ranking
+#: of the next item (retrieval), or the mean AUROC of the action heads (ranking).
+EARLY_STOPPING_METRICS = ("ndcg@10", "hr@10", "mrr", "auroc")
+
+
+@dataclass(slots=True)
+class SequenceEvaluationConfig(EvaluationConfig):
+    """Validation, test, logging and where the results go, with the HSTU's metrics to stop on."""
+
+    early_stopping_metric: str = option(
+        "ndcg@10",
+        "The validation metric that early stopping and the best step follow (higher is better): "
+        "ndcg@10, hr@10 or mrr of the held-out next item (--objective retrieval), auroc (ranking).",
+        choices=EARLY_STOPPING_METRICS,
+    )
+
+
+@dataclass(slots=True)
+class TrainConfig(Options):
+    """An HSTU training run's configuration: the HSTU's model and data sections and the sections
+    every app shares (:mod:`apps.core.config`), flat on the command line
+    (``python -m apps.hstu.train --help``, ``torchx run components.hstu:train --help``)."""
+
+    model: HSTUModelConfig = section(HSTUModelConfig)
+    data: SequenceDataConfig = section(SequenceDataConfig)
+    training: TrainingConfig = section(TrainingConfig)
+    launch: LaunchConfig = section(LaunchConfig)
+    evaluation: SequenceEvaluationConfig = section(SequenceEvaluationConfig)
+    checkpoint: CheckpointConfig = section(CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        self.model.check()
+        self.data.check()
+        self.data.check_with(self.model)
+        self.training.check()
+        self.launch.check()
+        self.evaluation.check()
+        self.checkpoint.check()
+        self._check_metric()
+
+    def _check_metric(self) -> None:
+        metric, objective = self.evaluation.early_stopping_metric, self.model.objective
+        if (metric == "auroc") != (objective == "ranking"):
+            wanted = "auroc" if objective == "ranking" else "ndcg@10, hr@10 or mrr"
+            raise ConfigError(
+                f"--early_stopping_metric {metric} is not measured with --objective {objective}: give {wanted}"
+            )
+
+    def model_signature(self) -> dict[str, Any]:
+        """The options that fix the shapes of the saved tensors (and of the optimizer states)."""
+        model = self.model
+        return {
+            **{name: getattr(model, name) for name in SIGNATURE_OPTIONS},
+            "embedding_optimizer": self.training.embedding_optimizer,
+            "dense_optimizer": self.training.dense_optimizer,
+        }
+
+
+def parse_train_config(argv: list[str] | None = None) -> TrainConfig:
+    return parse_config(
+        TrainConfig,
+        argv,
+        prog="python -m apps.hstu.train",
+        description="Train, validate and test a sharded HSTU generative recommender with TorchRec. Run it "
+        "under torchrun (or `torchx run components.hstu:train`); alone it trains on one process.",
+    )
+
+
+def train_config(**options: Any) -> TrainConfig:
+    """The configuration of ``options`` (flat names, as on the command line), the others at
+    their defaults: the form for code and tests."""
+    return TrainConfig.from_options(options)
