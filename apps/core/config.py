@@ -291,6 +291,34 @@ class RunConfig(Protocol):
         ...
 
 
+def check_run_length(training: TrainingConfig, evaluation: EvaluationConfig, synthetic: bool) -> None:
+    """What can be refused before the data is open: epochs of (``synthetic``) data that has none,
+    early stopping without validations to stop on."""
+    if synthetic and training.epochs != 1:
+        raise ConfigError(
+            f"--epochs {training.epochs}: synthetic data never repeats, so it has no epochs; give --steps instead"
+        )
+    if evaluation.early_stopping_patience and synthetic and not evaluation.val_batches:
+        raise ConfigError(
+            f"--early_stopping_patience {evaluation.early_stopping_patience} needs validation, "
+            "but --val_batches 0 validates nothing on synthetic data: give --val_batches"
+        )
+    if evaluation.early_stopping_patience and synthetic and not evaluation.val_every_steps:
+        raise ConfigError(
+            f"--early_stopping_patience {evaluation.early_stopping_patience} needs validations "
+            "during training, but synthetic data validates only at the end: give --val_every_steps"
+        )
+
+
+def check_evaluation_only(evaluation: EvaluationConfig, checkpoint: CheckpointConfig) -> None:
+    """Evaluating a checkpoint (--evaluate_checkpoint) needs the folder that holds it."""
+    if evaluation.evaluate_checkpoint and not checkpoint.checkpoint_dir:
+        raise ConfigError(
+            f"--evaluate_checkpoint {evaluation.evaluate_checkpoint} evaluates a checkpoint of "
+            "--checkpoint_dir: give the --checkpoint_dir the training run wrote"
+        )
+
+
 def require_positive(name: str, value: float) -> None:
     if value <= 0:
         raise ConfigError(f"--{name} {value} must be positive")

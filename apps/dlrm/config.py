@@ -15,6 +15,8 @@ from apps.core.config import (
     EvaluationConfig,
     LaunchConfig,
     TrainingConfig,
+    check_evaluation_only,
+    check_run_length,
     require_positive,
 )
 from apps.core.options import Options, check_choices, field_default, option, options_of, parse_config, section
@@ -331,14 +333,14 @@ class TrainConfig(Options):
         check_choices(self)
         self._check_preset()
         self.data.check()
-        self._check_run_length()
+        check_run_length(self.training, self.evaluation, synthetic=self.data.data == "synthetic")
         self._count_features()
         self.model.check()
         self.training.check()
         self.launch.check()
         self.evaluation.check()
         self.checkpoint.check()
-        self._check_evaluation_only()
+        check_evaluation_only(self.evaluation, self.checkpoint)
 
     def model_signature(self) -> dict[str, Any]:
         """The options that fix the shapes of the saved tensors (and of the optimizer states)."""
@@ -383,32 +385,6 @@ class TrainConfig(Options):
                 f"{CAT_FEATURES} sparse features: drop --num_dense_features "
                 f"{model.num_dense_features} and --num_sparse_features {model.num_sparse_features}, "
                 "or drop --preset and give the model's options one by one"
-            )
-
-    def _check_run_length(self) -> None:
-        """What can be refused before the data is open: epochs of data that has none, early
-        stopping without validations to stop on."""
-        training, evaluation = self.training, self.evaluation
-        if self.data.data == "synthetic" and training.epochs != 1:
-            raise ConfigError(
-                f"--epochs {training.epochs}: synthetic data never repeats, so it has no epochs; give --steps instead"
-            )
-        if evaluation.early_stopping_patience and self.data.data == "synthetic" and not evaluation.val_batches:
-            raise ConfigError(
-                f"--early_stopping_patience {evaluation.early_stopping_patience} needs validation, "
-                "but --val_batches 0 validates nothing on synthetic data: give --val_batches"
-            )
-        if evaluation.early_stopping_patience and self.data.data == "synthetic" and not evaluation.val_every_steps:
-            raise ConfigError(
-                f"--early_stopping_patience {evaluation.early_stopping_patience} needs validations "
-                "during training, but synthetic data validates only at the end: give --val_every_steps"
-            )
-
-    def _check_evaluation_only(self) -> None:
-        if self.evaluation.evaluate_checkpoint and not self.checkpoint.checkpoint_dir:
-            raise ConfigError(
-                f"--evaluate_checkpoint {self.evaluation.evaluate_checkpoint} evaluates a checkpoint of "
-                "--checkpoint_dir: give the --checkpoint_dir the training run wrote"
             )
 
     def _count_features(self) -> None:

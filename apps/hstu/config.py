@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from apps.core.common.errors import ConfigError
-from apps.core.config import CheckpointConfig, EvaluationConfig, LaunchConfig, TrainingConfig
+from apps.core.config import (
+    CheckpointConfig,
+    EvaluationConfig,
+    LaunchConfig,
+    TrainingConfig,
+    check_evaluation_only,
+    check_run_length,
+)
 from apps.core.options import Options, check_choices, option, parse_config, section
 
 OBJECTIVES = ("retrieval", "ranking")
@@ -217,9 +224,11 @@ class TrainConfig(Options):
         self.data.check_with(self.model)
         self.training.check()
         self.launch.check()
+        check_run_length(self.training, self.evaluation, synthetic=self.data.data == "synthetic")
         self.evaluation.check()
         self.checkpoint.check()
         self._check_metric()
+        check_evaluation_only(self.evaluation, self.checkpoint)
 
     def _check_metric(self) -> None:
         metric, objective = self.evaluation.early_stopping_metric, self.model.objective

@@ -63,7 +63,8 @@ class TrainingApp(Protocol[C]):
     notes: dict[str, str]
 
     def build_model(self, cfg: C, dense_device: torch.device) -> nn.Module:
-        """The training module (forward: batch -> ``(loss, outputs)``), tables on the meta
+        """The training module (forward: batch -> ``(loss, (loss.detach(), ...))``, as TorchRec's
+        ``DLRMTrain``, which its train pipelines run), tables on the meta
         device (DMP materialises each rank's shards only), the dense part on ``dense_device``
         from the current RNG state, with the app's dense speed-ups applied."""
         ...
@@ -81,7 +82,7 @@ class TrainingApp(Protocol[C]):
         """Fresh metrics of one evaluation of ``split`` (with their ceiling where ``data`` has one)."""
         ...
 
-    def eval_outputs(self, model: nn.Module, batch: Pipelineable) -> Any:
+    def eval_outputs(self, cfg: C, model: nn.Module, batch: Pipelineable) -> Any:
         """What the metrics take of one ``batch`` (on the device) from ``model`` (the sharded
         model, in eval mode, without gradients): e.g. its forward's outputs."""
         ...

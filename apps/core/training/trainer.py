@@ -175,7 +175,7 @@ class Trainer(Generic[C]):
     def train_step(self, batches: Iterator[Any]) -> torch.Tensor:
         """Trains on the next batch at the scheduled learning rate; returns its loss (on the device)."""
         self.schedule.apply(self.state.step)
-        loss, _, _ = self.pipeline.progress(batches)
+        loss = self.pipeline.progress(batches)[0]  # the outputs start with the detached loss
         self.state.step += 1
         return loss
 
@@ -184,7 +184,7 @@ class Trainer(Generic[C]):
         one); the pipeline's batches in flight wait meanwhile."""
         metrics = self.app.eval_metrics(self.cfg, self.data, split, self.env.device)
         with self._pipeline_paused() as model:
-            return evaluate(self.app, model, self.data.eval_batches(split, num_batches), self.env, metrics)
+            return evaluate(self.app, self.cfg, model, self.data.eval_batches(split, num_batches), self.env, metrics)
 
     def close(self) -> None:
         """Waits for the last save, still being written, to commit: before the process group goes."""
@@ -405,7 +405,8 @@ class Trainer(Generic[C]):
 
 
 def evaluate(
-    app: TrainingApp[Any],
+    app: TrainingApp[C],
+    cfg: C,
     model: nn.Module,
     batches: Generator[Any, None, None],
     env: DistEnv,
@@ -416,7 +417,7 @@ def evaluate(
     model.eval()
     with torch.no_grad(), contextlib.closing(batches):
         for batch in batches:
-            metrics.update(batch, app.eval_outputs(model, batch.to(env.device)))
+            metrics.update(batch, app.eval_outputs(cfg, model, batch.to(env.device)))
     model.train(was_training)
     return metrics.compute()
 

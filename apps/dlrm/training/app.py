@@ -52,7 +52,7 @@ class DLRMApp:
         clicks = cast(ClickLogs, data)  # what make_data made
         return ClickMetrics(device, clicks.teacher() if split == "val" else None)
 
-    def eval_outputs(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, ...]:
+    def eval_outputs(self, cfg: TrainConfig, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, ...]:
         """``DLRMTrain``'s outputs: (loss, logits, labels)."""
         _, outputs = model(batch)
         return outputs
