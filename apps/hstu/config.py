@@ -18,7 +18,7 @@ from apps.core.config import (
     check_evaluation_only,
     check_run_length,
 )
-from apps.core.options import Options, check_choices, option, parse_config, section
+from apps.core.options import Options, check_choices, option, options_of, parse_config, section
 
 OBJECTIVES = ("retrieval", "ranking")
 ATTENTION_KERNELS = ("pytorch", "fused")
@@ -262,3 +262,16 @@ def train_config(**options: Any) -> TrainConfig:
     """The configuration of ``options`` (flat names, as on the command line), the others at
     their defaults: the form for code and tests."""
     return TrainConfig.from_options(options)
+
+
+class PlanConfig(TrainConfig):
+    """An HSTU training job's configuration as its sharding plan sees it (``python -m
+    apps.hstu.plan``, ``components.hstu:plan``): the model, how it runs on the devices, the batch
+    size and the embedding optimizer's state; the other options keep their defaults."""
+
+    __slots__ = ()
+
+    OFFERED = frozenset(
+        ["batch_size", "embedding_optimizer"]
+        + [field.name for cls in (HSTUModelConfig, LaunchConfig) for field in options_of(cls)]
+    )
