@@ -11,6 +11,7 @@ from typing import Any
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import (
+    DENSE_OPTIMIZERS,
     CheckpointConfig,
     EvaluationConfig,
     LaunchConfig,
@@ -193,6 +194,16 @@ EARLY_STOPPING_METRICS = ("ndcg@10", "hr@10", "mrr", "auroc")
 
 
 @dataclass(slots=True)
+class SequenceTrainingConfig(TrainingConfig):
+    """How the HSTU learns: the shared options, with the learning rates and dense optimizer its
+    sampled softmax needs (Adagrad at DLRM's rates leaves it far below the synthetic ceiling)."""
+
+    learning_rate: float = option(0.2, "Learning rate of the embedding tables.")
+    dense_learning_rate: float = option(0.002, "Learning rate of the HSTU layers; 0 uses --learning_rate.")
+    dense_optimizer: str = option("adam", "Optimizer of the HSTU layers.", choices=DENSE_OPTIMIZERS)
+
+
+@dataclass(slots=True)
 class SequenceEvaluationConfig(EvaluationConfig):
     """Validation, test, logging and where the results go, with the HSTU's metrics to stop on."""
 
@@ -212,7 +223,7 @@ class TrainConfig(Options):
 
     model: HSTUModelConfig = section(HSTUModelConfig)
     data: SequenceDataConfig = section(SequenceDataConfig)
-    training: TrainingConfig = section(TrainingConfig)
+    training: SequenceTrainingConfig = section(SequenceTrainingConfig)
     launch: LaunchConfig = section(LaunchConfig)
     evaluation: SequenceEvaluationConfig = section(SequenceEvaluationConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
