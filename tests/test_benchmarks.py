@@ -14,6 +14,7 @@ TIER = "integration"
 
 LOADER = f"{REPO}/benchmarks/criteo_loader.py"
 CHECKPOINT_IO = f"{REPO}/benchmarks/checkpoint_io.py"
+HSTU = f"{REPO}/benchmarks/hstu_throughput.py"
 RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per_sec", "eval_samples_per_cpu_sec")
 
 
@@ -95,3 +96,17 @@ def test_checkpoint_io_reshards_local_checkpoint_equal(tmp_path):
     assert all(local["samples"][name] == [local[name]] for name in rates + checksums), local
     assert local["checksum_save_cost"] > 0 and local["checksum_load_cost"] > 0, local
     assert local["reshard_to"] == "row_wise" and local["reshard_equal"] is True
+
+
+def test_hstu_throughput_reports_both_sides_computing_the_same_layers(tmp_path):
+    report = tmp_path / "hstu.json"
+    tiny = ["--users", "4", "--max_seq_len", "16", "--embedding_dim", "16", "--attention_dim", "8", "--linear_dim", "8"]
+    result = run([sys.executable, HSTU, *tiny, "--iters", "1", "--repeats", "1", "--json", str(report)])
+    assert_ok(result)
+    assert "ratio (ours / padded dense reference):" in result.stdout
+    figures = json.loads(report.read_text())
+    assert figures["max_abs_diff"] < 1e-4, figures  # the reference computes the same function
+    assert 4 <= figures["tokens"] <= figures["padded_tokens"] <= 4 * 16
+    rates = [f"{side}_{unit}_per_sec" for side in ("ours", "reference") for unit in ("tokens", "sequences")]
+    assert all(figures[name] > 0 for name in rates), figures
+    assert figures["ratio"] == figures["ours_tokens_per_sec"] / figures["reference_tokens_per_sec"]
