@@ -7,7 +7,7 @@ the option and the fix.
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import (
@@ -240,6 +240,12 @@ class TrainConfig(Options):
         self.checkpoint.check()
         self._check_metric()
         check_evaluation_only(self.evaluation, self.checkpoint)
+
+    @classmethod
+    def preset_defaults(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """A ranking objective follows its AUROC unless --early_stopping_metric is given (the
+        field's default, ndcg@10, is a retrieval metric)."""
+        return {"early_stopping_metric": "auroc"} if given.get("objective") == "ranking" else {}
 
     def _check_metric(self) -> None:
         metric, objective = self.evaluation.early_stopping_metric, self.model.objective
