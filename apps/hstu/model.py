@@ -71,14 +71,18 @@ class EvalOutput:
     action_labels: torch.Tensor | None = None
 
 
-class HSTU(nn.Module):
-    def __init__(self, cfg: HSTUModelConfig, dense_device: torch.device, table_device: torch.device) -> None:
+class SequenceEncoder(nn.Module):
+    """The dense part: tokens from the looked-up embeddings, the HSTU layers, the output norm.
+
+    A module of its own, holding no table: TorchRec's train pipelines trace the model's forward
+    down to the modules that hold a sharded table and call every other module as a whole, so
+    the jagged, data-dependent work here stays out of that trace."""
+
+    def __init__(self, cfg: HSTUModelConfig, device: torch.device) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.embedding_collection = EmbeddingCollection(tables=table_configs(cfg), device=table_device)
         dim = cfg.embedding_dim
-        self.start_action = nn.Parameter(torch.zeros(dim, device=dense_device))
-        self.positions = nn.Embedding(cfg.max_seq_len, dim, device=dense_device) if cfg.position_embedding else None
+        self.start_action = nn.Parameter(torch.zeros(dim, device=device))
+        self.positions = nn.Embedding(cfg.max_seq_len, dim, device=device) if cfg.position_embedding else None
         kernel = attention_kernel(cfg.attention_kernel)
         self.layers = nn.ModuleList(
             HSTULayer(
@@ -90,20 +94,12 @@ class HSTU(nn.Module):
                 cfg.num_time_buckets,
                 cfg.dropout,
                 kernel,
-            ).to(dense_device)
+            ).to(device)
             for _ in range(cfg.num_layers)
         )
-        self.output_norm = nn.LayerNorm(dim, device=dense_device)
-        self.action_head = (
-            nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, cfg.num_actions)).to(dense_device)
-            if cfg.objective == "ranking"
-            else None
-        )
+        self.output_norm = nn.LayerNorm(dim, device=device)
 
-    def encode(self, batch: SequenceBatch) -> Encoded:
-        """One lookup of every table (the only one in training, so pipelines can run it early)
-        and the layer stack over each user's events."""
-        looked_up = self.embedding_collection(batch.features)
+    def forward(self, looked_up: dict[str, JaggedTensor], batch: SequenceBatch) -> Encoded:
         items, actions = looked_up[ITEM], looked_up[ACTION]
         layout = JaggedLayout.of(items.lengths())
         item_embeddings = items.values()
@@ -127,9 +123,73 @@ class HSTU(nn.Module):
         shifted = torch.cat([self.start_action[None], action_embeddings[:-1]])
         return torch.where(layout.first_tokens()[:, None], self.start_action[None], shifted)
 
-    def item_vectors(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """Item embeddings as the retrieval objective compares them: L2-normalised."""
-        return F.normalize(embeddings, dim=-1)
+
+def item_vectors(embeddings: torch.Tensor) -> torch.Tensor:
+    """Item embeddings as the retrieval objective compares them: L2-normalised."""
+    return F.normalize(embeddings, dim=-1)
+
+
+class RetrievalLoss(nn.Module):
+    """Sampled softmax of each event's next item against a pool shared by the batch: the random
+    negatives of every user and the last next-item of every user (in-batch negatives); a pool
+    item equal to the positive is masked out (an accidental hit). A module, so that train
+    pipelines call it whole (see :class:`SequenceEncoder`)."""
+
+    def __init__(self, temperature: float) -> None:
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, encoded: Encoded) -> torch.Tensor:
+        layout = encoded.layout
+        has_next = layout.positions < (layout.lengths[layout.users] - 1)
+        query_index = torch.nonzero(has_next).squeeze(1)
+        queries = F.normalize(encoded.outputs[query_index], dim=-1)
+        positive_ids = encoded.items[query_index + 1]
+        positives = item_vectors(encoded.item_embeddings[query_index + 1])
+        last_next = layout.last_index()[layout.lengths > 1]
+        pool_ids = torch.cat([encoded.negative_ids, encoded.items[last_next]])
+        pool = item_vectors(torch.cat([encoded.negatives.values(), encoded.item_embeddings[last_next]]))
+        positive_logits = (queries * positives).sum(-1, keepdim=True)
+        pool_logits = (queries @ pool.T).masked_fill(pool_ids[None, :] == positive_ids[:, None], float("-inf"))
+        logits = torch.cat([positive_logits, pool_logits], dim=1) / self.temperature
+        return F.cross_entropy(logits, torch.zeros_like(positive_ids))
+
+
+class RankingLoss(nn.Module):
+    """Binary cross-entropy of every event's action logits (the action head) against the
+    action taken."""
+
+    def __init__(self, cfg: HSTUModelConfig, device: torch.device) -> None:
+        super().__init__()
+        dim = cfg.embedding_dim
+        self.num_actions = cfg.num_actions
+        self.action_head = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, cfg.num_actions)).to(device)
+
+    def forward(self, encoded: Encoded) -> torch.Tensor:
+        logits = self.action_head(encoded.outputs)
+        labels = F.one_hot(encoded.actions, self.num_actions).to(logits.dtype)
+        return F.binary_cross_entropy_with_logits(logits, labels)
+
+
+class HSTU(nn.Module):
+    """The tables, the encoder and the objective's loss: ``forward(batch)`` is the loss."""
+
+    def __init__(self, cfg: HSTUModelConfig, dense_device: torch.device, table_device: torch.device) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embedding_collection = EmbeddingCollection(tables=table_configs(cfg), device=table_device)
+        self.encoder = SequenceEncoder(cfg, dense_device)
+        self.loss: RetrievalLoss | RankingLoss = (
+            RankingLoss(cfg, dense_device) if cfg.objective == "ranking" else RetrievalLoss(cfg.temperature)
+        )
+
+    def forward(self, batch: SequenceBatch) -> torch.Tensor:
+        return self.loss(self.encode(batch))
+
+    def encode(self, batch: SequenceBatch) -> Encoded:
+        """One lookup of every table (the only one in training, so pipelines can run it early)
+        and the layer stack over each user's events."""
+        return self.encoder(self.embedding_collection(batch.features), batch)
 
 
 class HSTUTrain(nn.Module):
@@ -145,34 +205,8 @@ class HSTUTrain(nn.Module):
         return self.model.cfg
 
     def forward(self, batch: SequenceBatch) -> tuple[torch.Tensor, tuple[torch.Tensor]]:
-        encoded = self.model.encode(batch)
-        loss = self._ranking_loss(encoded) if self.cfg.objective == "ranking" else self._retrieval_loss(encoded)
+        loss = self.model(batch)
         return loss, (loss.detach(),)
-
-    def _retrieval_loss(self, encoded: Encoded) -> torch.Tensor:
-        """Sampled softmax of each event's next item against a pool shared by the batch: the
-        random negatives of every user and the last next-item of every user (in-batch
-        negatives); a pool item equal to the positive is masked out (an accidental hit)."""
-        layout = encoded.layout
-        has_next = layout.positions < (layout.lengths[layout.users] - 1)
-        query_index = torch.nonzero(has_next).squeeze(1)
-        queries = F.normalize(encoded.outputs[query_index], dim=-1)
-        positive_ids = encoded.items[query_index + 1]
-        positives = self.model.item_vectors(encoded.item_embeddings[query_index + 1])
-        last_next = layout.last_index()[layout.lengths > 1]
-        pool_ids = torch.cat([encoded.negative_ids, encoded.items[last_next]])
-        pool = self.model.item_vectors(torch.cat([encoded.negatives.values(), encoded.item_embeddings[last_next]]))
-        positive_logits = (queries * positives).sum(-1, keepdim=True)
-        pool_logits = (queries @ pool.T).masked_fill(pool_ids[None, :] == positive_ids[:, None], float("-inf"))
-        logits = torch.cat([positive_logits, pool_logits], dim=1) / self.cfg.temperature
-        return F.cross_entropy(logits, torch.zeros_like(positive_ids))
-
-    def _ranking_loss(self, encoded: Encoded) -> torch.Tensor:
-        """Binary cross-entropy of every event's action logits against the action taken."""
-        assert self.model.action_head is not None
-        logits = self.model.action_head(encoded.outputs)
-        labels = F.one_hot(encoded.actions, self.cfg.num_actions).to(logits.dtype)
-        return F.binary_cross_entropy_with_logits(logits, labels)
 
     @torch.no_grad()
     def evaluate(self, batch: SequenceBatch, chunk_items: int = 65536) -> EvalOutput:
@@ -182,20 +216,20 @@ class HSTUTrain(nn.Module):
         reaches it) is the query; the candidates are the batch's ``negative_item`` ids of the
         user, where it has some, else every item, embedded ``chunk_items`` at a time through the
         same (possibly sharded: every rank calls it as often) table. The target's rank is 1 +
-        the candidates that score strictly higher. Ranking: the action logits of the target.
+        the candidates other than itself that score strictly higher. Ranking: the action
+        logits of the target event.
         """
         encoded = self.model.encode(batch)
         targets = encoded.layout.last_index()
-        if self.cfg.objective == "ranking":
-            assert self.model.action_head is not None
-            logits = self.model.action_head(encoded.outputs[targets])
+        if isinstance(self.model.loss, RankingLoss):
+            logits = self.model.loss.action_head(encoded.outputs[targets])
             labels = F.one_hot(encoded.actions[targets], self.cfg.num_actions).to(logits.dtype)
             return EvalOutput(action_logits=logits, action_labels=labels)
         queries = F.normalize(encoded.outputs[targets - 1], dim=-1)
         target_ids = encoded.items[targets]
-        target_scores = (queries * self.model.item_vectors(encoded.item_embeddings[targets])).sum(-1)
+        target_scores = (queries * item_vectors(encoded.item_embeddings[targets])).sum(-1)
         if encoded.negative_ids.numel():
-            candidates = self.model.item_vectors(encoded.negatives.values()).view(batch.num_users, -1, queries.shape[1])
+            candidates = item_vectors(encoded.negatives.values()).view(batch.num_users, -1, queries.shape[1])
             scores = torch.einsum("ud,ucd->uc", queries, candidates)
             higher = _higher(scores, encoded.negative_ids.view(batch.num_users, -1), target_ids, target_scores)
         else:
@@ -209,7 +243,7 @@ class HSTUTrain(nn.Module):
         for start in range(0, self.cfg.num_items, chunk):
             ids = torch.arange(start, min(start + chunk, self.cfg.num_items), device=queries.device)
             lookup: KeyedJaggedTensor = candidate_batch(ids, queries.shape[0])
-            items = self.model.item_vectors(self.model.embedding_collection(lookup)[NEGATIVE].values())
+            items = item_vectors(self.model.embedding_collection(lookup)[NEGATIVE].values())
             higher += _higher(queries @ items.T, ids[None, :], target_ids, target_scores)
         return higher
 
