@@ -31,13 +31,9 @@ from tests.test_dryrun import JOB_2X8, KUBEFLOW_CFG, KUBERNETES_CFG, dryrun, nor
 TIER = "integration"
 
 HSTU_TRAIN = "components.hstu:train"
-#: TorchRec's default sparse_dist pipeline traces the model with torch.fx to find its table lookup,
-#: which HSTU.encode does not survive yet (JaggedLayout.of assigns into a tensor slice): TorchRec's
-#: plain loop meanwhile.
-PIPELINE = ["--pipeline", "base"]
 #: What two CPU trainers learn in about two minutes: 2 x 128 users a step, 4 evaluation batches
 #: of 128 users per rank (the 1,024 users' HR@10 is known to about +-0.013).
-SMALL = ["--batch_size", "128", "--val_batches", "4", "--test_batches", "4", "--log_every", "50", *PIPELINE]
+SMALL = ["--batch_size", "128", "--val_batches", "4", "--test_batches", "4", "--log_every", "50"]
 STEPS = 500
 #: Where the job checkpoints (and validates) on its way: half-way.
 HALF = STEPS // 2
@@ -57,11 +53,11 @@ def summary(folder) -> dict:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """The synthetic job, checkpointing (and validating) half-way and at the end: its checkpoint
-    folder and run folder."""
+    """The synthetic job, checkpointing half-way and at the end, validating at the end (as
+    synthetic data does by default): its checkpoint folder and run folder."""
     tmp = tmp_path_factory.mktemp("hstu")
     checkpoints, out = tmp / "ckpt", tmp / "out"
-    options = [*SMALL, "--steps", str(STEPS), "--val_every_steps", str(HALF), "--checkpoint_every", str(HALF)]
+    options = [*SMALL, "--steps", str(STEPS), "--checkpoint_every", str(HALF)]
     result = torchx_run(tmp, "1x2", *options, "--checkpoint_dir", str(checkpoints), "--output_dir", str(out))
     assert_ok(result)
     return tmp, checkpoints, out, options
@@ -79,32 +75,34 @@ def test_synthetic_training_reaches_the_ceiling_and_resumes_exactly(trained):
     # both tables (items, actions) were placed, on the two ranks between them
     assert {line.split(":")[0] for line in first["sharding_plan"]} == {"item_table", "action_table"}
     assert {"0", "1"} <= set(",".join(line.rsplit(" ", 1)[-1] for line in first["sharding_plan"]).split(","))
-    # Killed after the checkpoint half-way: the same command resumes it to the same end.
-    shutil.rmtree(checkpoints / f"step_{STEPS:08d}")
-    (out / "summary.json").unlink()
-    result = torchx_run(tmp, "1x2", *options, "--checkpoint_dir", str(checkpoints), "--output_dir", str(out))
+    # Killed after the checkpoint half-way (its folder without the last one): the same command
+    # resumes it to the same end.
+    killed = tmp / "killed"
+    shutil.copytree(checkpoints, killed, ignore=shutil.ignore_patterns(f"step_{STEPS:08d}", "BEST"))
+    again = tmp / "again"
+    result = torchx_run(tmp, "1x2", *options, "--checkpoint_dir", str(killed), "--output_dir", str(again))
     assert_ok(result)
     assert "resumed from" in result.stderr and f"(step {HALF})" in result.stderr, result.stderr[-3000:]
-    resumed = summary(out)
+    resumed = summary(again)
     assert resumed["resumed_from_step"] == HALF
     for name in ("val_hr@10", "val_ndcg@10", "val_mrr", "test_hr@10", "test_ndcg@10", "final_train_loss"):
         assert resumed[name] == first[name], name
 
 
 def test_a_two_rank_checkpoint_evaluates_alike_on_one_rank(trained):
-    """Resharded: the 2-rank job's tables (each table on one rank) load into one rank, whose 8
-    evaluation batches are the users of the 2 ranks' 4 each (rank r's batch i is block 2i + r)."""
+    """Resharded: the 2-rank job's last checkpoint (each table on one rank) loads into one rank,
+    whose 8 evaluation batches are the users of the 2 ranks' 4 each (rank r's batch i is block
+    2i + r): the same validation and test metrics."""
     tmp, checkpoints, out, _ = trained
-    validated = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"val"' in line]
-    half_way = next(record for record in validated if record["step"] == HALF)
+    two = summary(out)
     one = tmp / "one"
-    options = ["--batch_size", "128", "--val_batches", "8", "--test_batches", "8", "--output_dir", str(one), *PIPELINE]
-    result = torchx_run(tmp, "1x1", *options, "--checkpoint_dir", str(checkpoints), "--evaluate_checkpoint", str(HALF))
+    options = ["--batch_size", "128", "--val_batches", "8", "--test_batches", "8", "--output_dir", str(one)]
+    result = torchx_run(tmp, "1x1", *options, "--checkpoint_dir", str(checkpoints), "--evaluate_checkpoint", "latest")
     assert_ok(result)
     evaluated = summary(one)
-    assert evaluated["world_size"] == 1 and evaluated["evaluated_step"] == HALF
-    for metric in ("hr@10", "ndcg@10", "mrr"):
-        assert evaluated[f"val_{metric}"] == pytest.approx(half_way[metric], abs=1e-9), metric
+    assert evaluated["world_size"] == 1 and evaluated["evaluated_step"] == STEPS
+    for metric in ("val_hr@10", "val_ndcg@10", "val_mrr", "test_hr@10", "test_ndcg@10", "test_mrr"):
+        assert evaluated[metric] == pytest.approx(two[metric], abs=1e-9), metric
 
 
 def write_users(path, users: int = 600, seed: int = 0) -> None:
@@ -129,11 +127,11 @@ def test_a_parquet_file_of_users_trains_epochs(tmp_path):
     write_users(tmp_path / "users.parquet")
     out = tmp_path / "out"
     options = ["--data", "parquet", "--data_path", str(tmp_path / "users.parquet"), "--num_items", "1000"]
-    options += ["--batch_size", "100", "--epochs", "20", "--val_batches", "3", "--test_batches", "3", *PIPELINE]
+    options += ["--batch_size", "100", "--epochs", "20", "--val_batches", "3", "--test_batches", "3"]
     result = torchx_run(tmp_path, "1x2", *options, "--log_every", "10", "--output_dir", str(out))
     assert_ok(result)
     done = summary(out)
-    # 600 users, 2 x 100 a step: 3 steps an epoch, validated after each
+    # 600 users, 2 x 100 a step: 3 steps an epoch, validated after each (the pipeline paused)
     assert done["steps"] == 60 and done["epochs"] == 20 and "hr@10_ceiling" not in done
     assert len([line for line in (out / "metrics.jsonl").read_text().splitlines() if '"val"' in line]) == 20
     # the next item is the last one plus 1: learnt far above chance (10 of 1,000 items)

@@ -366,7 +366,10 @@ class Trainer(Generic[C]):
         swaps the model's forward for its own and must give it back first."""
         if isinstance(self.pipeline, TrainPipelineSparseDist):
             yield self.pipeline.detach()
-            self.pipeline.attach()
+            # The batch in flight started its input all-to-all before the pause: attaching must not
+            # start it again (TorchRec's default), which broke the next step's all-to-all of an
+            # EmbeddingCollection on sequence batches (gloo: in->size == out->size).
+            self.pipeline.attach(sparse_dist=False)
         else:
             yield self.model
 
