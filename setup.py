@@ -14,7 +14,7 @@ from setuptools import find_packages, setup
 setup(
     name="torchrec-dlrm-registry",
     version="0.1.0",
-    description="TorchX components and apps for sharded DLRM training with TorchRec",
+    description="TorchX components and apps for sharded DLRM and HSTU training with TorchRec",
     python_requires=">=3.10",
     packages=find_packages(include=["apps", "apps.*", "components", "components.*", "schedulers", "schedulers.*"])
     # Portions of TorchX's plugin namespace (no __init__.py): `-s aws_batch` and the Azure/GCP -h types.
@@ -23,6 +23,7 @@ setup(
         "torchx.components": [
             # `torchx builtins` lists ours as dlrm.train, ... and `torchx run dlrm.train` finds them.
             "dlrm = components.dlrm",
+            "hstu = components.hstu",
             # Any [torchx.components] entry point replaces TorchX's built-ins (dist.ddp, utils.echo,
             # ...) unless they are registered too; the "_" prefix keeps their names unprefixed.
             "_torchx = torchx.components",

@@ -55,7 +55,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from apps.dlrm.config import SHARDING_TYPES  # noqa: E402  (light: the worker imports torch)
+from apps.core.config import SHARDING_TYPES  # noqa: E402  (light: the worker imports torch)
 from benchmarks.moto_s3 import add_targets_argument, s3_bucket  # noqa: E402
 
 SAVED_SHARDING = "table_wise"
@@ -246,7 +246,7 @@ class Resharded:
 def build_resharded(rows: int, sharding_type: str, env) -> Resharded:
     """Collective. The benchmark's model sharded ``sharding_type``, as the app builds it."""
     from apps.core.common.errors import ConfigError
-    from apps.dlrm.training.trainer import Trainer
+    from apps.dlrm.training.app import Trainer
 
     try:
         cfg = bench_config(rows, sharding_type)
@@ -257,8 +257,8 @@ def build_resharded(rows: int, sharding_type: str, env) -> Resharded:
 
 def table_weights(run) -> dict:
     """Table name -> its weight in the model's state dict: a ShardedTensor of this rank's shards."""
+    from apps.core.training.sharding import plan_tables
     from apps.dlrm.model import EBC_PATH
-    from apps.dlrm.training.sharding import plan_tables
 
     state = run.model.state_dict()
     return {table: state[f"{EBC_PATH}.embedding_bags.{table}.weight"] for table in plan_tables(run.plan)}
@@ -394,7 +394,7 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, res
     import torch.distributed as dist
 
     from apps.core.common.distributed import init_distributed
-    from apps.dlrm.training.trainer import Trainer
+    from apps.dlrm.training.app import Trainer
 
     env = init_distributed()
     cfg = bench_config(rows, SAVED_SHARDING)

@@ -28,8 +28,9 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from apps.core.config import SHARDING_TYPES  # noqa: E402
 from apps.core.options import to_argv  # noqa: E402
-from apps.dlrm.config import POOLINGS, SHARDING_TYPES, train_config  # noqa: E402
+from apps.dlrm.config import POOLINGS, train_config  # noqa: E402
 from apps.dlrm.model import build_model  # noqa: E402
 from benchmarks.unsharded_reference import reference_losses  # noqa: E402
 
@@ -147,7 +148,7 @@ def worker(init_path: str, out_path: str, steps: str, *app_args: str) -> None:
     from apps.core.common.distributed import all_reduce_mean, init_distributed
     from apps.dlrm.config import parse_train_config
     from apps.dlrm.model import EBC_PATH
-    from apps.dlrm.training.trainer import Trainer
+    from apps.dlrm.training.app import Trainer
 
     cfg = parse_train_config(list(app_args))
     env = init_distributed()

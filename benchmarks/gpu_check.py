@@ -268,7 +268,7 @@ def plan_in_hbm(rows: int, hbm_gb: float) -> bool:
     Only the plan app's own verdict answers: any other exit (a crash exits 1) raises, so that a
     broken preview never reads as "does not fit" and shrinks the tables to nothing.
     """
-    from apps.dlrm.plan import DOES_NOT_FIT  # on use, as torch is: a bad --only needs no torchrec
+    from apps.core.training.plan import DOES_NOT_FIT  # on use, as torch is: a bad --only needs no torchrec
 
     result = subprocess.run(
         [

@@ -33,10 +33,10 @@ from torchrec.models.dlrm import DLRMTrain
 from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from apps.core.training.optim import optimizer_class
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.model import build_model, table_configs
-from apps.dlrm.training.optim import optimizer_class
 from benchmarks.ordered_bags import order_tables_as_fbgemm
 
 CPU = torch.device("cpu")

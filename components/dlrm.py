@@ -13,7 +13,6 @@ ones under TorchX's own ``dist.torchrun``; the app's options are the component's
 ``torchx run components.dlrm:train --help`` is the app's manual too.
 """
 
-import os
 from typing import Any
 
 from torchx import specs
@@ -24,14 +23,12 @@ from apps.core.options import to_argv
 from apps.dlrm.config import PlanConfig, TrainConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.serving.config import ExportConfig, PredictConfig
-from apps.dlrm.training.run_folder import TORCHRUN_LOGS, output_folder
 from components import torchx_logs
 from components.cpu_launch import CpuLaunch
 from components.launch import DEFAULT_IMAGE, Launch
 from components.plan_check import PlanCheck
 from components.preflight import check_before_submitting
 from components.signature import component_args, reject_unknown, take
-from schedulers.slurm import LOG_DIR
 
 # Before `torchx run` logs them: see components/torchx_logs.py for why here.
 torchx_logs.drop_notices()
@@ -53,17 +50,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     cfg = take(TrainConfig, kwargs)
     take(PlanCheck, kwargs).run(launch, cfg)
     check_before_submitting(launch, cfg)
-    app = launch.torchrun_app("apps.dlrm.train", to_argv(cfg))
-    if cfg.evaluation.output_dir:
-        # The folder the run will write to (the app names it alike: app.name is the job's name that
-        # TorchX gives it), for the schedulers that write logs beside the job (-s slurm). torchrun's
-        # logs and error files of each attempt go into it too (PET_LOG_DIR is torchrun's --log_dir,
-        # its {run} named by apps.dlrm.torchrun), not to a temporary folder (on local_cwd, one that
-        # TorchX deletes when the job ends).
-        for role in app.roles:
-            role.metadata[LOG_DIR] = output_folder(cfg.evaluation.output_dir, app.name, specs.macros.app_id)
-            role.env.setdefault("PET_LOG_DIR", os.path.join(cfg.evaluation.output_dir, TORCHRUN_LOGS))
-    return app
+    return launch.training_app("apps.dlrm.train", cfg)
 
 
 @component_args(PlanTarget, PlanConfig)

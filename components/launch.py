@@ -1,6 +1,7 @@
 """Where and how a role runs: the launcher arguments every DLRM component shares."""
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 
@@ -9,9 +10,12 @@ from torchx.components import dist
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
 from apps.core.common.errors import ConfigError
+from apps.core.config import RunConfig
 from apps.core.launch.job_shape import JobShape
-from apps.core.options import option
+from apps.core.options import option, to_argv
+from apps.core.training.run_folder import TORCHRUN_LOGS, output_folder
 from schedulers.node_request import DEFAULT_HOST_REQUEST
+from schedulers.slurm import LOG_DIR
 
 #: The image built by the repository's Dockerfile (``docker build -t torchrec-dlrm .``).
 DEFAULT_IMAGE = "torchrec-dlrm:latest"
@@ -183,9 +187,24 @@ class Launch:
             mounts=self.mounts or None,
         )
         (role,) = app.roles
-        role.args = [*role.args[:-1], _through_our_torchrun(role.args[-1])]
+        role.args = [*role.args[:-1], _through_our_torchrun(role.args[-1], module)]
         if self._default_host_request():
             role.metadata[DEFAULT_HOST_REQUEST] = ",".join(self._default_host_request())  # clusters refuse it
+        return app
+
+    def training_app(self, module: str, cfg: RunConfig) -> specs.AppDef:
+        """The job of a training app (``python -m module`` with ``cfg``'s options) under torchrun
+        on every node, its logs beside the run's results (any app's: the folder is shared)."""
+        app = self.torchrun_app(module, to_argv(cfg))
+        if cfg.evaluation.output_dir:
+            # The folder the run will write to (the app names it alike: app.name is the job's name that
+            # TorchX gives it), for the schedulers that write logs beside the job (-s slurm). torchrun's
+            # logs and error files of each attempt go into it too (PET_LOG_DIR is torchrun's --log_dir,
+            # its {run} named by the app's torchrun), not to a temporary folder (on local_cwd, one that
+            # TorchX deletes when the job ends).
+            for role in app.roles:
+                role.metadata[LOG_DIR] = output_folder(cfg.evaluation.output_dir, app.name, specs.macros.app_id)
+                role.env.setdefault("PET_LOG_DIR", os.path.join(cfg.evaluation.output_dir, TORCHRUN_LOGS))
         return app
 
     def _default_host_request(self) -> list[str]:
@@ -196,8 +215,9 @@ class Launch:
         return [name for name in ("cpu", "memMB") if getattr(self, name) == defaults[name]]
 
 
-def _through_our_torchrun(command: str) -> str:
-    """TorchX's ``torchrun ...`` command line, run by ``python -m apps.dlrm.torchrun`` instead.
+def _through_our_torchrun(command: str, module: str) -> str:
+    """TorchX's ``torchrun ...`` command line, run instead by the torchrun command of the app whose
+    ``module`` it runs (``python -m apps.dlrm.torchrun`` for ``apps.dlrm.train``: apps/core/torchrun.py).
 
     Same arguments; ours picks this host's address and network interface for multi-node jobs,
     which torchrun guesses from the hostname (wrongly where it resolves to loopback).
@@ -205,4 +225,5 @@ def _through_our_torchrun(command: str) -> str:
     head = "torchrun "
     if not command.startswith(head):
         raise AssertionError(f"TorchX's dist.torchrun no longer starts with {head!r}: {command}")
-    return "python -m apps.dlrm.torchrun " + command[len(head) :]
+    app = module.rsplit(".", 1)[0]
+    return f"python -m {app}.torchrun " + command[len(head) :]

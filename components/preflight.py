@@ -3,9 +3,10 @@
 that is on this machine (apps/dlrm/data/preflight.py)."""
 
 from apps.core.common.errors import ConfigError
+from apps.core.config import RunConfig
+from apps.core.training.device_support import check_device_support
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.preflight import check_local_data
-from apps.dlrm.training.device_support import check_device_support
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
 
@@ -13,15 +14,23 @@ from components.signature import InvalidComponentArgument
 def check_before_submitting(launch: Launch, cfg: TrainConfig) -> None:
     """Raises InvalidComponentArgument, in the app's own words, for GPU-only options on a job
     that asks for no GPUs, and for local data that cannot serve the options."""
+    check_devices(launch, cfg)
     try:
-        if not launch.gpus_per_node:
-            _check_cpu_job(cfg)
         check_local_data(cfg)
     except ConfigError as e:
         raise InvalidComponentArgument(str(e)) from None
 
 
-def _check_cpu_job(cfg: TrainConfig) -> None:
+def check_devices(launch: Launch, cfg: RunConfig) -> None:
+    """Raises InvalidComponentArgument for GPU-only options on a job that asks for no GPUs (any app's)."""
+    if not launch.gpus_per_node:
+        try:
+            _check_cpu_job(cfg)
+        except ConfigError as e:
+            raise InvalidComponentArgument(str(e)) from None
+
+
+def _check_cpu_job(cfg: RunConfig) -> None:
     try:
         check_device_support(cfg, "cpu")
     except ConfigError as e:

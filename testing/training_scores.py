@@ -1,7 +1,7 @@
 """The training job's own scores of a split: what an exported model's scores are held against.
 
 :func:`evaluation_scores` restores a checkpoint into the sharded model a training run builds
-(:class:`~apps.dlrm.training.trainer.Trainer`, with ``--evaluate_checkpoint``) and runs its
+(:class:`~apps.dlrm.training.app.Trainer`, with ``--evaluate_checkpoint``) and runs its
 evaluation loop over a split's batches, as ``Trainer.evaluate`` does, keeping every row's
 probability instead of only the metrics. In one process, the rows come in the split's order.
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from apps.core.checkpoint.checkpointer import TrainState
 from apps.core.common.distributed import init_distributed
 from apps.dlrm.config import TrainConfig, parse_train_config
-from apps.dlrm.training.trainer import Trainer
+from apps.dlrm.training.app import Trainer
 
 
 def evaluation_scores(cfg: TrainConfig, split: str = "test") -> tuple[np.ndarray, np.ndarray, float, float]:

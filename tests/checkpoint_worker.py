@@ -21,7 +21,7 @@ from apps.core.checkpoint.checkpointer import Checkpointer, TrainState, open_che
 from apps.core.common.distributed import DistEnv, init_distributed
 from apps.dlrm.config import parse_train_config
 from apps.dlrm.train import train
-from apps.dlrm.training.trainer import Trainer
+from apps.dlrm.training.app import Trainer
 from tests.shards import local_pieces
 
 

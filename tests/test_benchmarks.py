@@ -16,6 +16,7 @@ LOADER = f"{REPO}/benchmarks/criteo_loader.py"
 CHECKPOINT_IO = f"{REPO}/benchmarks/checkpoint_io.py"
 PREDICT_THROUGHPUT = f"{REPO}/benchmarks/predict_throughput.py"
 STARTUP = f"{REPO}/benchmarks/startup.py"
+HSTU = f"{REPO}/benchmarks/hstu_throughput.py"
 RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per_sec", "eval_samples_per_cpu_sec")
 
 
@@ -125,3 +126,17 @@ def test_startup_times_both_sides_to_their_first_step(tmp_path):
     assert figures["ratio"] == figures["ours_s"] / figures["plain_s"]
     assert "time to step 1, 2 ranks, medians of 1" in result.stdout
     assert list(tmp_path.iterdir()) == [report]  # the run folders and logs went with the benchmark's folder
+
+
+def test_hstu_throughput_reports_both_sides_computing_the_same_layers(tmp_path):
+    report = tmp_path / "hstu.json"
+    tiny = ["--users", "4", "--max_seq_len", "16", "--embedding_dim", "16", "--attention_dim", "8", "--linear_dim", "8"]
+    result = run([sys.executable, HSTU, *tiny, "--iters", "1", "--repeats", "1", "--json", str(report)])
+    assert_ok(result)
+    assert "ratio (ours / padded dense reference):" in result.stdout
+    figures = json.loads(report.read_text())
+    assert figures["max_abs_diff"] < 1e-4, figures  # the reference computes the same function
+    assert 4 <= figures["tokens"] <= figures["padded_tokens"] <= 4 * 16
+    rates = [f"{side}_{unit}_per_sec" for side in ("ours", "reference") for unit in ("tokens", "sequences")]
+    assert all(figures[name] > 0 for name in rates), figures
+    assert figures["ratio"] == figures["ours_tokens_per_sec"] / figures["reference_tokens_per_sec"]

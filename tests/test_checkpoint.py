@@ -16,11 +16,12 @@ import fsspec
 import pytest
 import torch
 
-from apps.core.checkpoint.checkpointer import CheckpointError, check_compatible, model_signature, open_checkpoints
+from apps.core.checkpoint.checkpointer import CheckpointError, check_compatible, open_checkpoints
 from apps.core.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointStore
 from apps.core.checkpoint.reshard import column_map
 from apps.core.common.distributed import DistEnv
-from apps.dlrm.config import SHARDING_TYPES, train_config
+from apps.core.config import SHARDING_TYPES
+from apps.dlrm.config import train_config
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, REPO, TINY, assert_ok, run, tiny, torchrun, trainer_pids
 from tests.shards import assemble, saved_tensors
 
@@ -392,7 +393,7 @@ def test_which_sharding_changes_keep_the_optimizer_state(saved, current):
     optimizer state comes along (tests/test_reshard.py resumes each pair). Row-wise state is
     exact but where whole rows become column shards: each shard then gets the row's mean."""
     cfg = train_config(embedding_dim=256, dense_arch_layer_sizes=[64, 256])
-    manifest = {"model": model_signature(cfg), "sharding_plan": {"t_cat_0": {"type": saved, "ranks": [0, 1]}}}
+    manifest = {"model": cfg.model_signature(), "sharding_plan": {"t_cat_0": {"type": saved, "ranks": [0, 1]}}}
     check_compatible(Checkpoint("file:///ckpt/step_00000010", 10, manifest), cfg)
     whole = ((0, 256),)
     exact = column_map(COLUMN_BLOCKS.get(saved, whole), COLUMN_BLOCKS.get(current, whole)).exact

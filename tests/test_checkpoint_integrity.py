@@ -19,6 +19,7 @@ from apps.core.checkpoint.folder import CheckpointStore
 from apps.core.checkpoint.storage import CheckpointReader, DamagedCheckpoint
 from apps.core.common.distributed import DistEnv, free_port
 from apps.dlrm.config import train_config
+from apps.dlrm.model import TABLES
 from tests.shards import sharded, whole
 
 # Tier (tests/conftest.py): pure logic, fast.
@@ -125,7 +126,7 @@ def run_checkpointer(cfg, env: DistEnv, model: torch.nn.Module) -> Checkpointer:
     optimizer = CombinedOptimizer(
         [("dense", KeyedOptimizerWrapper(dict(model.named_parameters()), lambda p: torch.optim.SGD(p, lr=0.1)))]
     )
-    return Checkpointer(cfg, env, open_checkpoints(cfg, env), Checkpointed(model, optimizer, {}), last_step=100)
+    return Checkpointer(cfg, env, open_checkpoints(cfg, env), Checkpointed(model, optimizer, {}, TABLES), last_step=100)
 
 
 def save_at(checkpointer: Checkpointer, model: Tiny, steps) -> dict[int, torch.Tensor]:

@@ -32,18 +32,20 @@ from tests.volcano_validation import validate_volcano_job
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
 
-TRAIN_2X8 = ["components.dlrm:train", "-j", "2x8", "-h", "aws_p4d.24xlarge", "--batch_size", "8192"]
+#: The job of the golden files: a 2-node p4d job (any app's training component's, after it).
+JOB_2X8 = ["-j", "2x8", "-h", "aws_p4d.24xlarge", "--batch_size", "8192"]
 KUBERNETES_CFG = "queue=dlrm,service_account=dlrm-trainer,validate_spec=False"
 KUBEFLOW_CFG = "queue=dlrm,service_account=dlrm-trainer"
 _SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-def dryrun(cwd, scheduler: str, *options: str) -> str:
-    """The SCHEDULER REQUEST part of ``torchx run --dryrun``'s output, run in ``cwd``."""
+def dryrun(cwd, scheduler: str, *options: str, component: str = "components.dlrm:train") -> str:
+    """The SCHEDULER REQUEST part of ``torchx run --dryrun``'s output for ``component``'s 2-node
+    p4d job, run in ``cwd``."""
     env = process_env()
     env.pop("LOGLEVEL", None)  # dist.torchrun copies it into the job's environment
     result = subprocess.run(
-        [os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", scheduler, *options, *TRAIN_2X8],
+        [os.path.join(BIN, "torchx"), "run", "--dryrun", "-s", scheduler, *options, component, *JOB_2X8],
         capture_output=True,
         text=True,
         timeout=120,

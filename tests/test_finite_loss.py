@@ -1,5 +1,5 @@
 """A run whose training loss stops being finite ends FAILED at once, with one line naming the step,
-having committed no checkpoint after it (the guard of apps/dlrm/training/trainer.py)."""
+having committed no checkpoint after it (the guard of apps/core/training/trainer.py)."""
 
 import json
 import re

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from apps.dlrm.plan import DOES_NOT_FIT
+from apps.core.training.plan import DOES_NOT_FIT
 from benchmarks import gpu_check
 from benchmarks.gpu_check import CHECKS, Check, gib_text, largest_rows, parse_names, plan_in_hbm, render
 from tests.conftest import assert_ok, run

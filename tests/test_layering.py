@@ -5,10 +5,11 @@ it:
   without TorchX's component and scheduler layers;
 - the app imports neither the benchmarks nor the tests nor what they share (testing/), and the
   benchmarks never import the tests (what both need lives in testing/);
-- apps/core/ holds what every app shares (common/, launch/, checkpoint/, options, URLs); apps/dlrm/
-  is the DLRM app on top of it;
+- apps/core/ holds what every app shares (common/, launch/, checkpoint/, training/, the shared
+  config sections, options, URLs) and imports no app; apps/dlrm/ and apps/hstu/ are apps on top
+  of it, and neither imports the other;
 - the rooms: common/ imports nothing else from the apps; data/ imports neither launch/ nor the
-  checkpoints; launch/ does not import data/; serving/ (export and prediction)
+  checkpoints; training/ (core's and each app's) builds on data/ and checkpoint/; launch/ does not import data/; serving/ (export and prediction)
   builds on the model, the data and the checkpoints, not on training, and only the commands
   above it import it.
 """
@@ -27,8 +28,10 @@ ABOVE_THE_APP = ("components", "schedulers", "torchx_plugins")
 #: What measures and checks the app, and what those share: the app never needs them to run.
 BESIDE_THE_APP = ("benchmarks", "tests", "testing")
 DLRM = REPO / "apps" / "dlrm"
-#: What every app shares: processes, launching, checkpoints, options (apps/core/).
+#: What every app shares: processes, launching, checkpoints, training, options (apps/core/).
 CORE = REPO / "apps" / "core"
+#: The training rooms: the shared Trainer and what each app plugs into it.
+TRAINING = ("apps.core.training", "apps.dlrm.training", "apps.hstu.training")
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:
@@ -87,6 +90,25 @@ def test_the_benchmarks_import_no_test(path):
     assert_imports_none(path, "tests", fix="the tests import the benchmarks; move what both use to testing/")
 
 
+#: The apps built on apps/core/.
+APPS = ("apps.dlrm", "apps.hstu")
+
+
+@pytest.mark.parametrize("path", sources(CORE), ids=name)
+def test_core_imports_no_app(path):
+    fix = (
+        "apps/core/ is what every app shares: an app hands it what is its own (its config's "
+        "model signature, its tables' TableModule, a TrainingApp) instead of core importing the app"
+    )
+    assert_imports_none(path, *APPS, fix=fix)
+
+
+@pytest.mark.parametrize("path", sources(REPO / "apps" / "hstu"), ids=name)
+def test_hstu_does_not_import_dlrm(path):
+    fix = "the apps are siblings on apps/core/: move what both need into apps/core/"
+    assert_imports_none(path, "apps.dlrm", fix=fix)
+
+
 @pytest.mark.parametrize("path", sources(CORE / "common"), ids=name)
 def test_common_imports_nothing_else_from_the_app(path):
     fix = (
@@ -114,16 +136,16 @@ def test_launch_does_not_import_the_data_sources(path):
 @pytest.mark.parametrize("path", sources(DLRM / "data") + sources(CORE / "checkpoint"), ids=name)
 def test_data_and_checkpoints_do_not_import_training(path):
     fix = (
-        "the training room (apps/dlrm/training/) builds on the data sources and the checkpoints, "
-        "not the reverse: hand them what they need, or move the shared piece below both"
+        "the training room (apps/core/training/, an app's training/) builds on the data sources and "
+        "the checkpoints, not the reverse: hand them what they need, or move the shared piece below both"
     )
-    assert_imports_none(path, "apps.dlrm.training", fix=fix)
+    assert_imports_none(path, *TRAINING, fix=fix)
 
 
 @pytest.mark.parametrize("path", sources(CORE / "launch"), ids=name)
 def test_launch_imports_neither_training_nor_checkpoints(path):
     fix = "shaping and starting a job must not load the training machinery; move what both need to common/"
-    assert_imports_none(path, "apps.dlrm.training", "apps.core.checkpoint", fix=fix)
+    assert_imports_none(path, *TRAINING, "apps.core.checkpoint", fix=fix)
 
 
 @pytest.mark.parametrize("path", sources(DLRM / "serving"), ids=name)
@@ -132,7 +154,7 @@ def test_serving_builds_on_the_model_data_and_checkpoints_not_on_training(path):
         "exporting and scoring load a checkpoint whole in one process: they need the model, the data "
         "sources and the checkpoints, not the training run's machinery (move what both need below both)"
     )
-    assert_imports_none(path, "apps.dlrm.training", "apps.core.launch", fix=fix)
+    assert_imports_none(path, *TRAINING, "apps.core.launch", fix=fix)
 
 
 @pytest.mark.parametrize("path", [p for p in sources(DLRM) if "serving" not in p.parts], ids=name)

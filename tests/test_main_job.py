@@ -4,8 +4,8 @@ import json
 import os
 import re
 
-from apps.dlrm.config import SYNTHETIC_STEPS
-from apps.dlrm.training.trainer import CEILING_NOTE
+from apps.core.config import SYNTHETIC_STEPS
+from apps.dlrm.training.app import CEILING_NOTE
 from tests.conftest import LOCAL_TRAIN_1X2, REPO, assert_ok, run
 
 # Tier (tests/conftest.py): real processes and servers.

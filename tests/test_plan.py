@@ -16,11 +16,12 @@ from torchx.specs.builders import materialize_appdef
 
 from apps.core.common.errors import ConfigError
 from apps.core.launch.target import GiB, PlanTarget
+from apps.core.training.plan import DOES_NOT_FIT
+from apps.core.training.sharding import describe_plan
 from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
-from apps.dlrm.plan import DOES_NOT_FIT, preview
 from apps.dlrm.plan import main as plan_app
-from apps.dlrm.training.sharding import describe_plan
+from apps.dlrm.plan import preview
 from components import dlrm
 from components.signature import InvalidComponentArgument
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, assert_ok, run

@@ -14,9 +14,9 @@ from torchrec.distributed.types import ParameterSharding, ShardingPlan
 
 from apps.core.launch import agent
 from apps.core.launch.torchrun_args import available_cores, trainer_threads
+from apps.core.training.report import Reporter
+from apps.core.training.sharding import summarize_plan
 from apps.dlrm.model import EBC_PATH
-from apps.dlrm.training.report import Reporter
-from apps.dlrm.training.sharding import summarize_plan
 from components import torchx_logs
 
 # Tier (tests/conftest.py): pure logic, fast.

@@ -9,7 +9,7 @@ from torchx import plugins
 from torchx.schedulers import get_default_scheduler_name, get_scheduler_factories
 from torchx.specs.finder import ModuleComponentsFinder
 
-from components import dlrm
+from components import dlrm, hstu
 from tests.conftest import BIN, REPO, run
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
@@ -27,12 +27,13 @@ def test_builtins_lists_our_components_beside_torchxs_own(tmp_path):
     torchx_own = [c.name for c in ModuleComponentsFinder("torchx.components", "").find(None) if not c.validation_errors]
     assert "dist.ddp" in torchx_own
     ours = [
-        f"dlrm.{name}"
-        for name, fn in inspect.getmembers(dlrm, inspect.isfunction)
-        if fn.__module__ == dlrm.__name__ and not name.startswith("_")
+        f"{module.__name__.rsplit('.', 1)[1]}.{name}"
+        for module in (dlrm, hstu)
+        for name, fn in inspect.getmembers(module, inspect.isfunction)
+        if fn.__module__ == module.__name__ and not name.startswith("_")
     ]
-    assert "dlrm.train" in ours
-    # Every public component of components/dlrm.py, none of its helpers, and all of TorchX's.
+    assert {"dlrm.train", "hstu.train", "hstu.plan"} <= set(ours)
+    # Every public component of components/dlrm.py and hstu.py, none of their helpers, and all of TorchX's.
     assert sorted(listed) == sorted(torchx_own + ours)
 
 

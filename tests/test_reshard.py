@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from apps.core.checkpoint.reshard import ColumnMap, StateKey, column_map, parse_key
+from apps.core.common.tables import TableModule
+from apps.dlrm.model import TABLES as DLRM_TABLES
 from tests.conftest import REPO, assert_ok, torchrun
 from tests.shards import assemble, saved_tensors
 
@@ -159,7 +161,7 @@ def expected_rowwise(saved: torch.Tensor, blocks: int) -> torch.Tensor:
 def expected_state(key: StateKey, current: torch.Tensor, saved: dict[str, torch.Tensor], step: int) -> torch.Tensor:
     """What a table's optimizer state ``key`` must be after resuming from ``saved``."""
     states = {
-        parse_key(name.removeprefix("optimizer.")): tensor
+        parse_key(name.removeprefix("optimizer."), DLRM_TABLES): tensor
         for name, tensor in saved.items()
         if name.startswith("optimizer.")
     }
@@ -192,7 +194,7 @@ def test_resumes_with_tables_and_optimizer_state(resumed, optimizer, saved_ranks
     table_states = {table: set() for table in ROWS}
     for name in names:
         held = assemble(pieces, name)
-        key = parse_key(name.removeprefix("optimizer."))
+        key = parse_key(name.removeprefix("optimizer."), DLRM_TABLES)
         if key is None:  # weights, the MLPs' optimizer state, progress: as saved, under any sharding
             if not name.startswith("rng_"):  # each rank's own stream: restored only on as many ranks
                 assert torch.equal(held, checkpoint[name].float()), name
@@ -218,17 +220,39 @@ def test_column_map_says_where_each_column_block_comes_from_and_whether_exactly(
     assert column_map(saved, current) == expected
 
 
-TABLES = "model.sparse_arch.embedding_bag_collection.embedding_bags"
+BAGS = "model.sparse_arch.embedding_bag_collection.embedding_bags"
+#: An EmbeddingCollection's tables (a sequence model's, such as the HSTU's), at a path of its own.
+SEQUENCE_TABLES = TableModule("model.item_embeddings", "EmbeddingCollection")
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "key, expected",
     [
-        (f"state.fused.{TABLES}.t_cat_3.weight.t_cat_3.momentum1", StateKey("t_cat_3", "momentum1", fused=True)),
-        (f"state.dense.data_parallel_tables.{TABLES}.t_cat_0.weight.sum", StateKey("t_cat_0", "sum", fused=False)),
+        (f"state.fused.{BAGS}.t_cat_3.weight.t_cat_3.momentum1", StateKey("t_cat_3", "momentum1", fused=True)),
+        (f"state.dense.data_parallel_tables.{BAGS}.t_cat_0.weight.sum", StateKey("t_cat_0", "sum", fused=False)),
         ("state.dense.dense.model.dense_arch.model._mlp.0._linear.weight.sum", None),
     ],
 )
 def test_optimizer_state_keys_name_their_table(key, expected):
-    assert parse_key(key) == expected
+    assert parse_key(key, DLRM_TABLES) == expected
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "key, expected",
+    [
+        (
+            "state.fused.model.item_embeddings.embeddings.items.weight.items.momentum1",
+            StateKey("items", "momentum1", True),
+        ),
+        (
+            "state.dense.data_parallel_tables.model.item_embeddings.embeddings.items.weight.step",
+            StateKey("items", "step", False),
+        ),
+        (f"state.fused.{BAGS}.t_cat_3.weight.t_cat_3.momentum1", None),  # another module's table
+    ],
+)
+def test_an_embedding_collections_state_keys_name_their_table(key, expected):
+    assert parse_key(key, SEQUENCE_TABLES) == expected
+    assert SEQUENCE_TABLES.weight_key("items") == "model.item_embeddings.embeddings.items.weight"

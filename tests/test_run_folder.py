@@ -1,4 +1,4 @@
-"""One folder per run (apps/dlrm/training/run_folder.py): the default --output_dir gives every run
+"""One folder per run (apps/core/training/run_folder.py): the default --output_dir gives every run
 a folder of its own under outputs/, ``outputs/latest`` points at the newest, Slurm writes the
 job's logs into it, and no run writes into another run's folder.
 """
@@ -16,8 +16,8 @@ from torchx.schedulers.api import Stream
 from torchx.specs.builders import materialize_appdef
 
 from apps.core.common.errors import ConfigError
+from apps.core.training.run_folder import TORCHRUN_LOGS, make_run_folder, output_folder, torchrun_log_dir
 from apps.dlrm.config import train_config
-from apps.dlrm.training.run_folder import TORCHRUN_LOGS, make_run_folder, output_folder, torchrun_log_dir
 from components import dlrm
 from schedulers.slurm import SlurmScheduler
 from tests.conftest import LOCAL_TRAIN_1X2, TINY, assert_ok, run, tiny

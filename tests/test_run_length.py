@@ -4,10 +4,10 @@
 import pytest
 
 from apps.core.common.errors import ConfigError
+from apps.core.training.optim import LRShape, lr_scale
+from apps.core.training.run_length import RunLength
+from apps.core.training.validations import Validations
 from apps.dlrm.config import train_config
-from apps.dlrm.training.optim import LRShape, lr_scale
-from apps.dlrm.training.run_length import RunLength
-from apps.dlrm.training.validations import Validations
 
 # Tier (tests/conftest.py): pure logic in this process.
 TIER = "unit"

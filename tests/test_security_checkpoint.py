@@ -24,9 +24,10 @@ from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainS
 from apps.core.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointStore
 from apps.core.checkpoint.storage import CheckpointError, CheckpointReader
 from apps.core.common.distributed import DistEnv, free_port
+from apps.core.training.report import Reporter
 from apps.core.urls import redact_urls
 from apps.dlrm.config import TrainConfig, train_config
-from apps.dlrm.training.report import Reporter
+from apps.dlrm.model import TABLES
 from tests.conftest import assert_ok, run, tiny
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
@@ -67,7 +68,7 @@ def save_tiny(cfg: TrainConfig, env: DistEnv, step: int) -> tuple[Checkpointer, 
     """A run's checkpointer, after the app's own save of a small model and optimizer."""
     model = torch.nn.Linear(2, 1)
     optimizer = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda p: torch.optim.SGD(p, lr=0.1))
-    checkpointer = Checkpointer(cfg, env, open_checkpoints(cfg, env), Checkpointed(model, optimizer, {}), step)
+    checkpointer = Checkpointer(cfg, env, open_checkpoints(cfg, env), Checkpointed(model, optimizer, {}, TABLES), step)
     url = checkpointer.save(TrainState(env.rank, step, 0.5))
     checkpointer.close()
     return checkpointer, url

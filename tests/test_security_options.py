@@ -14,9 +14,10 @@ from torch.distributed._shard._utils import DEPRECATE_MSG
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchx.specs.builders import materialize_appdef
 
+from apps.core.training.report import filter_library_warnings
+from apps.core.training.sharding import make_planner, make_topology, model_to_shard
 from apps.dlrm.config import parse_train_config, train_config
-from apps.dlrm.training.report import filter_library_warnings
-from apps.dlrm.training.sharding import make_planner, make_topology, model_to_shard
+from apps.dlrm.training.app import DLRM
 from components import dlrm
 from components.signature import InvalidComponentArgument
 
@@ -110,11 +111,11 @@ def test_torchx_prints_one_line_not_a_traceback(args, fragment, tmp_path):
 
 def test_the_planner_warns_about_nothing_and_reserves_what_torchrec_would(caplog):
     cfg = train_config(num_sparse_features=2, num_embeddings=100)
-    model, sharder = model_to_shard(cfg, dense_device=torch.device("meta"))
+    model, sharder = model_to_shard(DLRM, cfg, dense_device=torch.device("meta"))
     topology = make_topology(4, 2, "cuda", hbm_cap_bytes=2**30)
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
         warnings.simplefilter("always")
-        ours = make_planner(cfg, model, topology)
+        ours = make_planner(DLRM, cfg, model, topology)
         plan = ours.plan(model, [sharder])
     assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []
     assert "dense tensor size calculation" not in caplog.text

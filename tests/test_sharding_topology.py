@@ -10,11 +10,12 @@ import torch
 from apps.core.common.distributed import DistEnv
 from apps.core.common.errors import ConfigError
 from apps.core.launch.target import GiB, PlanTarget
+from apps.core.training.device_support import check_device_support
+from apps.core.training.sharding import make_planner, model_to_shard, plan_tables, training_topology
 from apps.dlrm.config import TrainConfig, train_config
 from apps.dlrm.model import EBC_PATH
 from apps.dlrm.plan import preview
-from apps.dlrm.training.device_support import check_device_support
-from apps.dlrm.training.sharding import make_planner, model_to_shard, plan_tables, training_topology
+from apps.dlrm.training.app import DLRM
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
@@ -63,8 +64,8 @@ def test_hbm_gb_on_cpu_ranks_is_refused_not_ignored():
 def test_the_app_plans_the_tables_and_kernels_the_preview_predicts():
     cfg = train_config(**BIG_TABLES, hbm_gb=8)
     predicted = preview(cfg, PlanTarget(j="1x1", gpu=1, memMB=65536, hbm_gb=cfg.launch.hbm_gb).cluster)
-    model, sharder = model_to_shard(cfg, dense_device=torch.device("meta"))
-    planned = make_planner(cfg, model, training_topology(cfg, ONE_GPU, GPU_BYTES)).plan(model, [sharder])
+    model, sharder = model_to_shard(DLRM, cfg, dense_device=torch.device("meta"))
+    planned = make_planner(DLRM, cfg, model, training_topology(cfg, ONE_GPU, GPU_BYTES)).plan(model, [sharder])
     assert plan_tables(planned) == plan_tables(predicted.plan)
     assert planned.plan[EBC_PATH] == predicted.plan.plan[EBC_PATH]  # shard sizes and offsets too
     kernels = [table["kernel"] for table in plan_tables(planned).values()]

@@ -11,9 +11,9 @@ import logging
 import sys
 
 from apps.core.common.errors import ConfigError
+from apps.core.training.report import setup_logging
 from apps.dlrm.serving.config import parse_export_config
 from apps.dlrm.serving.export import export
-from apps.dlrm.training.report import setup_logging
 
 logger = logging.getLogger("apps.dlrm")
 

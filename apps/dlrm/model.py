@@ -8,10 +8,14 @@ from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from apps.dlrm.config import LaunchConfig, ModelConfig
+from apps.core.common.tables import TableModule
+from apps.core.config import LaunchConfig
+from apps.dlrm.config import ModelConfig
 
 #: Where the tables live inside ``DLRMTrain``: the key of the module in a sharding plan.
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
+#: ... and what they are, for the shared machinery that plans, shards and checkpoints them.
+TABLES = TableModule(EBC_PATH, "EmbeddingBagCollection")
 
 
 def feature_names(num_sparse_features: int) -> list[str]:

@@ -12,9 +12,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from apps.core.common.distributed import exit_refused, init_distributed
 from apps.core.common.errors import ConfigError
+from apps.core.training.report import setup_logging
 from apps.dlrm.serving.config import parse_predict_config
 from apps.dlrm.serving.predict import predict
-from apps.dlrm.training.report import setup_logging
 
 
 @record  # a failing rank's traceback goes to torchrun's error file, which TorchX reports

@@ -15,9 +15,9 @@ import logging
 import sys
 
 from apps.core.common.errors import ConfigError
+from apps.core.training.report import redacting_handler
 from apps.dlrm.data.criteo.config import parse_preprocess_config
 from apps.dlrm.data.criteo.pipeline import PreprocessFailed, preprocess
-from apps.dlrm.training.report import redacting_handler
 
 logger = logging.getLogger("apps.dlrm.preprocess")
 

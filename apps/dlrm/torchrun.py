@@ -1,70 +1,7 @@
-"""torchrun for our trainers: this host's address chosen for multi-node jobs, and a quiet log.
+"""``python -m apps.dlrm.torchrun TORCHRUN_ARGS...``: torchrun for the DLRM's trainers, as every app
+starts its trainers (:mod:`apps.core.torchrun`); its lines name this command."""
 
-    python -m apps.dlrm.torchrun TORCHRUN_ARGS...
-
-takes torchrun's own arguments and runs torchrun (``torch.distributed.run``) in this process.
-For a job of more than one node it first completes them with how the other hosts reach this one
-(:mod:`apps.core.launch.torchrun_args`: ``--local_addr``, ``--rdzv_conf is_host=1``,
-``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``), which torchrun and the trainers would
-otherwise guess from the hostname, wrongly wherever it resolves to loopback. What the user set is
-kept. On every job it also sets the trainers' ``OMP_NUM_THREADS`` (this host's cores shared
-among them, :func:`~apps.core.launch.torchrun_args.trainer_threads`), names the run's folder in
-torchrun's ``--log_dir`` (:func:`~apps.dlrm.training.run_folder.torchrun_log_dir`), and says in
-one line why it restarts the trainers or why the job failed (:mod:`apps.core.launch.agent`), in
-place of torchrun's warnings, tracebacks and failure table. The components run every trainer
-through it (components/launch.py).
-"""
-
-import logging
-import os
-import socket
-import sys
-
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.run import main as torchrun_main
-from torch.distributed.run import parse_args
-
-from apps.core.common.errors import ConfigError
-from apps.core.launch.agent import describe_failure, recorded_error, report_restarts, root_failure
-from apps.core.launch.torchrun_args import multi_node_args, trainer_threads
-from apps.dlrm.training.run_folder import torchrun_log_dir
-
-logger = logging.getLogger("apps.dlrm.torchrun")
-
-
-def main(argv: list[str] | None = None) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args, variables = multi_node_args(args, dict(os.environ))
-    except ConfigError as e:
-        sys.exit(f"apps.dlrm.torchrun: {e}")
-    os.environ.update(variables)
-    _prepare_trainers(args)
-    report_restarts()
-    try:
-        torchrun_main(args)
-    except ChildFailedError as e:
-        # A trainer that exits with an error printed it (and @record gave TorchX its traceback):
-        # one line here, not torchrun's traceback and failure table under it.
-        rank, failure = root_failure(e.failures)
-        sys.exit(
-            f"apps.dlrm.torchrun: {e.name} failed on {socket.gethostname()}: {describe_failure(rank, failure)}"
-            + ("; its error is above" if failure.exitcode > 0 and not recorded_error(failure) else "")
-        )
-
-
-def _prepare_trainers(args: list[str]) -> None:
-    """Sets the trainers' OMP_NUM_THREADS, and names the run's folder in torchrun's log folder
-    (PET_LOG_DIR, which the training component sets; a --log_dir flag would take precedence)."""
-    parsed = parse_args(args)  # torchrun's own reading: its flags, else their PET_ variables
-    os.environ.update(trainer_threads(parsed.nproc_per_node, dict(os.environ)))
-    if "PET_LOG_DIR" in os.environ:
-        os.environ["PET_LOG_DIR"] = torchrun_log_dir(os.environ["PET_LOG_DIR"], os.environ, parsed.rdzv_id)
-
+from apps.core import torchrun
 
 if __name__ == "__main__":
-    main()
+    torchrun.main("apps.dlrm.torchrun")

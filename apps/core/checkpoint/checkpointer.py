@@ -29,8 +29,9 @@ from apps.core.checkpoint.storage import (
     HostStager,
 )
 from apps.core.common.distributed import DistEnv, decided_by_main
+from apps.core.common.tables import TableModule
+from apps.core.config import RunConfig
 from apps.core.urls import config_record
-from apps.dlrm.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -40,28 +41,6 @@ SAVE_TIMEOUT_S = 1800
 LONG_WAIT_S = 1.0
 
 # --- what a checkpoint is for ------------------------------------------------------------------
-
-
-def model_signature(cfg: TrainConfig) -> dict[str, Any]:
-    """The options that fix the shapes of the saved tensors (and of the optimizer states)."""
-    signature = {
-        "num_dense_features": cfg.model.num_dense_features,
-        "table_sizes": cfg.model.table_sizes,
-        "embedding_dim": cfg.model.embedding_dim,
-        "dense_arch_layer_sizes": cfg.model.dense_arch_layer_sizes,
-        "over_arch_layer_sizes": cfg.model.over_arch_layer_sizes,
-        "interaction_type": cfg.model.interaction_type,
-        "embedding_optimizer": cfg.training.embedding_optimizer,
-        "dense_optimizer": cfg.training.dense_optimizer,
-    }
-    if cfg.model.interaction_type == "dcn":
-        signature.update(dcn_num_layers=cfg.model.dcn_num_layers, dcn_low_rank_dim=cfg.model.dcn_low_rank_dim)
-    if cfg.model.interaction_type == "projection":
-        signature.update(
-            interaction_branch1_layer_sizes=cfg.model.interaction_branch1_layer_sizes,
-            interaction_branch2_layer_sizes=cfg.model.interaction_branch2_layer_sizes,
-        )
-    return signature
 
 
 def package_versions() -> dict[str, str]:
@@ -74,11 +53,12 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def check_compatible(checkpoint: Checkpoint, cfg: TrainConfig) -> None:
-    """Refuses, before any step, a checkpoint of another model. Any sharding and world size may
-    resume it: :mod:`apps.core.checkpoint.reshard` carries the optimizer state across."""
+def check_compatible(checkpoint: Checkpoint, cfg: RunConfig) -> None:
+    """Refuses, before any step, a checkpoint of another model (its manifest's ``model``, the
+    signature of the config it was written with, differs from ``cfg``'s). Any sharding and world
+    size may resume it: :mod:`apps.core.checkpoint.reshard` carries the optimizer state across."""
     saved = checkpoint.manifest.get("model", {})
-    wanted = model_signature(cfg)
+    wanted = cfg.model_signature()
     differences = [
         f"{name}: {_signature_value(saved.get(name))} there, {_signature_value(value)} here"
         for name, value in wanted.items()
@@ -128,7 +108,7 @@ class CheckpointFolder:
     run_id: str
 
 
-def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> CheckpointFolder:
+def open_checkpoints(cfg: RunConfig, env: DistEnv) -> CheckpointFolder:
     """Collective. The store of ``--checkpoint_dir``, the checkpoint to resume from (if any) and
     the run's id.
 
@@ -160,7 +140,7 @@ def open_checkpoints(cfg: TrainConfig, env: DistEnv) -> CheckpointFolder:
     return CheckpointFolder(store, resume_from, run_id)
 
 
-def is_checkpoint_step(cfg: TrainConfig, step: int, last_step: int) -> bool:
+def is_checkpoint_step(cfg: RunConfig, step: int, last_step: int) -> bool:
     """Whether training saves a checkpoint after ``step`` (every --checkpoint_every, and the last)."""
     return step == last_step or bool(cfg.checkpoint.checkpoint_every and step % cfg.checkpoint.checkpoint_every == 0)
 
@@ -213,7 +193,7 @@ class TrainState:
     rank: int
     step: int = 0
     train_loss: float = float("nan")
-    #: The run's validations so far (:class:`apps.dlrm.training.validations.Validations`'s record),
+    #: The run's validations so far (:class:`apps.core.training.validations.Validations`'s record),
     #: kept in the manifest (JSON): not a tensor, so checkpoints of earlier versions still load.
     validations: dict[str, Any] = field(default_factory=dict)
 
@@ -256,12 +236,14 @@ def make_lazy_state(optimizer: CombinedOptimizer) -> None:
 @dataclass
 class Checkpointed:
     """What a checkpoint holds beside the run's :class:`TrainState`: the sharded model, its
-    optimizers, and the plan they are sharded by (per table, as
-    :func:`apps.dlrm.training.sharding.plan_tables` gives it; written into the manifest)."""
+    optimizers, the plan they are sharded by (per table, as
+    :func:`apps.core.training.sharding.plan_tables` gives it; written into the manifest), and
+    where the model's tables are (whose optimizer states a resume under another sharding converts)."""
 
     model: nn.Module
     optimizer: CombinedOptimizer
     plan: dict[str, dict[str, Any]]
+    tables: TableModule
 
 
 class Checkpointer:
@@ -278,7 +260,7 @@ class Checkpointer:
     """
 
     def __init__(
-        self, cfg: TrainConfig, env: DistEnv, folder: CheckpointFolder, checkpointed: Checkpointed, last_step: int
+        self, cfg: RunConfig, env: DistEnv, folder: CheckpointFolder, checkpointed: Checkpointed, last_step: int
     ) -> None:
         self.cfg, self.env = cfg, env
         self.last_step = last_step  # the run's last step, which always saves
@@ -377,6 +359,7 @@ class Checkpointer:
             below(saved, "optimizer"),
             entries["model"],
             below(saved, "model"),
+            self.checkpointed.tables,
             self.cfg.training.embedding_optimizer,
             loaded.step,
         )
@@ -445,7 +428,7 @@ class Checkpointer:
             "step": state.step,
             "world_size": self.env.world_size,
             "progress": state.progress(),
-            "model": model_signature(self.cfg),
+            "model": self.cfg.model_signature(),
             "sharding_plan": self.checkpointed.plan,
             "config": config_record(self.cfg),
             "versions": package_versions(),

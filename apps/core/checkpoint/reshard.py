@@ -34,7 +34,6 @@ mean of the saved block it lies in: its own mean was never saved). A data-parall
 ``step`` from a fused table is the checkpoint's step: one optimizer step per training step.
 """
 
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable, NoReturn, Sequence
 
@@ -49,7 +48,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from apps.core.checkpoint.storage import CheckpointError
-from apps.dlrm.model import EBC_PATH
+from apps.core.common.tables import TableModule
 
 #: Per embedding optimizer: each fused (FBGEMM) state of a table -> the same state of a
 #: data-parallel table's torch optimizer. SGD keeps no state.
@@ -61,10 +60,6 @@ DATA_PARALLEL_NAMES = {
 }
 #: A data-parallel table's count of optimizer steps, which a fused table does not keep.
 STEP = "step"
-
-_TABLE_STATE = re.compile(
-    rf"^state\..+\.{re.escape(EBC_PATH)}\.embedding_bags\.(?P<table>[^.]+)\.weight\.(?P<state>.+)$"
-)
 
 #: A table's column blocks: (first column, width) of each column shard, in column order.
 Blocks = tuple[tuple[int, int], ...]
@@ -80,19 +75,15 @@ class StateKey:
     fused: bool
 
 
-def parse_key(key: str) -> StateKey | None:
-    """The table state that ``key`` (of a flattened optimizer state dict) is, or None (an MLP's)."""
-    match = _TABLE_STATE.match(key)
+def parse_key(key: str, tables: TableModule) -> StateKey | None:
+    """The state of a table of ``tables`` that ``key`` (of a flattened optimizer state dict) is,
+    or None (an MLP's)."""
+    match = tables.state_key_pattern().match(key)
     if match is None:
         return None
     table, state = match["table"], match["state"]
     fused = state.startswith(f"{table}.")
     return StateKey(table, state.removeprefix(f"{table}."), fused)
-
-
-def weight_key(table: str) -> str:
-    """The key of ``table``'s weight in the sharded model's state dict."""
-    return f"{EBC_PATH}.embedding_bags.{table}.weight"
 
 
 def _blocks(chunks: Iterable[tuple[Sequence[int], Sequence[int]]]) -> Blocks:
@@ -230,7 +221,7 @@ class Resharding:
     """Collective use. Loads the optimizer state of a checkpoint saved under any sharding.
 
     Built from the optimizer's live state dict, the sharded model's (for each table's size and
-    column blocks now) and the checkpoint's metadata below its ``optimizer`` and ``model``
+    column blocks now; ``tables`` says which of its entries are the tables') and the checkpoint's metadata below its ``optimizer`` and ``model``
     entries (:func:`below`). :attr:`destinations` is what DCP loads the ``optimizer`` entry
     into: the live state tensors under the keys they were saved as, and :class:`SavedPieces`
     for states to convert; after that load, :meth:`apply` writes the converted states into the
@@ -244,19 +235,20 @@ class Resharding:
         saved_optimizer: dict[str, Any],
         model_state: dict[str, Any],
         saved_model: dict[str, Any],
+        tables: TableModule,
         embedding_optimizer: str,
         step: int,
     ) -> None:
         self.saved, self.saved_model, self.model_state = saved_optimizer, saved_model, model_state
-        self.names, self.step = DATA_PARALLEL_NAMES[embedding_optimizer], step
-        self.saved_tables = _table_states(saved_optimizer)
+        self.tables, self.names, self.step = tables, DATA_PARALLEL_NAMES[embedding_optimizer], step
+        self.saved_tables = _table_states(saved_optimizer, tables)
         self.destinations: dict[str, Any] = {}
         self.converted: dict[str, bool] = {}
         self._conversions: list[_RowwiseConversion] = []
         self._steps: list[torch.Tensor] = []
         live, _ = flatten_state_dict(optimizer_state)
         for key, value in live.items():
-            state = parse_key(key)
+            state = parse_key(key, tables)
             if state is None:
                 self.destinations[key] = value  # an MLP's state: the same under every sharding
             else:
@@ -268,14 +260,17 @@ class Resharding:
             self._steps.append(value)
             self._mark(state.table, exact=True)
             return
-        saved, weight = self.saved[saved_key], self.model_state[weight_key(state.table)]
+        saved, weight = self.saved[saved_key], self.model_state[self.tables.weight_key(state.table)]
         rows, dim = weight.size()
         if tuple(saved.size) == (rows, dim):  # per-element: the same tensor, maybe renamed
             self.destinations[saved_key] = value
             if saved_key != key:
                 self._mark(state.table, exact=True)
             return
-        columns, saved_columns = current_blocks(weight), saved_blocks(self.saved_model[weight_key(state.table)])
+        columns, saved_columns = (
+            current_blocks(weight),
+            saved_blocks(self.saved_model[self.tables.weight_key(state.table)]),
+        )
         if saved_key == key and saved.size == value.size() and saved_columns == columns:
             self.destinations[key] = value
             return
@@ -323,11 +318,11 @@ def below(metadata: Metadata, entry: str) -> dict[str, Any]:
     return {key[len(prefix) :]: md for key, md in metadata.state_dict_metadata.items() if key.startswith(prefix)}
 
 
-def _table_states(saved_optimizer: dict[str, Any]) -> dict[str, dict[str, tuple[str, bool]]]:
+def _table_states(saved_optimizer: dict[str, Any], tables: TableModule) -> dict[str, dict[str, tuple[str, bool]]]:
     """Per table, each saved optimizer state: name -> (key, whether fused)."""
-    tables: dict[str, dict[str, tuple[str, bool]]] = {}
+    states: dict[str, dict[str, tuple[str, bool]]] = {}
     for key in saved_optimizer:
-        state = parse_key(key)
+        state = parse_key(key, tables)
         if state is not None:
-            tables.setdefault(state.table, {})[state.name] = (key, state.fused)
-    return tables
+            states.setdefault(state.table, {})[state.name] = (key, state.fused)
+    return states

@@ -21,10 +21,11 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.launcher import api as launcher
 
-# The command's logger: apps.dlrm.torchrun's main prints its lines.
-logger = logging.getLogger("apps.dlrm.torchrun")
+#: The launcher's logger (apps/core/torchrun.py prints its lines, naming the app's command).
+LAUNCHER_LOGGER = "apps.core.torchrun"
+logger = logging.getLogger(LAUNCHER_LOGGER)
 
-#: torchrun's lines about a failure, which this module's line (a restart) and apps.dlrm.torchrun's
+#: torchrun's lines about a failure, which this module's line (a restart) and apps/core/torchrun.py's
 #: (the end of the job) say instead: by their format strings, so that its other lines still show.
 TORCH_FAILURE_LINES = frozenset(
     {

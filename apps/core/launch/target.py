@@ -129,7 +129,7 @@ def known_hbm_gib(resource: specs.Resource) -> int | None:
 def check_hbm_gb(hbm_gb: float, resource: specs.Resource, h: str | None) -> None:
     """Refuses the --hbm_gb that the training job would refuse at start-up, before it is submitted:
     any on nodes without GPUs, and more than the GPU of the -h type has (the job compares it with
-    the GPU's real memory, apps/dlrm/training/sharding.py ``hbm_per_rank``)."""
+    the GPU's real memory, apps/core/training/sharding.py ``hbm_per_rank``)."""
     if not hbm_gb:
         return
     if not resource.gpu:

@@ -1,5 +1,5 @@
 """torchrun's arguments for a multi-node job, completed with this host's address and network
-interface, and the trainers' thread count: the machinery of ``python -m apps.dlrm.torchrun``.
+interface, and the trainers' thread count: the machinery of ``python -m apps.<app>.torchrun`` (apps/core/torchrun.py).
 
 For a job of more than one node it finds how the other hosts reach this one
 (:mod:`apps.core.launch.network`) and adds what torchrun and the trainers would otherwise guess from
@@ -23,10 +23,10 @@ import socket
 
 from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
+from apps.core.launch.agent import LAUNCHER_LOGGER
 from apps.core.launch.network import host_address
 
-# The command's logger: apps.dlrm.torchrun's main prints its lines.
-logger = logging.getLogger("apps.dlrm.torchrun")
+logger = logging.getLogger(LAUNCHER_LOGGER)
 
 _IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 #: cgroup v2's CPU quota of this process's container: "QUOTA PERIOD" in microseconds, or "max ...".

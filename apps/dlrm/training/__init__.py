@@ -1,3 +1,2 @@
-"""Training: the Trainer that owns a run (trainer.py), the optimizers and learning-rate schedule
-(optim.py), the sharding plan and sharded model (sharding.py), metrics synced across ranks
-(metrics.py), what a run reports (report.py) and the options that need GPUs (device_support.py)."""
+"""What the DLRM plugs into the shared training (apps/core/training/): the app (app.py: model,
+tables, data, summary figures, and the DLRM's Trainer) and its click metrics (metrics.py)."""

@@ -1,7 +1,7 @@
 """The run's validations: which was best and whether training should stop early.
 
 A validation improves when its ``--early_stopping_metric`` beats the best so far by at least
-``--early_stopping_min_delta`` (AUROC up, log loss down); after ``--early_stopping_patience``
+``--early_stopping_min_delta`` (AUROC up, a loss down); after ``--early_stopping_patience``
 validations in a row that do not, training stops. The record travels in every checkpoint's
 manifest (JSON), so a resumed run keeps its best and its count.
 """
@@ -9,10 +9,10 @@ manifest (JSON), so a resumed run keeps its best and its count.
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from apps.dlrm.config import EvaluationConfig
+from apps.core.config import EvaluationConfig
 
-#: Metrics where a lower value is better.
-LOWER_IS_BETTER = ("log_loss",)
+#: Metrics named so (a loss) are better lower; the others (AUROC, HR@K, NDCG@K) higher.
+LOWER_IS_BETTER_SUFFIX = "loss"
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Validations:
         return False
 
     def _improves(self, value: float, best: float) -> bool:
-        if self.metric in LOWER_IS_BETTER:
+        if self.metric.endswith(LOWER_IS_BETTER_SUFFIX):
             return value < best - self.min_delta
         return value > best + self.min_delta
 

@@ -17,13 +17,13 @@ from tqdm import tqdm
 
 from apps.core.urls import redact_urls
 
-logger = logging.getLogger("apps.dlrm.training.report")
+logger = logging.getLogger(__name__)
 
 #: The run's results: its figures, the sharding plan and the config (written once, at the end).
 SUMMARY_FILE = "summary.json"
 #: The run's metrics, one JSON object per line (kind: train, val or test; step; the values).
 METRICS_FILE = "metrics.jsonl"
-#: The run's curves drawn from METRICS_FILE at its end: training loss, validation AUROC and log loss.
+#: The run's curves drawn from METRICS_FILE at its end: training loss and the app's validation metrics.
 CURVES_FILE = "curves.png"
 #: The run's sharding plan, one line per table (the log has it in one line).
 PLAN_FILE = "plan.txt"
@@ -139,9 +139,10 @@ class Reporter:
             with open(os.path.join(self.output_dir, METRICS_FILE), "a") as f:
                 f.write(json.dumps({"kind": kind, "step": step, **values}, sort_keys=True) + "\n")
 
-    def draw_curves(self) -> str | None:
-        """Draws metrics.jsonl's training loss, validation AUROC and validation log loss against
-        the step into curves.png, for users on a cluster without TensorBoard; returns its path."""
+    def draw_curves(self, val_curves: tuple[tuple[str, str], ...]) -> str | None:
+        """Draws metrics.jsonl's training loss and the validation metrics of ``val_curves``
+        ((metric, title) each: the app's) against the step into curves.png, for users on a
+        cluster without TensorBoard; returns its path."""
         if not (self.enabled and self.output_dir):
             return None
         import matplotlib
@@ -151,11 +152,7 @@ class Reporter:
 
         with open(os.path.join(self.output_dir, METRICS_FILE)) as f:
             metrics = [json.loads(line) for line in f]
-        panels = (
-            ("train", "loss", "training loss"),
-            ("val", "auroc", "validation AUROC"),
-            ("val", "log_loss", "validation log loss"),
-        )
+        panels = (("train", "loss", "training loss"), *(("val", name, title) for name, title in val_curves))
         figure, axes = pyplot.subplots(1, len(panels), figsize=(13, 3.6), sharex=True)
         for axis, (kind, name, title) in zip(axes, panels):
             points = [(m["step"], m[name]) for m in metrics if m["kind"] == kind and name in m]

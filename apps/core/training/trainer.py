@@ -6,31 +6,27 @@ test with metrics synced across ranks, checkpoint on the way, and write summary.
 """
 
 import contextlib
-import logging
-from typing import Any, Callable, Generator, Iterator, NoReturn
+from typing import Any, Generator, Generic, Iterator, NoReturn
 
 import torch
 import torch.distributed as dist
 import torchrec
 from torch import nn
-from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSparseDist, train_pipelines
 
 from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
 from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv, all_reduce_mean
 from apps.core.common.errors import ConfigError
-from apps.core.urls import config_record, redact_urls
-from apps.dlrm.config import LaunchConfig, TrainConfig
-from apps.dlrm.data import make_dataset
-from apps.dlrm.model import speed_up_dense
-from apps.dlrm.training.device_support import check_device_support
-from apps.dlrm.training.metrics import EvalMetrics, Stopwatch, Throughput
-from apps.dlrm.training.optim import LRSchedule, LRShape, training_optimizer
-from apps.dlrm.training.report import PLAN_FILE, Reporter
-from apps.dlrm.training.run_folder import open_output_dir
-from apps.dlrm.training.run_length import RunLength
-from apps.dlrm.training.sharding import (
+from apps.core.config import LaunchConfig
+from apps.core.training.app import C, EvalMetrics, TrainingApp
+from apps.core.training.device_support import check_device_support
+from apps.core.training.metrics import Stopwatch, Throughput
+from apps.core.training.optim import LRSchedule, LRShape, training_optimizer
+from apps.core.training.report import PLAN_FILE, Reporter
+from apps.core.training.run_folder import open_output_dir
+from apps.core.training.run_length import RunLength
+from apps.core.training.sharding import (
     build_plan,
     describe_plan,
     model_to_shard,
@@ -38,9 +34,8 @@ from apps.dlrm.training.sharding import (
     shard_model,
     summarize_plan,
 )
-from apps.dlrm.training.validations import Validations
-
-logger = logging.getLogger("apps.dlrm")
+from apps.core.training.validations import Validations
+from apps.core.urls import config_record, redact_urls
 
 #: --pipeline -> TorchRec's class of that name (torchrec.distributed.train_pipeline).
 PIPELINE_CLASSES = {
@@ -51,12 +46,6 @@ PIPELINE_CLASSES = {
     "sparse_dist_lite": "TrainPipelineSparseDistLite",
     "prefetch": "PrefetchTrainPipelineSparseDist",
 }
-
-
-#: What the validation's auroc_ceiling is, said once beside the first.
-CEILING_NOTE = (
-    "auroc_ceiling: the AUROC of the hidden teacher that labels the synthetic data, the best any model can reach"
-)
 
 
 class TrainingDiverged(ConfigError):
@@ -76,36 +65,36 @@ def pipeline_class(cfg: LaunchConfig) -> type[TrainPipeline]:
     return cls
 
 
-class Trainer:
-    """One training run, built once (collective) from its config and process group: it owns the
-    data, the sharded model, its optimizers and learning-rate schedule, TorchRec's pipeline, the
-    checkpointer, the reporter and where the run is (:class:`TrainState`).
+class Trainer(Generic[C]):
+    """One training run of an app, built once (collective) from the app, its config and the
+    process group: it owns the data, the sharded model, its optimizers and learning-rate
+    schedule, TorchRec's pipeline, the checkpointer, the reporter and where the run is
+    (:class:`TrainState`).
 
     ``fit()`` resumes, trains, validates and tests, and writes summary.json; ``evaluate()``
     measures a split; ``close()`` must follow (it waits for a checkpoint still being written).
     """
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
+    def __init__(self, app: TrainingApp[C], cfg: C, env: DistEnv) -> None:
         check_device_support(cfg, env.device.type)
-        self.cfg, self.env = cfg, env
+        self.app, self.cfg, self.env = app, cfg, env
         folder = open_checkpoints(cfg, env)  # before the model: a bad --checkpoint_dir fails in seconds
         self.run_id = folder.run_id
         # So does an --output_dir of another run; a resumed run may write into its own.
         output_dir = open_output_dir(cfg.evaluation.output_dir, self.run_id, folder.resume_from is not None, env)
         self.reporter = Reporter(output_dir, enabled=env.is_main)
         pipeline_cls = pipeline_class(cfg.launch)
-        self.data = make_dataset(cfg, env)  # so does a bad --data_path
+        self.data = app.make_data(cfg, env)  # so does a bad --data_path
         self.run_length = RunLength.of(cfg, self.data.steps_per_epoch)
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = cfg.launch.allow_tf32
             torch.backends.cudnn.allow_tf32 = cfg.launch.allow_tf32
         # Same seed on every rank: DDP needs identical dense weights to start from.
         torch.manual_seed(cfg.training.seed)
-        model, sharder = model_to_shard(cfg, dense_device=env.device)
-        speed_up_dense(cfg.launch, model, env.device)
-        self.plan = build_plan(cfg, model, sharder, env)
+        model, sharder = model_to_shard(app, cfg, dense_device=env.device)
+        self.plan = build_plan(app, cfg, model, sharder, env)
         self.model = shard_model(model, self.plan, sharder, env)
-        self.optimizer = training_optimizer(cfg.training, self.model)
+        self.optimizer = training_optimizer(cfg.training, self.model, app.tables)
         self.schedule = LRSchedule(LRShape.of(cfg.training, self.run_length.steps), self.optimizer)
         self.pipeline = pipeline_cls(self.model, self.optimizer, env.device)
         self.checkpointer = Checkpointer(cfg, env, folder, self.checkpointed, self.run_length.steps)
@@ -115,7 +104,7 @@ class Trainer:
     @property
     def checkpointed(self) -> Checkpointed:
         """What this run's checkpoints hold."""
-        return Checkpointed(self.model, self.optimizer, plan_tables(self.plan))
+        return Checkpointed(self.model, self.optimizer, plan_tables(self.plan), self.app.tables)
 
     def fit(self) -> dict[str, Any]:
         """The whole run: resume or start, train (validating on the way, stopping early if the
@@ -158,7 +147,7 @@ class Trainer:
         self.checkpointer.wait()
         summary = self._summary(val, test, tested, resumed, throughput)
         if self.reporter.write_summary(summary):
-            self.reporter.draw_curves()
+            self.reporter.draw_curves(self.app.curves)
             self.reporter.log_results()
         self.reporter.close()
         return summary
@@ -183,19 +172,19 @@ class Trainer:
             self.reporter.log("resumed from %s (step %d)", resumed.url, self.state.step)
         return resumed
 
-    def train_step(self, batches: Iterator[Batch]) -> torch.Tensor:
+    def train_step(self, batches: Iterator[Any]) -> torch.Tensor:
         """Trains on the next batch at the scheduled learning rate; returns its loss (on the device)."""
         self.schedule.apply(self.state.step)
-        loss, _, _ = self.pipeline.progress(batches)
+        loss = self.pipeline.progress(batches)[0]  # the outputs start with the detached loss
         self.state.step += 1
         return loss
 
     def evaluate(self, split: str, num_batches: int) -> dict[str, float]:
-        """Metrics on ``split`` over all ranks (with the teacher's ceiling on validation data
-        that has one); the pipeline's batches in flight wait meanwhile."""
-        teacher = self.data.teacher() if split == "val" else None
+        """The app's metrics on ``split`` over all ranks (with their ceiling where the data has
+        one); the pipeline's batches in flight wait meanwhile."""
+        metrics = self.app.eval_metrics(self.cfg, self.data, split, self.env.device)
         with self._pipeline_paused() as model:
-            return evaluate(model, self.data.eval_batches(split, num_batches), self.env, teacher)
+            return evaluate(self.app, self.cfg, model, self.data.eval_batches(split, num_batches), self.env, metrics)
 
     def close(self) -> None:
         """Waits for the last save, still being written, to commit: before the process group goes."""
@@ -357,8 +346,9 @@ class Trainer:
             verdict = f"no better than step {validations.best_step}'s ({validations.since_best}"
             verdict += f" of {validations.patience})" if validations.patience else ")"
         reporter.log("step %d validation: %s  (%s)", step, _fmt_metrics(val), verdict)
-        if "auroc_ceiling" in val:
-            reporter.note(CEILING_NOTE)
+        for name, note in self.app.notes.items():
+            if name in val:
+                reporter.note(note)
         if validations.stopped_early:
             reporter.log(
                 "stopping early after step %d: %d validations without an improvement of %g in %s; the best was step %d",
@@ -376,7 +366,10 @@ class Trainer:
         swaps the model's forward for its own and must give it back first."""
         if isinstance(self.pipeline, TrainPipelineSparseDist):
             yield self.pipeline.detach()
-            self.pipeline.attach()
+            # The batch in flight started its input all-to-all before the pause: attaching must not
+            # start it again (TorchRec's default), which broke the next step's all-to-all of an
+            # EmbeddingCollection on sequence batches (gloo: in->size == out->size).
+            self.pipeline.attach(sparse_dist=False)
         else:
             yield self.model
 
@@ -391,19 +384,11 @@ class Trainer:
         """summary.json: the last validation, the test of the model after step ``tested``, the run."""
         cfg, env = self.cfg, self.env
         return {
-            "val_auroc": val["auroc"],
-            "val_log_loss": val["log_loss"],
-            "val_accuracy": val["accuracy"],
-            "auroc_ceiling": val.get("auroc_ceiling"),
-            "test_auroc": test["auroc"],
-            "test_log_loss": test["log_loss"],
-            "test_accuracy": test["accuracy"],
+            **self.app.summary(val, test, self.validations.best or {}),
             "final_train_loss": self.state.train_loss,
             "epochs": self.run_length.epochs(self.state.step),
             "stopped_early": self.validations.stopped_early,
             "best_step": self.validations.best_step,
-            "best_val_auroc": (self.validations.best or {}).get("auroc"),
-            "best_val_log_loss": (self.validations.best or {}).get("log_loss"),
             "test_step": tested,
             "resumed_from_step": resumed.step if resumed else None,
             "samples_per_sec": throughput.samples_per_sec,
@@ -423,20 +408,19 @@ class Trainer:
 
 
 def evaluate(
+    app: TrainingApp[C],
+    cfg: C,
     model: nn.Module,
-    batches: Generator[Batch, None, None],
+    batches: Generator[Any, None, None],
     env: DistEnv,
-    teacher: Callable[[Batch], torch.Tensor] | None = None,
+    metrics: EvalMetrics,
 ) -> dict[str, float]:
-    """Metrics of ``model`` over this rank's ``batches``, gathered over all ranks."""
-    metrics = EvalMetrics(env.device, with_teacher=teacher is not None)
+    """``metrics`` of ``model`` over this rank's ``batches`` (what ``app`` takes of each), gathered over all ranks."""
     was_training = model.training
     model.eval()
     with torch.no_grad(), contextlib.closing(batches):
         for batch in batches:
-            teacher_logits = teacher(batch) if teacher is not None else None
-            _, (_, logits, labels) = model(batch.to(env.device))
-            metrics.update(logits, labels, teacher_logits)
+            metrics.update(batch, app.eval_outputs(cfg, model, batch.to(env.device)))
     model.train(was_training)
     return metrics.compute()
 

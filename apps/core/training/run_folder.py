@@ -20,8 +20,8 @@ import uuid
 from typing import TYPE_CHECKING, Mapping
 
 from apps.core.common.errors import ConfigError
-from apps.dlrm.config import RUN_PLACEHOLDER
-from apps.dlrm.training.report import SUMMARY_FILE
+from apps.core.config import RUN_PLACEHOLDER
+from apps.core.training.report import SUMMARY_FILE
 
 if TYPE_CHECKING:  # torch: the component names run folders at submission without it
     from apps.core.common.distributed import DistEnv

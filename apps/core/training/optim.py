@@ -17,10 +17,8 @@ from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from apps.dlrm.config import TrainingConfig
-
-# Parameters of the embedding tables have this in their names.
-TABLES = "embedding_bag_collection"
+from apps.core.common.tables import TableModule
+from apps.core.config import TrainingConfig
 
 # One epsilon for every Adagrad variant, so that the fused FBGEMM kernels and a plain
 # ``torch.optim`` reference compute the same update.
@@ -45,7 +43,7 @@ def fuse_embedding_optimizer(cfg: TrainingConfig, tables: Iterable[nn.Parameter]
     apply_optimizer_in_backward(cls, tables, kwargs)
 
 
-def dense_optimizer(cfg: TrainingConfig, model: nn.Module) -> CombinedOptimizer:
+def dense_optimizer(cfg: TrainingConfig, model: nn.Module, tables: TableModule) -> CombinedOptimizer:
     """The optimizer of every parameter whose optimizer is not fused into backward.
 
     Data-parallel tables are among them: sharding replaces them with plain replicated weights
@@ -53,14 +51,15 @@ def dense_optimizer(cfg: TrainingConfig, model: nn.Module) -> CombinedOptimizer:
     embedding optimizer and learning rate; the MLPs get the dense ones.
     """
     params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    in_tables = f"{tables.path}."  # in their names, below DMP's and DDP's prefixes
     groups = {
         "dense": (
-            {n: p for n, p in params.items() if TABLES not in n},
+            {n: p for n, p in params.items() if in_tables not in n},
             cfg.dense_optimizer,
             cfg.dense_lr,
         ),
         "data_parallel_tables": (
-            {n: p for n, p in params.items() if TABLES in n},
+            {n: p for n, p in params.items() if in_tables in n},
             cfg.embedding_optimizer,
             cfg.learning_rate,
         ),
@@ -73,13 +72,13 @@ def dense_optimizer(cfg: TrainingConfig, model: nn.Module) -> CombinedOptimizer:
     return CombinedOptimizer(optimizers)
 
 
-def training_optimizer(cfg: TrainingConfig, model: DistributedModelParallel) -> CombinedOptimizer:
+def training_optimizer(cfg: TrainingConfig, model: DistributedModelParallel, tables: TableModule) -> CombinedOptimizer:
     """Every optimizer of the sharded model in one.
 
     The fused optimizer's update happens inside backward; it is here so that the pipeline's
     ``zero_grad``/``step`` hand it the scheduled learning rate, and so that checkpoints save it.
     """
-    return CombinedOptimizer([("fused", model.fused_optimizer), ("dense", dense_optimizer(cfg, model))])
+    return CombinedOptimizer([("fused", model.fused_optimizer), ("dense", dense_optimizer(cfg, model, tables))])
 
 
 @dataclass(frozen=True)

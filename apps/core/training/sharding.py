@@ -1,12 +1,18 @@
-"""How the embedding tables are split across ranks: sharder, sharding plan, and the DMP wrap."""
+"""How an app's embedding tables are split across ranks: sharder, sharding plan, and the DMP wrap.
+
+The tables are the app's TorchRec ``EmbeddingBagCollection`` or ``EmbeddingCollection``
+(:class:`~apps.core.common.tables.TableModule`); everything else is the same for both."""
 
 import logging
+import re
 import warnings
 from collections import Counter
+from typing import Any, TypeAlias
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.fbgemm_qcomm_codec import (
     CommType,
@@ -35,9 +41,10 @@ from torchrec.distributed.types import ShardingPlan
 
 from apps.core.common.distributed import DistEnv
 from apps.core.common.errors import ConfigError
-from apps.dlrm.config import LaunchConfig, TrainConfig, check_int8_comms
-from apps.dlrm.model import EBC_PATH, build_model
-from apps.dlrm.training.optim import fuse_embedding_optimizer
+from apps.core.common.tables import TableModule
+from apps.core.config import LaunchConfig, RunConfig, check_int8_comms
+from apps.core.training.app import C, TrainingApp
+from apps.core.training.optim import fuse_embedding_optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -58,25 +65,31 @@ _COMM_TYPES = {
 }
 
 
-def model_to_shard(cfg: TrainConfig, dense_device: torch.device) -> tuple[nn.Module, EmbeddingBagCollectionSharder]:
-    """The unsharded model (tables on the meta device, optimizer fused) and its sharder.
+#: TorchRec's sharder of either kind of table collection.
+Sharder: TypeAlias = EmbeddingBagCollectionSharder | EmbeddingCollectionSharder
+
+
+def model_to_shard(app: TrainingApp[C], cfg: C, dense_device: torch.device) -> tuple[nn.Module, Sharder]:
+    """The app's unsharded model (tables on the meta device, optimizer fused) and its sharder.
 
     What the training app shards and what the plan preview plans for: one recipe, so the
     preview's planner sees the tables and storage the job will have.
     """
-    model = build_model(cfg.model, dense_device=dense_device)
-    fuse_embedding_optimizer(cfg.training, model.model.sparse_arch.parameters())
-    return model, make_sharder(cfg.launch)
+    model = app.build_model(cfg, dense_device)
+    fuse_embedding_optimizer(cfg.training, model.get_submodule(app.tables.path).parameters())
+    return model, make_sharder(cfg.launch, app.tables)
 
 
-def make_sharder(cfg: LaunchConfig) -> EmbeddingBagCollectionSharder:
-    """TorchRec's table sharder, with quantized all-to-all comms when asked for."""
+def make_sharder(cfg: LaunchConfig, tables: TableModule) -> Sharder:
+    """TorchRec's sharder of ``tables``' kind, with quantized all-to-all comms when asked for."""
     forward = _COMM_TYPES[cfg.qcomm_forward_precision]
     backward = _COMM_TYPES[cfg.qcomm_backward_precision]
     registry = None
     if (forward, backward) != (CommType.FP32, CommType.FP32):
         registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=forward, backward_precision=backward))
-    return EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
+    if tables.pooled:
+        return EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
+    return EmbeddingCollectionSharder(qcomm_codecs_registry=registry)
 
 
 def make_topology(
@@ -94,12 +107,12 @@ def make_topology(
     )
 
 
-def training_topology(cfg: TrainConfig, env: DistEnv, gpu_bytes: int = 0) -> Topology:
+def training_topology(cfg: RunConfig, env: DistEnv, gpu_bytes: int = 0) -> Topology:
     """The topology the training app plans with: its world, and on GPUs each rank's HBM.
 
     ``gpu_bytes`` is the memory of this rank's GPU (unused on CPU ranks). A pure function of
     its arguments, so that a test without a GPU plans exactly what a GPU job plans, and so the
-    plan preview (apps/dlrm/plan.py) and the job agree on the HBM per rank: --hbm_gb when set.
+    plan preview (the app's plan.py) and the job agree on the HBM per rank: --hbm_gb when set.
     """
     device_type = env.device.type
     hbm = hbm_per_rank(cfg.launch, gpu_bytes) if device_type == "cuda" else None
@@ -124,14 +137,14 @@ def hbm_per_rank(cfg: LaunchConfig, gpu_bytes: int) -> int:
     return hbm
 
 
-def storage_reservation(model: nn.Module) -> HeuristicalStorageReservation:
+def storage_reservation(model: nn.Module, tables: TableModule) -> HeuristicalStorageReservation:
     """The memory TorchRec's planner keeps free on each rank: its default, given explicitly.
 
     With the dense part's size given (the one TorchRec computes itself), the planner no longer
     warns that its computation may be off in a dry run: the plan preview's meta tensors have
     their real shapes, so it is not.
     """
-    dense = _get_dense_tensor_size(model, {model.get_submodule(EBC_PATH)}, DENSE_MULTIPLIER)
+    dense = _get_dense_tensor_size(model, {model.get_submodule(tables.path)}, DENSE_MULTIPLIER)
     with warnings.catch_warnings():
         # Its constructor warns on every use that the policy is "over-tuned"; TorchRec's planner
         # uses it by default all the same, and this project's plans are made with it.
@@ -144,7 +157,7 @@ def storage_reservation(model: nn.Module) -> HeuristicalStorageReservation:
 
 
 def make_planner(
-    cfg: TrainConfig, model: nn.Module, topology: Topology, stats: list[Stats] | None = None
+    app: TrainingApp[C], cfg: C, model: nn.Module, topology: Topology, stats: list[Stats] | None = None
 ) -> EmbeddingShardingPlanner:
     """TorchRec's planner for ``model``; an explicit --sharding_type becomes a constraint on every table.
 
@@ -154,36 +167,45 @@ def make_planner(
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=cfg.training.batch_size,
-        storage_reservation=storage_reservation(model),
-        constraints=table_constraints(cfg),
+        storage_reservation=storage_reservation(model, app.tables),
+        constraints=table_constraints(app, cfg, model),
         stats=stats,
     )
 
 
-def table_constraints(cfg: TrainConfig) -> dict[str, ParameterConstraints] | None:
-    """Per table, what the planner must respect: an explicit --sharding_type, and with
-    --multi_hot_sizes the ids per sample (its pooling factor), which its estimates of input
-    size, comms and compute scale with (TorchRec assumes one otherwise)."""
+def table_constraints(app: TrainingApp[C], cfg: C, model: nn.Module) -> dict[str, ParameterConstraints] | None:
+    """Per table, what the planner must respect: an explicit --sharding_type, and the ids per
+    sample (its pooling factor) where the app says they are not one, which its estimates of
+    input size, comms and compute scale with (TorchRec assumes one otherwise)."""
+    pooling_factors = app.pooling_factors(cfg)
     constraints = {}
-    for i in range(cfg.model.num_sparse_features):
+    for table in table_names(model, app.tables):
         kwargs: dict[str, list[str] | list[float]] = {}
         if cfg.launch.sharding_type != "auto":
             kwargs["sharding_types"] = [cfg.launch.sharding_type]
-        if cfg.model.multi_hot_sizes:
-            kwargs["pooling_factors"] = [float(cfg.model.multi_hot_sizes[i])]
+        if table in pooling_factors:
+            kwargs["pooling_factors"] = [pooling_factors[table]]
         if kwargs:
-            constraints[f"t_cat_{i}"] = ParameterConstraints(**kwargs)
+            constraints[table] = ParameterConstraints(**kwargs)
     return constraints or None
 
 
-def planner_offers(cfg: LaunchConfig, sharder: EmbeddingBagCollectionSharder, device_type: str) -> bool:
+def table_names(model: nn.Module, tables: TableModule) -> list[str]:
+    """The names of the tables of ``model``'s table module, in its order."""
+    collection: Any = model.get_submodule(tables.path)
+    configs = collection.embedding_bag_configs() if tables.pooled else collection.embedding_configs()
+    return [config.name for config in configs]
+
+
+def planner_offers(cfg: LaunchConfig, sharder: Sharder, device_type: str) -> bool:
     return cfg.sharding_type == "auto" or cfg.sharding_type in sharder.sharding_types(device_type)
 
 
 def build_plan(
-    cfg: TrainConfig,
+    app: TrainingApp[C],
+    cfg: C,
     model: nn.Module,
-    sharder: EmbeddingBagCollectionSharder,
+    sharder: Sharder,
     env: DistEnv,
 ) -> ShardingPlan:
     """The sharding plan for this world, identical on every rank.
@@ -191,15 +213,16 @@ def build_plan(
     TorchRec's planner places the tables for ``auto`` and for every sharding type it offers on
     this device. On CPUs it offers no row-wise kinds, so those plans are built directly.
     """
-    plan = _rank_plan(cfg, model, sharder, env)
-    check_int8_comms(cfg.launch, [s.sharding_type for s in plan.plan[EBC_PATH].values()])
+    plan = _rank_plan(app, cfg, model, sharder, env)
+    check_int8_comms(cfg.launch, [s["type"] for s in plan_tables(plan).values()])
     return plan
 
 
 def _rank_plan(
-    cfg: TrainConfig,
+    app: TrainingApp[C],
+    cfg: C,
     model: nn.Module,
-    sharder: EmbeddingBagCollectionSharder,
+    sharder: Sharder,
     env: DistEnv,
 ) -> ShardingPlan:
     """Collective. The planner's plan, agreed by every rank, or the row-wise plan built directly."""
@@ -207,29 +230,27 @@ def _rank_plan(
     if planner_offers(cfg.launch, sharder, device_type):
         gpu_bytes = torch.cuda.get_device_properties(env.device).total_memory if device_type == "cuda" else 0
         topology = training_topology(cfg, env, gpu_bytes)
-        return make_planner(cfg, model, topology).collective_plan(model, [sharder], dist.group.WORLD)
-    tables = model.get_submodule(EBC_PATH)
+        return make_planner(app, cfg, model, topology).collective_plan(model, [sharder], dist.group.WORLD)
+    names = table_names(model, app.tables)
     if cfg.launch.sharding_type == "row_wise":
-        per_table = {f"t_cat_{i}": row_wise() for i in range(cfg.model.num_sparse_features)}
+        per_table = {table: row_wise() for table in names}
     else:  # table_row_wise: each table row-wise inside one node, tables spread over nodes
-        per_table = {
-            f"t_cat_{i}": table_row_wise(host_index=i % env.num_nodes) for i in range(cfg.model.num_sparse_features)
-        }
+        per_table = {table: table_row_wise(host_index=i % env.num_nodes) for i, table in enumerate(names)}
     module_plan = construct_module_sharding_plan(
-        tables,
+        model.get_submodule(app.tables.path),
         per_table,
         sharder=sharder,
         local_size=env.local_world_size,
         world_size=env.world_size,
         device_type=device_type,
     )
-    return ShardingPlan({EBC_PATH: module_plan})
+    return ShardingPlan({app.tables.path: module_plan})
 
 
 def shard_model(
     model: nn.Module,
     plan: ShardingPlan,
-    sharder: EmbeddingBagCollectionSharder,
+    sharder: Sharder,
     env: DistEnv,
 ) -> DistributedModelParallel:
     """Wraps the model in DMP: tables sharded by ``plan``, dense part replicated with DDP."""
@@ -237,8 +258,12 @@ def shard_model(
 
 
 def plan_tables(plan: ShardingPlan) -> dict[str, dict]:
-    """Per table, in table order: sharding type, compute kernel and the ranks holding shards."""
-    tables = sorted(plan.plan[EBC_PATH].items(), key=lambda kv: _table_index(kv[0]))
+    """Per table (of every table module the plan shards), in natural order of their names
+    (t_cat_2 before t_cat_10): sharding type, compute kernel and the ranks holding shards."""
+    tables = sorted(
+        ((table, s) for module in plan.plan.values() for table, s in module.items()),
+        key=lambda kv: _natural_key(kv[0]),
+    )
     return {
         table: {"type": s.sharding_type, "kernel": s.compute_kernel, "ranks": list(s.ranks or [])}
         for table, s in tables
@@ -265,5 +290,5 @@ def summarize_plan(plan: ShardingPlan, world_size: int) -> str:
     return f"{len(tables)} tables ({kinds}) on {ranks}, {per_rank} per rank"
 
 
-def _table_index(name: str) -> int:
-    return int(name.rsplit("_", 1)[-1])
+def _natural_key(name: str) -> list[str | int]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]

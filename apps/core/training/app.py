@@ -1,0 +1,92 @@
+"""What an app plugs into the shared :class:`~apps.core.training.trainer.Trainer`: :class:`TrainingApp`.
+
+The Trainer owns the recipe every app shares (plan and shard the tables, fuse their optimizer,
+step TorchRec's pipeline, validate, checkpoint, report); an app says what is its own, as
+torchtitan's ``TrainSpec`` does: its model, where its tables are, its data, its evaluation
+metrics and the figures of its summary. Each is a method of one object, typed by the app's
+config (``C``), which composes the shared sections (:class:`~apps.core.config.RunConfig`).
+"""
+
+from typing import Any, Generator, Protocol, TypeVar
+
+import torch
+from torch import nn
+from torchrec.streamable import Pipelineable
+
+from apps.core.common.distributed import DistEnv
+from apps.core.common.tables import TableModule
+from apps.core.config import RunConfig
+
+C = TypeVar("C", bound=RunConfig, contravariant=True)
+
+
+class DataSource(Protocol):
+    """A run's data: one rank's batches, each a pure function of (seed, step, rank), so that a
+    resumed run reads exactly the batches an uninterrupted one reads. A batch is a TorchRec
+    ``Pipelineable`` (it moves to the device as the pipeline needs) that the model's forward takes."""
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Steps of one pass over the training rows; None for data that never repeats (synthetic)."""
+        ...
+
+    def train_batches(self, start_step: int = 0) -> Generator[Any, None, None]:
+        """This rank's training batches from ``start_step`` on, without end."""
+        ...
+
+    def eval_batches(self, split: str, num_batches: int) -> Generator[Any, None, None]:
+        """This rank's batches of ``split`` ("val" or "test"), as many on every rank."""
+        ...
+
+
+class EvalMetrics(Protocol):
+    """One split's metrics, fed batch by batch on each rank and computed over all ranks."""
+
+    def update(self, batch: Pipelineable, outputs: Any) -> None:
+        """Takes one batch (as the data source gave it, on the host) and the app's
+        :meth:`TrainingApp.eval_outputs` for it."""
+        ...
+
+    def compute(self) -> dict[str, float]:
+        """Collective. The split's metrics over every rank's batches."""
+        ...
+
+
+class TrainingApp(Protocol[C]):
+    """An app, as the shared Trainer and plan code see it."""
+
+    #: Where the model's TorchRec table collection is (what plans and checkpoints key on).
+    tables: TableModule
+    #: Validation metrics drawn in curves.png beside the training loss: (metric, title) each.
+    curves: tuple[tuple[str, str], ...]
+    #: What a validation metric means, logged once beside the first validation that has it.
+    notes: dict[str, str]
+
+    def build_model(self, cfg: C, dense_device: torch.device) -> nn.Module:
+        """The training module (forward: batch -> ``(loss, (loss.detach(), ...))``, as TorchRec's
+        ``DLRMTrain``, which its train pipelines run), tables on the meta
+        device (DMP materialises each rank's shards only), the dense part on ``dense_device``
+        from the current RNG state, with the app's dense speed-ups applied."""
+        ...
+
+    def pooling_factors(self, cfg: C) -> dict[str, float]:
+        """Per table, the ids a sample looks up in it on average, where not one (the planner's
+        estimates of input size, comms and compute scale with it)."""
+        ...
+
+    def make_data(self, cfg: C, env: DistEnv) -> DataSource:
+        """This rank's data source."""
+        ...
+
+    def eval_metrics(self, cfg: C, data: DataSource, split: str, device: torch.device) -> EvalMetrics:
+        """Fresh metrics of one evaluation of ``split`` (with their ceiling where ``data`` has one)."""
+        ...
+
+    def eval_outputs(self, cfg: C, model: nn.Module, batch: Pipelineable) -> Any:
+        """What the metrics take of one ``batch`` (on the device) from ``model`` (the sharded
+        model, in eval mode, without gradients): e.g. its forward's outputs."""
+        ...
+
+    def summary(self, val: dict[str, float], test: dict[str, float], best: dict[str, float]) -> dict[str, Any]:
+        """summary.json's fields of the last validation, the test and the best validation."""
+        ...

@@ -1,0 +1,82 @@
+"""The DLRM as the shared Trainer sees it (:data:`DLRM`), and the DLRM's :class:`Trainer`.
+
+What is the DLRM's own: TorchRec's ``DLRMTrain`` with its dense speed-ups, its tables (an
+``EmbeddingBagCollection``), multi-hot features' pooling factors, the click-log sources, AUROC,
+log loss and accuracy (with the synthetic teacher's ceiling), and summary.json's click figures.
+"""
+
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torchrec.datasets.utils import Batch
+
+from apps.core.common.distributed import DistEnv
+from apps.core.common.tables import TableModule
+from apps.core.training import trainer
+from apps.core.training.app import DataSource
+from apps.dlrm.config import TrainConfig
+from apps.dlrm.data import ClickLogs, make_dataset
+from apps.dlrm.model import TABLES, build_model, speed_up_dense, table_configs
+from apps.dlrm.training.metrics import ClickMetrics
+
+#: What the validation's auroc_ceiling is, said once beside the first.
+CEILING_NOTE = (
+    "auroc_ceiling: the AUROC of the hidden teacher that labels the synthetic data, the best any model can reach"
+)
+
+
+class DLRMApp:
+    """The DLRM app (:class:`~apps.core.training.app.TrainingApp` of :class:`TrainConfig`)."""
+
+    tables: TableModule = TABLES
+    curves: tuple[tuple[str, str], ...] = (("auroc", "validation AUROC"), ("log_loss", "validation log loss"))
+    notes: dict[str, str] = {"auroc_ceiling": CEILING_NOTE}
+
+    def build_model(self, cfg: TrainConfig, dense_device: torch.device) -> nn.Module:
+        model = build_model(cfg.model, dense_device=dense_device)
+        speed_up_dense(cfg.launch, model, dense_device)
+        return model
+
+    def pooling_factors(self, cfg: TrainConfig) -> dict[str, float]:
+        """With --multi_hot_sizes, each table's ids per sample."""
+        if not cfg.model.multi_hot_sizes:
+            return {}
+        return {table.name: float(size) for table, size in zip(table_configs(cfg.model), cfg.model.multi_hot_sizes)}
+
+    def make_data(self, cfg: TrainConfig, env: DistEnv) -> ClickLogs:
+        return make_dataset(cfg, env)
+
+    def eval_metrics(self, cfg: TrainConfig, data: DataSource, split: str, device: torch.device) -> ClickMetrics:
+        """Click metrics; on validation data with a teacher (synthetic), its AUROC as the ceiling."""
+        clicks = cast(ClickLogs, data)  # what make_data made
+        return ClickMetrics(device, clicks.teacher() if split == "val" else None)
+
+    def eval_outputs(self, cfg: TrainConfig, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, ...]:
+        """``DLRMTrain``'s outputs: (loss, logits, labels)."""
+        _, outputs = model(batch)
+        return outputs
+
+    def summary(self, val: dict[str, float], test: dict[str, float], best: dict[str, float]) -> dict[str, Any]:
+        return {
+            "val_auroc": val["auroc"],
+            "val_log_loss": val["log_loss"],
+            "val_accuracy": val["accuracy"],
+            "auroc_ceiling": val.get("auroc_ceiling"),
+            "test_auroc": test["auroc"],
+            "test_log_loss": test["log_loss"],
+            "test_accuracy": test["accuracy"],
+            "best_val_auroc": best.get("auroc"),
+            "best_val_log_loss": best.get("log_loss"),
+        }
+
+
+#: The DLRM app.
+DLRM = DLRMApp()
+
+
+class Trainer(trainer.Trainer[TrainConfig]):
+    """A DLRM training run: the shared Trainer, given the DLRM app."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
+        super().__init__(DLRM, cfg, env)

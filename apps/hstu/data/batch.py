@@ -1,0 +1,71 @@
+"""``SequenceBatch``: a batch of users' event sequences, as the HSTU model reads it.
+
+Each user's events (oldest first) are one jagged row of the KeyedJaggedTensor ``features``:
+feature ``item`` their item ids, ``action`` their action (event type) ids, and ``negative_item``
+item ids that are not the user's events: random negatives for training, the candidates of
+evaluation. ``timestamps`` are the events' times in seconds, aligned with ``item``'s values.
+
+The model's embedding lookup runs on ``features``, an attribute of the batch, which is what
+TorchRec's ``TrainPipelineSparseDist`` looks for to start the lookup's all-to-all a batch early.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.streamable import Pipelineable
+
+ITEM, ACTION, NEGATIVE = "item", "action", "negative_item"
+#: The keys of ``SequenceBatch.features``, in order.
+FEATURES = (ITEM, ACTION, NEGATIVE)
+
+
+@dataclass
+class SequenceBatch(Pipelineable):
+    features: KeyedJaggedTensor
+    timestamps: torch.Tensor
+
+    @classmethod
+    def of(
+        cls,
+        items: torch.Tensor,
+        actions: torch.Tensor,
+        timestamps: torch.Tensor,
+        lengths: torch.Tensor,
+        negatives: torch.Tensor,
+    ) -> "SequenceBatch":
+        """The batch of users whose events are ``items``, ``actions``, ``timestamps`` (jagged
+        values, int64) with ``lengths`` events each, and ``negatives`` [users, n] item ids."""
+        users = lengths.numel()
+        negative_lengths = torch.full((users,), negatives.shape[1], dtype=torch.int32, device=lengths.device)
+        features = KeyedJaggedTensor(
+            keys=list(FEATURES),
+            values=torch.cat([items, actions, negatives.reshape(-1)]),
+            lengths=torch.cat([lengths.int(), lengths.int(), negative_lengths]),
+        )
+        return cls(features=features, timestamps=timestamps)
+
+    @property
+    def num_users(self) -> int:
+        return self.features.stride()
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "SequenceBatch":
+        return SequenceBatch(
+            features=self.features.to(device=device, non_blocking=non_blocking),
+            timestamps=self.timestamps.to(device=device, non_blocking=non_blocking),
+        )
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        self.features.record_stream(stream)
+        self.timestamps.record_stream(stream)
+
+    def pin_memory(self) -> "SequenceBatch":
+        return SequenceBatch(features=self.features.pin_memory(), timestamps=self.timestamps.pin_memory())
+
+
+def candidate_batch(items: torch.Tensor, num_users: int) -> KeyedJaggedTensor:
+    """A lookup of ``items`` alone (feature ``negative_item``, all on the first user), the other
+    features empty: how evaluation embeds every item through the same, possibly sharded, table."""
+    lengths = torch.zeros(len(FEATURES) * num_users, dtype=torch.int32, device=items.device)
+    lengths[2 * num_users] = items.numel()
+    return KeyedJaggedTensor(keys=list(FEATURES), values=items, lengths=lengths)

@@ -1,0 +1,251 @@
+"""Users' event sequences from Parquet files at any fsspec URL, in the layouts public data sets use:
+
+- ``per_user`` (Yambda-style): one row per user, list columns of the events' item ids,
+  timestamps and action (event type) ids, one entry per event;
+- ``per_event`` (MovieLens-style ratings.csv as Parquet): one row per event (user, item, action,
+  timestamp), grouped here per user.
+
+Either way each user's events are sorted by timestamp (stably: events at the same second keep
+their file order), and users with fewer than three events (one to train on and the two
+leave-last-out targets) are left out. Every rank reads every file: a user's events may be
+anywhere in per-event files, and the users are split among the ranks by batch, not by file.
+
+Each refused input is one line naming the file, the column and the fix: a missing column, a
+column of another type, a null, lists of a row that disagree in length, an id outside its table.
+"""
+
+import logging
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from apps.core.common.errors import ConfigError
+from apps.core.urls import is_url, reaching
+from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
+from apps.hstu.data import random
+from apps.hstu.data.source import MIN_EVENTS, Events, SequenceSource
+
+logger = logging.getLogger(__name__)
+
+PATTERN_CHARS = "*?["
+
+
+def list_files(data_path: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+    """The filesystem and the Parquet files of ``data_path`` (a file, a folder's .parquet files
+    at any depth, names starting with _ or . left out, or a glob), in name order."""
+    fs, root = fsspec.core.url_to_fs(data_path)
+    with reaching("--data_path", data_path):
+        if any(c in root for c in PATTERN_CHARS):
+            paths = fs.glob(root)
+        elif fs.isdir(root):
+            paths = [
+                p
+                for p in fs.find(root)
+                if p.endswith(".parquet") and not any(part.startswith(("_", ".")) for part in p[len(root) :].split("/"))
+            ]
+        elif fs.exists(root):
+            paths = [root]
+        else:
+            raise ConfigError(f"--data_path {data_path} does not exist: give a Parquet file, folder, glob or URL")
+    if not paths:
+        raise ConfigError(f"--data_path {data_path} holds no .parquet file: check the path, or give a glob")
+    return fs, sorted(paths)
+
+
+class _Columns:
+    """The columns one layout reads: option name -> column name, and what each must hold."""
+
+    def __init__(self, data: SequenceDataConfig) -> None:
+        self.per_user = data.layout == "per_user"
+        self.names = {"item_column": data.item_column, "timestamp_column": data.timestamp_column}
+        if data.action_column:
+            self.names["action_column"] = data.action_column
+        if not self.per_user:
+            self.names["user_column"] = data.user_column
+
+    def check(self, schema: pa.Schema, url: str) -> None:
+        for option, name in self.names.items():
+            if name not in schema.names:
+                raise ConfigError(
+                    f"--{option} {name!r} is not a column of {url} (its columns: {', '.join(schema.names)}): "
+                    f"give --{option} the column that holds {_WHAT[option]}"
+                )
+            self._check_type(option, name, schema.field(name).type, url)
+
+    def _check_type(self, option: str, name: str, arrow_type: pa.DataType, url: str) -> None:
+        wanted = "a list of integers" if self.per_user else "integers"
+        element = arrow_type.value_type if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) else None
+        if option == "user_column":
+            ok = (
+                pa.types.is_integer(arrow_type)
+                or pa.types.is_string(arrow_type)
+                or pa.types.is_large_string(arrow_type)
+            )
+            wanted = "integers or strings"
+        elif self.per_user:
+            ok = element is not None and _is_integer(element, option)
+        else:
+            ok = _is_integer(arrow_type, option)
+        if not ok:
+            raise ConfigError(
+                f"--{option} {name!r} of {url} is {arrow_type}, not {wanted}: convert it "
+                f"({_WHAT[option]}{', seconds' if option == 'timestamp_column' else ''})"
+            )
+
+
+_WHAT = {
+    "item_column": "the events' item ids",
+    "action_column": "the events' action (event type) ids",
+    "timestamp_column": "the events' times",
+    "user_column": "the events' user ids",
+}
+
+
+def _is_integer(arrow_type: pa.DataType, option: str) -> bool:
+    return pa.types.is_integer(arrow_type) or (option == "timestamp_column" and pa.types.is_timestamp(arrow_type))
+
+
+def read_events(model: HSTUModelConfig, data: SequenceDataConfig) -> Events:
+    """Every user's events in ``--data_path``, sorted by time, users with too few left out."""
+    fs, paths = list_files(data.data_path)
+    columns = _Columns(data)
+    parts = []
+    for path in paths:
+        url = fs.unstrip_protocol(path) if is_url(data.data_path) else path
+        with reaching("--data_path", data.data_path), fs.open(path, "rb") as f:
+            parquet = pq.ParquetFile(f)
+            columns.check(parquet.schema_arrow, url)
+            parts.append((url, parquet.read(columns=list(columns.names.values()))))
+    users, items, actions, times = _events(parts, columns, data)
+    for option, ids, size, size_option in (
+        ("item_column", items, model.num_items, "num_items"),
+        ("action_column", actions, model.num_actions, "num_actions"),
+    ):
+        _check_range(option, columns.names.get(option, ""), ids, size, size_option, data.data_path)
+    order = np.lexsort((times, users))  # per user, by time; stable
+    _, lengths = np.unique(users[order], return_counts=True)
+    item_ids, action_ids, seconds = (torch.from_numpy(a[order]) for a in (items, actions, times))
+    events = Events(item_ids, action_ids, seconds, torch.from_numpy(lengths))
+    return _enough(events, data.data_path)
+
+
+def _events(
+    parts: list[tuple[str, pa.Table]], columns: _Columns, data: SequenceDataConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The user index, item, action and time (seconds) of every event, in file order."""
+    users, items, actions, times = [], [], [], []
+    first_user = 0
+    for url, table in parts:
+        for option, name in columns.names.items():
+            if table[name].null_count:
+                raise ConfigError(
+                    f"--{option} {name!r} of {url} has {table[name].null_count} nulls: drop or fill those rows"
+                )
+        if columns.per_user:
+            lengths = _list_lengths(table, columns, url)
+            users.append(first_user + np.repeat(np.arange(len(lengths)), lengths))
+            first_user += len(lengths)
+            flat = {option: pc.list_flatten(table[name]) for option, name in columns.names.items()}
+        else:
+            flat = {option: table[name] for option, name in columns.names.items()}
+        items.append(_int64(flat["item_column"]))
+        times.append(_int64(flat["timestamp_column"]))
+        actions.append(_int64(flat["action_column"]) if "action_column" in flat else np.zeros(len(items[-1]), np.int64))
+        if not columns.per_user:
+            users.append(flat["user_column"].to_numpy())
+    if columns.per_user:
+        return np.concatenate(users), np.concatenate(items), np.concatenate(actions), np.concatenate(times)
+    _, user_index = np.unique(np.concatenate(users), return_inverse=True)
+    return user_index.astype(np.int64), np.concatenate(items), np.concatenate(actions), np.concatenate(times)
+
+
+def _list_lengths(table: pa.Table, columns: _Columns, url: str) -> np.ndarray:
+    """Events per row: every list column of a row has one entry per event."""
+    lengths = {option: pc.list_value_length(table[name]).to_numpy() for option, name in columns.names.items()}
+    items = lengths["item_column"]
+    for option, other in lengths.items():
+        differs = np.nonzero(other != items)[0]
+        if differs.size:
+            row = int(differs[0])
+            raise ConfigError(
+                f"row {row} of {url}: --{option} {columns.names[option]!r} has {other[row]} entries but "
+                f"--item_column {columns.names['item_column']!r} {items[row]}: each list holds one entry per event"
+            )
+    return items
+
+
+def _int64(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    if pa.types.is_timestamp(array.type):
+        array = pc.cast(pc.cast(array, pa.timestamp("s")), pa.int64())
+    return np.asarray(array.to_numpy(), dtype=np.int64)
+
+
+def _check_range(option: str, name: str, ids: np.ndarray, size: int, size_option: str, data_path: str) -> None:
+    if not name or not ids.size:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= size:
+        bad = low if low < 0 else high
+        raise ConfigError(
+            f"--{option} {name!r} of {data_path} has id {bad}, outside [0, --{size_option} {size}): "
+            f"{'set --' + size_option + ' to at least ' + str(high + 1) if low >= 0 else 'remap the ids'} "
+            "(ids index the embedding table)"
+        )
+
+
+def _enough(events: Events, data_path: str) -> Events:
+    """The users with at least ``MIN_EVENTS`` events."""
+    kept = torch.nonzero(events.lengths >= MIN_EVENTS).squeeze(1)
+    dropped = events.lengths.numel() - kept.numel()
+    if not kept.numel():
+        raise ConfigError(
+            f"--data_path {data_path}: no user has {MIN_EVENTS} events or more (leave-last-out needs one "
+            "to train on, a validation and a test target)"
+        )
+    if dropped:
+        logger.info(
+            "%d of %d users have fewer than %d events and are left out", dropped, events.lengths.numel(), MIN_EVENTS
+        )
+    return events.window(kept, drop_last=0, keep=int(events.lengths.max()))
+
+
+class ParquetSequences(SequenceSource):
+    """The users of Parquet files, each epoch in a new order (a pure function of seed and epoch)."""
+
+    def __init__(
+        self,
+        model: HSTUModelConfig,
+        data: SequenceDataConfig,
+        seed: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        super().__init__(model, data, seed, batch_size, rank, world_size)
+        self.all = read_events(model, data)
+        self.num_users = self.all.lengths.numel()
+        self.epoch_steps = max(1, self.num_users // (batch_size * world_size))
+        self.steps_per_epoch = self.epoch_steps
+        self._order: tuple[int, torch.Tensor] | None = None
+
+    def events(self, users: torch.Tensor) -> Events:
+        return self.all.window(users, drop_last=0, keep=int(self.all.lengths.max()))
+
+    def train_users(self, block: int) -> torch.Tensor:
+        blocks_per_epoch = self.epoch_steps * self.world_size
+        epoch, position = divmod(block, blocks_per_epoch)
+        return self._epoch_order(epoch)[(position * self.batch_size + torch.arange(self.batch_size)) % self.num_users]
+
+    def eval_users(self, block: int) -> torch.Tensor:
+        """The users in file order; a pass longer than the population wraps around."""
+        return super().eval_users(block) % self.num_users
+
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        if self._order is None or self._order[0] != epoch:
+            generator = torch.Generator().manual_seed(random.key(self.seed, 5, epoch) & ((1 << 63) - 1))
+            self._order = (epoch, torch.randperm(self.num_users, generator=generator))
+        return self._order[1]

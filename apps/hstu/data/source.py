@@ -1,0 +1,122 @@
+"""What every sequence source shares: users' events (:class:`Events`), the leave-last-out split,
+and the order of the batches (:class:`SequenceSource`).
+
+Leave-last-out: a user's last event is the test target, the one before it the validation
+target, and training reads the events before both. A batch is the events of ``batch_size``
+users, each cut to its last ``--max_seq_len`` events (for evaluation: the target and the events
+before it), with random negative items per user. Training step ``s`` on rank ``r`` of ``W``
+reads block ``s * W + r`` of users, evaluation batch ``i`` block ``i * W + r``: every batch is a
+pure function of (seed, step or batch, rank), so a resumed run reads exactly the batches an
+uninterrupted one reads, and ranks never read the same users at once.
+"""
+
+from dataclasses import dataclass
+from typing import Generator
+
+import torch
+
+from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
+from apps.hstu.data import random
+from apps.hstu.data.batch import SequenceBatch
+
+SPLITS = {"train": 0, "val": 1, "test": 2}
+#: Events held out at the end of each user: the validation and the test target.
+HELD_OUT = {"train": 2, "val": 1, "test": 0}
+#: The fewest events a user needs: one to train on and the two targets.
+MIN_EVENTS = 3
+
+
+@dataclass(frozen=True)
+class Events:
+    """Users' events, oldest first: jagged int64 ``items``, ``actions``, ``timestamps`` (seconds),
+    ``lengths[u]`` of them for user ``u``."""
+
+    items: torch.Tensor
+    actions: torch.Tensor
+    timestamps: torch.Tensor
+    lengths: torch.Tensor
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        return torch.cat([self.lengths.new_zeros(1), torch.cumsum(self.lengths, 0)])
+
+    def window(self, users: torch.Tensor, drop_last: int, keep: int) -> "Events":
+        """Users ``users``' events without their last ``drop_last``, of those the last ``keep``."""
+        offsets = self.offsets
+        ends = offsets[users + 1] - drop_last
+        starts = torch.maximum(offsets[users], ends - keep)
+        lengths = (ends - starts).clamp(min=0)
+        index = torch.repeat_interleave(starts - torch.cumsum(lengths, 0) + lengths, lengths)
+        index = index + torch.arange(index.numel(), device=index.device)
+        return Events(self.items[index], self.actions[index], self.timestamps[index], lengths)
+
+
+class SequenceSource:
+    """Batches of a population of users' events, leave-last-out; subclasses say which users a
+    training block holds (:meth:`train_users`) and make their events (:meth:`events`)."""
+
+    #: Steps of one pass over the training users; None for data that never repeats.
+    steps_per_epoch: int | None = None
+
+    def __init__(
+        self,
+        model: HSTUModelConfig,
+        data: SequenceDataConfig,
+        seed: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.model, self.data = model, data
+        self.seed, self.batch_size = seed, batch_size
+        self.rank, self.world_size = rank, world_size
+
+    def events(self, users: torch.Tensor) -> Events:
+        """All events of ``users`` (indices into the population)."""
+        raise NotImplementedError
+
+    def train_users(self, block: int) -> torch.Tensor:
+        """The users of training block ``block``."""
+        raise NotImplementedError
+
+    def eval_users(self, block: int) -> torch.Tensor:
+        """The users of evaluation block ``block``: the population in order."""
+        return block * self.batch_size + torch.arange(self.batch_size)
+
+    def ceiling(self) -> dict[str, float] | None:
+        """The best metrics any model can reach on this data, where known (synthetic data)."""
+        return None
+
+    def train_batches(self, start_step: int = 0) -> Generator[SequenceBatch, None, None]:
+        """This rank's training batches from ``start_step`` on, without end."""
+        step = start_step
+        while True:
+            yield self.batch("train", step * self.world_size + self.rank)
+            step += 1
+
+    def eval_batches(self, split: str, num_batches: int) -> Generator[SequenceBatch, None, None]:
+        """This rank's ``num_batches`` batches of ``split`` ("val" or "test"), as many on every rank."""
+        for i in range(num_batches):
+            yield self.batch(split, i * self.world_size + self.rank)
+
+    def batch(self, split: str, block: int) -> SequenceBatch:
+        users = self.train_users(block) if split == "train" else self.eval_users(block)
+        events = self.events(users).window(
+            torch.arange(users.numel()), drop_last=HELD_OUT[split], keep=self.model.max_seq_len
+        )
+        return SequenceBatch.of(
+            events.items, events.actions, events.timestamps, events.lengths, self._negatives(split, block, events)
+        )
+
+    def _negatives(self, split: str, block: int, events: Events) -> torch.Tensor:
+        """[users, n] random items: --num_negatives for training; --eval_negatives for
+        evaluation, uniform over the items other than the user's target."""
+        users = events.lengths.numel()
+        count = self.model.num_negatives if split == "train" else self.data.eval_negatives
+        counters = torch.arange(users * count).view(users, count)
+        draws = random.bits(torch.tensor(random.key(self.seed, 7 + SPLITS[split], block)), counters)
+        if split == "train":
+            return random.below(draws, self.model.num_items)
+        targets = events.items[events.offsets[1:] - 1][:, None]
+        others = random.below(draws, self.model.num_items - 1)
+        return others + (others >= targets).long()

@@ -1,0 +1,7 @@
+"""``python -m apps.hstu.torchrun TORCHRUN_ARGS...``: torchrun for the HSTU's trainers, as every app
+starts its trainers (:mod:`apps.core.torchrun`); its lines name this command."""
+
+from apps.core import torchrun
+
+if __name__ == "__main__":
+    torchrun.main("apps.hstu.torchrun")

@@ -1,0 +1,122 @@
+"""The HSTU as the shared Trainer sees it (:data:`HSTU`), and the HSTU's :class:`Trainer`.
+
+What is the HSTU's own: its model (``HSTUTrain``) and its tables (an ``EmbeddingCollection``), the
+users' event sequences, leave-last-out metrics (HR@10, NDCG@10, MRR with the planted process's
+ceiling on synthetic data; AUROC per action for ranking) and summary.json's figures of them.
+"""
+
+import math
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torchrec.distributed.model_parallel import DistributedModelParallel
+
+from apps.core.common.distributed import DistEnv
+from apps.core.common.tables import TableModule
+from apps.core.training import trainer
+from apps.core.training.app import DataSource
+from apps.hstu.config import TrainConfig
+from apps.hstu.data import make_dataset
+from apps.hstu.data.batch import ACTION, NEGATIVE, SequenceBatch
+from apps.hstu.data.source import SequenceSource
+from apps.hstu.metrics import ActionAUROC, RetrievalMetrics
+from apps.hstu.model import TABLES_PATH, EvalOutput, HSTUTrain, build_model, table_configs
+
+#: The cut-off of HR@K and NDCG@K.
+K = 10
+#: What a validation's ceilings are, said once beside the first.
+CEILING_NOTE = (
+    "hr@10_ceiling, ndcg@10_ceiling, mrr_ceiling: what the hidden process that generates the "
+    "synthetic users allows, the best any model can reach"
+)
+
+
+class SequenceMetrics:
+    """One split's leave-last-out metrics over every rank's users: HR@10, NDCG@10 and MRR of the
+    target item (retrieval, with ``ceiling``'s values beside them as ``<name>_ceiling``), or the
+    AUROC of each action head on the target event and their mean, ``auroc`` (ranking)."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device, ceiling: dict[str, float] | None) -> None:
+        self.ceiling = ceiling or {}
+        self.retrieval = RetrievalMetrics(K, device) if cfg.model.objective == "retrieval" else None
+        self.actions = ActionAUROC(cfg.model.num_actions) if cfg.model.objective == "ranking" else None
+
+    def update(self, batch: SequenceBatch, outputs: EvalOutput) -> None:
+        if self.retrieval is not None:
+            assert outputs.ranks is not None
+            self.retrieval.update(outputs.ranks)
+        if self.actions is not None:
+            assert outputs.action_logits is not None and outputs.action_labels is not None
+            self.actions.update(outputs.action_logits, outputs.action_labels)
+
+    def compute(self) -> dict[str, float]:
+        if self.retrieval is not None:
+            results = self.retrieval.compute()
+            return {**results, **{f"{name}_ceiling": value for name, value in self.ceiling.items()}}
+        assert self.actions is not None
+        per_action = self.actions.compute()
+        # Actions never (or always) taken on the split have no AUROC (NaN): the mean leaves them out.
+        measured = [value for value in per_action.values() if not math.isnan(value)]
+        return {**per_action, "auroc": sum(measured) / len(measured) if measured else math.nan}
+
+
+class HSTUApp:
+    """The HSTU app (:class:`~apps.core.training.app.TrainingApp` of :class:`TrainConfig`)."""
+
+    tables: TableModule = TableModule(TABLES_PATH, "EmbeddingCollection")
+    curves: tuple[tuple[str, str], ...] = (
+        (f"ndcg@{K}", f"validation NDCG@{K}"),
+        (f"hr@{K}", f"validation HR@{K}"),
+        ("auroc", "validation AUROC (ranking)"),
+    )
+    notes: dict[str, str] = {f"hr@{K}_ceiling": CEILING_NOTE}
+
+    def build_model(self, cfg: TrainConfig, dense_device: torch.device) -> nn.Module:
+        return build_model(cfg.model, dense_device=dense_device)
+
+    def pooling_factors(self, cfg: TrainConfig) -> dict[str, float]:
+        """Ids a user looks up in each table, at most: its events (and the item table its
+        training negatives too)."""
+        ids = {NEGATIVE: cfg.model.num_negatives, ACTION: cfg.model.max_seq_len}
+        return {
+            table.name: float(sum(ids.get(feature, cfg.model.max_seq_len) for feature in table.feature_names))
+            for table in table_configs(cfg.model)
+        }
+
+    def make_data(self, cfg: TrainConfig, env: DistEnv) -> SequenceSource:
+        training = cfg.training
+        return make_dataset(
+            cfg.model, cfg.data, training.seed, training.batch_size, env.rank, env.world_size, env.device
+        )
+
+    def eval_metrics(self, cfg: TrainConfig, data: DataSource, split: str, device: torch.device) -> SequenceMetrics:
+        """The split's metrics; on validation data with a known ceiling (synthetic), beside it."""
+        sequences = cast(SequenceSource, data)  # what make_data made
+        return SequenceMetrics(cfg, device, sequences.ceiling() if split == "val" else None)
+
+    def eval_outputs(self, cfg: TrainConfig, model: nn.Module, batch: SequenceBatch) -> EvalOutput:
+        """``HSTUTrain.evaluate``: the target's rank among the candidates, or the action logits."""
+        # DMP's module: the HSTUTrain inside, its tables sharded (evaluate is no forward to wrap).
+        unwrapped = cast(HSTUTrain, model.module if isinstance(model, DistributedModelParallel) else model)
+        return unwrapped.evaluate(batch, cfg.data.eval_chunk_items)
+
+    def summary(self, val: dict[str, float], test: dict[str, float], best: dict[str, float]) -> dict[str, Any]:
+        """Every metric of the last validation (ceilings included) and of the test, and the best
+        validation's."""
+        return {
+            **{name if name.endswith("_ceiling") else f"val_{name}": value for name, value in val.items()},
+            **{f"test_{name}": value for name, value in test.items() if not name.endswith("_ceiling")},
+            **{f"best_val_{name}": value for name, value in best.items() if not name.endswith("_ceiling")},
+        }
+
+
+#: The HSTU app.
+HSTU = HSTUApp()
+
+
+class Trainer(trainer.Trainer[TrainConfig]):
+    """An HSTU training run: the shared Trainer, given the HSTU app."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
+        super().__init__(HSTU, cfg, env)

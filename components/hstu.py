@@ -1,0 +1,76 @@
+"""TorchX components for the HSTU generative recommender (Hierarchical Sequential Transduction
+Units), trained with TorchRec on the machinery the DLRM app shares.
+
+    torchx run -s local_cwd components.hstu:train -j 1x2
+    torchx run -s slurm components.hstu:train -j 2x8 -h aws_p4d.24xlarge --data parquet --data_path s3://b/seqs/
+    torchx run components.hstu:plan -j 2x8 -h aws_p4d.24xlarge --num_items 100000000   # does it fit?
+
+Each runs an app module of this project (``python -m apps.hstu.train``), training under TorchX's
+own ``dist.torchrun``; the app's options are the component's arguments, so
+``torchx run components.hstu:train --help`` is the app's manual too.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from torchx import specs
+from torchx.components import utils
+
+from apps.core.launch.target import PlanTarget
+from apps.core.options import option, to_argv
+from apps.hstu.config import PlanConfig, TrainConfig
+from components import torchx_logs
+from components.launch import DEFAULT_IMAGE, Launch
+from components.preflight import check_devices
+from components.signature import component_args, reject_unknown, take
+
+# Before `torchx run` logs them: see components/torchx_logs.py for why here.
+torchx_logs.drop_notices()
+
+
+@dataclass
+class HSTULaunch(Launch):
+    """The launcher's arguments, the job named after the app (its folder: outputs/hstu-<id>)."""
+
+    name: str = option("hstu", "Job name: {experiment}/{run}, {experiment}/ or {run}.")
+
+
+@component_args(HSTULaunch, TrainConfig)
+def train(**kwargs: Any) -> specs.AppDef:
+    """Trains, validates and tests an HSTU generative recommender whose item and action tables
+    are sharded across all ranks.
+
+    Runs ``python -m apps.hstu.train`` under torchrun on every node: TorchRec's planner shards the
+    EmbeddingCollection (DistributedModelParallel), HSTU layers read each user's jagged sequence of
+    item and action embeddings, and leave-last-out HR@10, NDCG@10 and MRR (ranking: AUROC per
+    action) are synced across ranks; on synthetic data beside the ceiling the hidden process
+    allows. NCCL on GPUs, gloo on CPUs. summary.json and TensorBoard events go to --output_dir,
+    by default a new folder per run under outputs/, with the logs of each attempt.
+    """
+    reject_unknown(kwargs, HSTULaunch, TrainConfig)
+    launch = take(HSTULaunch, kwargs)
+    cfg = take(TrainConfig, kwargs)
+    check_devices(launch, cfg)
+    return launch.training_app("apps.hstu.train", cfg)
+
+
+@component_args(PlanTarget, PlanConfig)
+def plan(**kwargs: Any) -> specs.AppDef:
+    """Previews TorchRec's sharding plan of an HSTU training job and says whether it fits.
+
+    Runs ``python -m apps.hstu.plan``, one process on any machine, no GPU needed, in seconds:
+    give it the -j/-h (or gpu/memMB) and model options of the components.hstu:train job to
+    check. It prints each table's placement and each rank's HBM and host memory by TorchRec's
+    planner and estimates, then ``fits: ...`` or ``does not fit: ...`` (and exits 3).
+    """
+    reject_unknown(kwargs, PlanTarget, PlanConfig)
+    target = take(PlanTarget, kwargs)
+    cfg = take(PlanConfig, kwargs)
+    return utils.python(
+        *to_argv(target),
+        *to_argv(cfg),
+        m="apps.hstu.plan",
+        image=DEFAULT_IMAGE,
+        name="hstu-plan",
+        memMB=4096,  # torch, torchrec and the planner's search on a meta-device model
+    )
