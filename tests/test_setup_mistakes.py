@@ -67,6 +67,9 @@ def test_slurm_without_sbatch_on_path(tmp_path, cfg):
         "Slurm's client commands (Debian: slurm-client)",
     ), result.stderr[-3000:]
     assert os.listdir(tmp_path) == []  # neither the script nor the workspace copied into job_dir
+
+
+def test_a_slurm_dry_run_needs_no_sbatch(tmp_path):
     # A dry run needs no Slurm: it prints the script.
     dry = torchx("run", "--dryrun", "-s", "slurm", "components.dlrm:train", cwd=str(tmp_path), PATH=BIN)
     assert dry.returncode == 0 and "#SBATCH" in dry.stdout, dry.stderr[-3000:]
@@ -267,23 +270,43 @@ def test_s3_that_cannot_be_reached_stops_the_job_in_one_line(tmp_path, args, env
     assert SECRET not in out
 
 
-@pytest.mark.parametrize(
-    "scheduler, cfg",
-    [("slurm", []), ("kubernetes", ["-cfg", "queue=default"]), ("kubeflow", []), ("aws_batch", ["-cfg", "queue=q"])],
-)
+#: Each cluster scheduler, with the options its dry run needs.
+CLUSTERS = [
+    ("slurm", []),
+    ("kubernetes", ["-cfg", "queue=default"]),
+    ("kubeflow", []),
+    ("aws_batch", ["-cfg", "queue=q"]),
+]
+
+
+def gpu_dry_run(scheduler: str, cfg: list[str]) -> list[str]:
+    """``torchx run --dryrun`` of 2 nodes of 8 GPUs on ``scheduler``, the nodes' size left to the caller."""
+    return ["run", "--dryrun", "-s", scheduler, *cfg, "--workspace", "", "components.dlrm:train", "-j", "2x8"]
+
+
+@pytest.mark.parametrize("scheduler, cfg", CLUSTERS)
 def test_gpu_nodes_with_the_laptop_defaults_are_refused_on_clusters(tmp_path, scheduler, cfg):
     # The README's old example: 8 GPUs per node with 2 CPUs and 8 GB.
-    dry = ["run", "--dryrun", "-s", scheduler, *cfg, "--workspace", "", "components.dlrm:train", "-j", "2x8"]
-    result = torchx(*dry, "--gpu", "8", cwd=str(tmp_path))
+    result = torchx(*gpu_dry_run(scheduler, cfg), "--gpu", "8", cwd=str(tmp_path))
     assert says_in_one_line(
         result,
         f"-s {scheduler}: --gpu 8 asks each node for 8 GPUs with --cpu 2 and --memMB 8192, defaults sized "
         "for -s local_cwd: give -h with the nodes' instance type (e.g. -h aws_p4d.24xlarge), or the "
         "nodes' --cpu and --memMB (e.g. --cpu 64 --memMB 500000)",
     ), result.stderr[-3000:]
-    assert "--memMB 8192" in torchx(*dry, "--gpu", "8", "--cpu", "64", cwd=str(tmp_path)).stderr
-    # Sized nodes pass; local_cwd, which requests nothing, takes --gpu alone.
-    assert torchx(*dry, "--gpu", "8", "--cpu", "64", "--memMB", "500000", cwd=str(tmp_path)).returncode == 0
-    assert torchx(*dry, "-h", "aws_p4d.24xlarge", cwd=str(tmp_path)).returncode == 0
+    # Sized nodes pass.
+    sized = torchx(*gpu_dry_run(scheduler, cfg), "--gpu", "8", "--cpu", "64", "--memMB", "500000", cwd=str(tmp_path))
+    assert sized.returncode == 0, sized.stderr[-3000:]
+
+
+def test_which_node_requests_count_as_the_laptop_defaults(tmp_path):
+    """The component marks the request (the same for every cluster scheduler, each of which refuses
+    a marked one above): a default left is still named; an instance type sizes the nodes; local_cwd,
+    which requests nothing, takes --gpu alone."""
+    dry = gpu_dry_run(*CLUSTERS[0])
+    half = torchx(*dry, "--gpu", "8", "--cpu", "64", cwd=str(tmp_path))
+    assert half.returncode != 0 and "with --memMB 8192, defaults sized" in half.stderr, half.stderr[-3000:]
+    named = torchx(*dry, "-h", "aws_p4d.24xlarge", cwd=str(tmp_path))
+    assert named.returncode == 0, named.stderr[-3000:]
     local = torchx("run", "--dryrun", "components.dlrm:train", "-j", "1x2", "--gpu", "2", cwd=str(tmp_path))
     assert local.returncode == 0, local.stderr[-3000:]

@@ -6,7 +6,10 @@ import sys
 
 import pytest
 
-from tests.conftest import assert_ok, run, tiny, torchrun
+from apps.core.common.errors import ConfigError
+from apps.dlrm.config import parse_train_config
+from apps.dlrm.training.device_support import check_device_support
+from tests.conftest import TINY, assert_ok, run, tiny, torchrun
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
@@ -79,6 +82,7 @@ def test_variant_trains_and_reports(name, tmp_path, tiny_args):
     assert (tmp_path / "tensorboard").is_dir()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -94,7 +98,17 @@ def test_variant_trains_and_reports(name, tmp_path, tiny_args):
         (["--compile_dense", "reduce-overhead"], "--compile_dense reduce-overhead replays CUDA graphs"),
     ],
 )
-def test_device_dependent_options_fail_before_training(args, message, tmp_path, tiny_args):
+def test_device_dependent_options_are_refused_on_cpu(args, message, capsys):
+    """What the trainer checks before training (the command line, then its ranks' device): the
+    refusal of one such option by a real run is below."""
+    with pytest.raises((ConfigError, SystemExit)) as refused:
+        check_device_support(parse_train_config([*TINY, *args]), "cpu")
+    assert message in (capsys.readouterr().err if refused.type is SystemExit else str(refused.value))
+    assert refused.type is ConfigError or refused.value.code == 2
+
+
+def test_a_device_dependent_option_fails_before_training(tmp_path, tiny_args):
+    args, message = ["--qcomm_forward_precision", "fp8"], "--qcomm_forward_precision fp8 needs GPUs"
     result = run([sys.executable, "-m", "apps.dlrm.train", *tiny_args, "--output_dir", str(tmp_path), *args])
     assert result.returncode == 2
     assert message in result.stderr
