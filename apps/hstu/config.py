@@ -18,6 +18,7 @@ from apps.core.config import (
     TrainingConfig,
     check_evaluation_only,
     check_run_length,
+    require_positive,
 )
 from apps.core.options import Options, check_choices, option, options_of, parse_config, section
 
@@ -25,6 +26,20 @@ OBJECTIVES = ("retrieval", "ranking")
 ATTENTION_KERNELS = ("pytorch", "fused")
 SEQUENCE_DATASETS = ("synthetic", "parquet")
 LAYOUTS = ("per_user", "per_event")
+
+
+#: The model's sizes: each must be positive.
+SIZE_OPTIONS = (
+    "num_items",
+    "num_actions",
+    "embedding_dim",
+    "num_layers",
+    "num_heads",
+    "attention_dim",
+    "linear_dim",
+    "max_seq_len",
+    "num_time_buckets",
+)
 
 
 @dataclass(slots=True)
@@ -62,17 +77,7 @@ class HSTUModelConfig:
     )
 
     def check(self) -> None:
-        for name in (
-            "num_items",
-            "num_actions",
-            "embedding_dim",
-            "num_layers",
-            "num_heads",
-            "attention_dim",
-            "linear_dim",
-            "max_seq_len",
-            "num_time_buckets",
-        ):
+        for name in SIZE_OPTIONS:
             require_positive(name, getattr(self, name))
         require_positive("temperature", self.temperature)
         if self.num_negatives < 0:
@@ -169,25 +174,8 @@ class SequenceDataConfig:
             )
 
 
-def require_positive(name: str, value: float) -> None:
-    if value <= 0:
-        raise ConfigError(f"--{name} {value} must be positive")
-
-
 #: The model's options that fix the shapes of its tensors (a checkpoint's model signature).
-SIGNATURE_OPTIONS = (
-    "num_items",
-    "num_actions",
-    "embedding_dim",
-    "num_layers",
-    "num_heads",
-    "attention_dim",
-    "linear_dim",
-    "max_seq_len",
-    "num_time_buckets",
-    "position_embedding",
-    "objective",
-)
+SIGNATURE_OPTIONS = (*SIZE_OPTIONS, "position_embedding", "objective")
 #: The validation metrics early stopping may follow (apps/hstu/metrics.py): leave-last-out ranking
 #: of the next item (retrieval), or the mean AUROC of the action heads (ranking).
 EARLY_STOPPING_METRICS = ("ndcg@10", "hr@10", "mrr", "auroc")
