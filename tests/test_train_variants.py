@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from apps.core.common.errors import ConfigError
+from apps.core.training.device_support import check_device_support
 from apps.dlrm.config import parse_train_config
-from apps.dlrm.training.device_support import check_device_support
 from tests.conftest import TINY, assert_ok, run, tiny, torchrun
 
 # Tier (tests/conftest.py): real processes and servers.
