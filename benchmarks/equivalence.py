@@ -1,14 +1,15 @@
 """Sharded training equals unsharded training: the same losses from the same weights and samples.
 
-    python benchmarks/equivalence.py --nproc 2                       # every sharding type
+    python benchmarks/equivalence.py --nproc 2                       # DLRM, every sharding type
     python benchmarks/equivalence.py --nproc 1 --sharding_types row_wise --json out.json
     python benchmarks/equivalence.py --pooling mean --multi_hot_sizes 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1
+    python benchmarks/equivalence.py --app hstu                      # the HSTU, every type it admits
 
 For each sharding type, ``--nproc`` ranks (GPUs when there are, float32 with TF32 off) train the
 app's sharded model -- fused FBGEMM optimizers, TorchRec's pipeline and all-to-alls -- for a few
-steps from given initial weights, and one process trains the same weights unsharded on the same
-global batches, on the CPU, through the kernels that sharding type runs
-(``unsharded_reference.py`` says which and why). Their per-step losses must agree to
+steps from given initial weights (one torchrun for all the types), and one process trains the
+same weights unsharded on the same global batches, on the CPU, through the kernels that sharding
+type runs (``unsharded_reference.py`` says which and why). Their per-step losses must agree to
 ``TOLERANCE``; on a CPU they agree exactly. Prints one line per sharding type; exits 1 if any
 differs.
 """
@@ -21,23 +22,73 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from apps.core.config import SHARDING_TYPES  # noqa: E402
+from apps.core.common.tables import TableModule  # noqa: E402
+from apps.core.config import SHARDING_TYPES, RunConfig  # noqa: E402
 from apps.core.options import to_argv  # noqa: E402
-from apps.dlrm.config import POOLINGS, train_config  # noqa: E402
-from apps.dlrm.model import build_model  # noqa: E402
-from benchmarks.unsharded_reference import reference_losses  # noqa: E402
+from apps.core.training.trainer import Trainer  # noqa: E402
+from apps.dlrm import config as dlrm_config  # noqa: E402
+from apps.dlrm import model as dlrm_model  # noqa: E402
+from apps.dlrm.training.app import DLRM  # noqa: E402
+from apps.hstu import config as hstu_config  # noqa: E402
+from apps.hstu import model as hstu_model  # noqa: E402
+from apps.hstu.training.app import HSTU  # noqa: E402
+from benchmarks.unsharded_reference import DLRMReference, HSTUReference, UnshardedReference  # noqa: E402
 
 STEPS = 20
 #: Largest difference of a step's loss allowed. On a CPU both sides run the same kernels and agree
 #: exactly; on GPUs the sharded side runs CUDA kernels and the reference the CPU's.
 TOLERANCE = 1e-4
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class App:
+    """What the check needs of an app: its config (``small``: the options of a model quick to
+    train), its sharded side (``trainer_app``, ``build_model``) and its unsharded reference."""
+
+    train_config: Callable[..., RunConfig]
+    parse_train_config: Callable[[list[str]], RunConfig]
+    build_model: Callable[..., torch.nn.Module]
+    trainer_app: Any  # the TrainingApp the shared Trainer runs
+    reference: Callable[[Any, dict[str, torch.Tensor], int], UnshardedReference]
+    sharding_types: tuple[str, ...]
+    small: dict[str, Any]
+
+    @property
+    def tables(self) -> TableModule:
+        return self.trainer_app.tables
+
+
+APPS = {
+    "dlrm": App(
+        dlrm_config.train_config,
+        dlrm_config.parse_train_config,
+        lambda cfg: dlrm_model.build_model(cfg.model, CPU, table_device=CPU),
+        DLRM,
+        DLRMReference,
+        tuple(t for t in SHARDING_TYPES if t != "auto"),
+        dict(num_embeddings=500, batch_size=64),
+    ),
+    "hstu": App(
+        hstu_config.train_config,
+        hstu_config.parse_train_config,
+        lambda cfg: hstu_model.build_model(cfg.model, CPU, table_device=CPU),
+        HSTU,
+        HSTUReference,
+        tuple(t for t in SHARDING_TYPES if t != "auto" and t not in hstu_config.UNSHARDABLE),
+        # The app's table rate (0.2) first throws the loss up (7.8 to 17 at step 2: row-wise
+        # Adagrad's first steps are full-sized), then 20 steps bring it back only to 7.2; at 0.01
+        # it falls to 6.0, so "learning" means learning.
+        dict(num_items=500, batch_size=16, max_seq_len=20, num_layers=1, learning_rate=0.01),
+    ),
+}
 
 
 @dataclass
@@ -90,17 +141,28 @@ def copy_into(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
                 piece.copy_(full[name][index])
 
 
-def compare(sharding_type: str, world_size: int, workdir: str, steps: int = STEPS, **options) -> Comparison:
+def compare(
+    sharding_type: str, world_size: int, workdir: str, steps: int = STEPS, app: str = "dlrm", **options: Any
+) -> Comparison:
     """Trains ``sharding_type`` on ``world_size`` ranks and the unsharded reference; their losses.
 
     ``options`` are other TrainConfig fields, the same on both sides (e.g. ``multi_hot_sizes``
     and ``pooling``: the sharded tables' pooling against EmbeddingBagCollection's own).
     """
-    cfg = train_config(
-        num_embeddings=500, batch_size=64, sharding_type=sharding_type, allow_tf32=False, output_dir="", **options
-    )
+    return compare_types([sharding_type], world_size, workdir, steps, app, **options)[0]
+
+
+def compare_types(
+    sharding_types: list[str], world_size: int, workdir: str, steps: int = STEPS, app: str = "dlrm", **options: Any
+) -> list[Comparison]:
+    """:func:`compare` of each of ``sharding_types``, their sharded runs in one torchrun."""
+    spec = APPS[app]
+    configs = [
+        spec.train_config(**spec.small, sharding_type=kind, allow_tf32=False, output_dir="", **options)
+        for kind in sharding_types
+    ]
     torch.manual_seed(1234)
-    init = build_model(cfg.model, torch.device("cpu"), table_device=torch.device("cpu")).state_dict()
+    init = spec.build_model(configs[0]).state_dict()
     init_path, out_path = os.path.join(workdir, "init.pt"), os.path.join(workdir, "losses.json")
     torch.save(init, init_path)
     cmd = [
@@ -112,10 +174,12 @@ def compare(sharding_type: str, world_size: int, workdir: str, steps: int = STEP
         str(world_size),
         os.path.abspath(__file__),
         "--worker",
+        app,
         init_path,
         out_path,
         str(steps),
-        *to_argv(cfg),
+        ",".join(sharding_types),
+        *to_argv(configs[0]),
     ]
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     result = subprocess.run(
@@ -125,9 +189,13 @@ def compare(sharding_type: str, world_size: int, workdir: str, steps: int = STEP
         raise RuntimeError(f"sharded training failed (exit {result.returncode}):\n{result.stderr[-6000:]}")
     with open(out_path) as f:
         sharded = json.load(f)
-    with torch_threads(threads):  # as many as each rank: the same matmul kernels
-        reference = reference_losses(cfg, init, world_size, steps)
-    return Comparison(sharding_type, world_size, sharded["plan"], sharded["losses"], reference)
+    comparisons = []
+    for kind, cfg in zip(sharding_types, configs):
+        with torch_threads(threads):  # as many as each rank: the same matmul kernels
+            reference = spec.reference(cfg, init, world_size)
+            losses = [reference.step(step) for step in range(steps)]
+        comparisons.append(Comparison(kind, world_size, sharded[kind]["plan"], sharded[kind]["losses"], losses))
+    return comparisons
 
 
 @contextlib.contextmanager
@@ -141,48 +209,57 @@ def torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def worker(init_path: str, out_path: str, steps: str, *app_args: str) -> None:
-    """Under torchrun: trains the app's sharded model from INIT and writes each step's loss."""
+def worker(app: str, init_path: str, out_path: str, steps: str, sharding_types: str, *app_args: str) -> None:
+    """Under torchrun: trains ``app``'s sharded model from INIT with each of SHARDING_TYPES in
+    turn and writes each step's loss and the plan's sharding types."""
     import torch.distributed as dist
 
     from apps.core.common.distributed import all_reduce_mean, init_distributed
-    from apps.dlrm.config import parse_train_config
-    from apps.dlrm.model import EBC_PATH
-    from apps.dlrm.training.app import Trainer
 
-    cfg = parse_train_config(list(app_args))
+    spec = APPS[app]
     env = init_distributed()
-    trainer = Trainer(cfg, env)
-    copy_into(trainer.model, torch.load(init_path, weights_only=True))
-    batches = trainer.data.train_batches()
-    losses = [all_reduce_mean(trainer.train_step(batches).item(), env) for _ in range(int(steps))]
+    init = torch.load(init_path, weights_only=True)
+    results = {}
+    for kind in sharding_types.split(","):
+        trainer = Trainer(spec.trainer_app, spec.parse_train_config([*app_args, "--sharding_type", kind]), env)
+        copy_into(trainer.model, init)
+        batches = trainer.data.train_batches()
+        losses = [all_reduce_mean(trainer.train_step(batches).item(), env) for _ in range(int(steps))]
+        plan = [s.sharding_type for s in trainer.plan.plan[spec.tables.path].values()]
+        results[kind] = {"losses": losses, "plan": plan}
+        trainer.close()
     if env.is_main:
         with open(out_path, "w") as f:
-            json.dump({"losses": losses, "plan": [s.sharding_type for s in trainer.plan.plan[EBC_PATH].values()]}, f)
-    trainer.close()
+            json.dump(results, f)
     dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> list[Comparison]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--app", default="dlrm", choices=sorted(APPS))
     parser.add_argument("--nproc", type=int, default=2, help="ranks of the sharded side")
-    parser.add_argument("--sharding_types", default=",".join(t for t in SHARDING_TYPES if t != "auto"))
+    parser.add_argument("--sharding_types", default="", help="comma-separated; default: every type the app admits")
     parser.add_argument("--json", default="", help="also write the results to this file")
-    parser.add_argument("--multi_hot_sizes", default="", help="ids per sample of each of the 26 features")
-    parser.add_argument("--pooling", default="sum", choices=POOLINGS)
+    parser.add_argument("--multi_hot_sizes", default="", help="DLRM: ids per sample of each of the 26 features")
+    parser.add_argument("--pooling", default="", choices=dlrm_config.POOLINGS, help="DLRM: the tables' pooling")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.worker is not None:
         worker(*opts.worker)
         return []
-    options = dict(pooling=opts.pooling, multi_hot_sizes=[int(m) for m in opts.multi_hot_sizes.split(",") if m])
-    results = []
-    for sharding_type in opts.sharding_types.split(","):
-        with tempfile.TemporaryDirectory() as workdir:
-            result = compare(sharding_type, opts.nproc, workdir, **options)
-        results.append(result)
+    options: dict[str, Any] = {}
+    if opts.pooling:
+        options["pooling"] = opts.pooling
+    if opts.multi_hot_sizes:
+        options["multi_hot_sizes"] = [int(m) for m in opts.multi_hot_sizes.split(",")]
+    if options and opts.app != "dlrm":
+        parser.error(f"--{' and --'.join(options)} is a DLRM option: leave it out with --app {opts.app}")
+    kinds = opts.sharding_types.split(",") if opts.sharding_types else list(APPS[opts.app].sharding_types)
+    with tempfile.TemporaryDirectory() as workdir:
+        results = compare_types(kinds, opts.nproc, workdir, app=opts.app, **options)
+    for result in results:
         print(
-            f"{sharding_type:15s} {opts.nproc} ranks: max loss difference {result.max_difference:.2e} over "
+            f"{opts.app} {result.sharding_type:15s} {opts.nproc} ranks: max loss difference {result.max_difference:.2e} over "
             f"{len(result.sharded)} steps: {'equal' if result.equal else 'DIFFERENT'}",
             flush=True,
         )

@@ -1,11 +1,11 @@
 """Sharding changes where the tables live, not what is learned: 2 sharded ranks and one unsharded
-process, from the same weights on the same samples and through the same kernels, follow the same
+process (the DLRM's and the HSTU's), from the same weights on the same samples and through the same kernels, follow the same
 loss trajectory (benchmarks/equivalence.py, which the GPU check also runs). On a CPU it is the
 same to the last bit, on any CPU: a difference, however small, is a bug in one of the two sides."""
 
 import pytest
 
-from benchmarks.equivalence import STEPS, compare
+from benchmarks.equivalence import APPS, STEPS, compare, compare_types
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
@@ -21,3 +21,15 @@ def test_sharded_training_matches_unsharded_reference(sharding_type, tmp_path):
     assert result.sharded == result.reference, [a - b for a, b in zip(result.sharded, result.reference)]
     assert result.learning
     assert result.equal
+
+
+def test_sharded_hstu_matches_unsharded_reference_for_every_sharding_type_it_admits(tmp_path):
+    """One torchrun for every type (the HSTU's ranks keep each user block's in-batch negatives,
+    which the reference must do too: a difference there shows at the first step)."""
+    results = compare_types(list(APPS["hstu"].sharding_types), WORLD, str(tmp_path), app="hstu")
+    assert [r.sharding_type for r in results] == ["table_wise", "row_wise", "column_wise"]
+    for result in results:
+        assert set(result.plan) == {result.sharding_type}
+        assert len(result.sharded) == STEPS
+        assert result.sharded == result.reference, (result.sharding_type, result.max_difference)
+        assert result.learning, result.reference

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from apps.core.common.errors import ConfigError
-from apps.hstu.config import HSTUModelConfig
+from apps.hstu.config import HSTUModelConfig, train_config
 from apps.hstu.data.batch import SequenceBatch
 from apps.hstu.model import TABLES_PATH, build_model, table_configs
 from apps.hstu.modules.attention import attention_kernel, padded_attention
@@ -179,6 +179,16 @@ def test_the_fused_kernel_is_refused_in_one_line_where_it_cannot_run():
     with pytest.raises(ConfigError, match="^--attention_kernel fused needs a CUDA GPU") as refused:
         attention_kernel("fused")
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("sharding_type", ["table_row_wise", "data_parallel"])
+def test_a_sharding_type_torchrec_cannot_run_on_the_tables_is_refused_in_one_line(sharding_type):
+    with pytest.raises(
+        ConfigError, match=f"^--sharding_type {sharding_type} cannot shard the HSTU's tables"
+    ) as refused:
+        train_config(sharding_type=sharding_type)
+    assert "\n" not in str(refused.value)
+    assert "give auto, table_wise, row_wise or column_wise" in str(refused.value)
 
 
 @pytest.mark.gpu

@@ -176,6 +176,13 @@ class SequenceDataConfig:
 
 #: The model's options that fix the shapes of its tensors (a checkpoint's model signature).
 SIGNATURE_OPTIONS = (*SIZE_OPTIONS, "position_embedding", "objective")
+#: --sharding_type values TorchRec cannot run on the HSTU's tables (an ``EmbeddingCollection``),
+#: and why: refused when the options are read rather than when the ranks shard the model.
+UNSHARDABLE = {
+    "table_row_wise": "TorchRec's EmbeddingCollection sharder has no table_row_wise",
+    "data_parallel": "TorchRec 1.8.0 fails to replicate an EmbeddingCollection on CPUs "
+    "(construct_jagged_tensors splits its lookups wrongly)",
+}
 #: The validation metrics early stopping may follow (apps/hstu/metrics.py): leave-last-out ranking
 #: of the next item (retrieval), or the mean AUROC of the action heads (ranking).
 EARLY_STOPPING_METRICS = ("ndcg@10", "hr@10", "mrr", "auroc")
@@ -227,6 +234,7 @@ class TrainConfig(Options):
         self.evaluation.check()
         self.checkpoint.check()
         self._check_metric()
+        self._check_sharding()
         check_evaluation_only(self.evaluation, self.checkpoint)
 
     @classmethod
@@ -241,6 +249,14 @@ class TrainConfig(Options):
             wanted = "auroc" if objective == "ranking" else "ndcg@10, hr@10 or mrr"
             raise ConfigError(
                 f"--early_stopping_metric {metric} is not measured with --objective {objective}: give {wanted}"
+            )
+
+    def _check_sharding(self) -> None:
+        kind = self.launch.sharding_type
+        if kind in UNSHARDABLE:
+            raise ConfigError(
+                f"--sharding_type {kind} cannot shard the HSTU's tables: {UNSHARDABLE[kind]}; "
+                "give auto, table_wise, row_wise or column_wise"
             )
 
     def model_signature(self) -> dict[str, Any]:
