@@ -164,13 +164,16 @@ def unchecked(checkpoint):
 
 
 def shard_bytes(store, step: int, env) -> tuple[int, float]:
-    """Collective. (bytes of this rank's shard file, GB of every rank's) of the checkpoint of ``step``."""
+    """Collective. (bytes of this rank's shard files, GB of every rank's) of the checkpoint of ``step``."""
     import fsspec
     import torch
     import torch.distributed as dist
 
     fs, root = fsspec.core.url_to_fs(store.step_url(step))
-    mine = sum(fs.size(f) for f in fs.ls(root, detail=False) if f.endswith(f"__{env.rank}_0.distcp"))
+    names = (os.path.basename(f) for f in fs.ls(root, detail=False))
+    mine = sum(
+        fs.size(f"{root}/{name}") for name in names if name.startswith(f"__{env.rank}_") and name.endswith(".distcp")
+    )
     total = torch.tensor([mine], dtype=torch.float64, device=env.device)  # NCCL reduces on the GPU
     dist.all_reduce(total)
     return mine, total.item() / 1e9

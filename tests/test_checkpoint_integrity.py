@@ -214,9 +214,20 @@ def test_a_checkpoint_without_checksums_still_loads_and_says_so(tmp_path, env, c
     assert f"{tmp_path}/ckpt/step_00000010 has no checksums (written before they were recorded)" in caplog.text
 
 
-@pytest.fixture(params=["local", "memory"], ids=["in place", "batched"])
+@pytest.fixture(
+    params=["local", "memory", pytest.param("s3", marks=pytest.mark.integration)], ids=["in place", "batched", "s3"]
+)
 def location(request, tmp_path):
-    """A local folder (its files read in place) or an in-memory one (read in fetched batches, as an object store)."""
+    """A local folder (its files read in place), an in-memory one (read in fetched batches, as an
+    object store), or a bucket on moto (files read whole streamed, as from S3)."""
+    if request.param == "s3":
+        import boto3
+
+        request.getfixturevalue("aws")
+        boto3.client("s3").create_bucket(
+            Bucket="integrity", CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
+        )
+        return "s3://integrity/ckpt"
     return str(tmp_path / "ckpt") if request.param == "local" else f"memory://{tmp_path.name}/ckpt"
 
 

@@ -132,8 +132,8 @@ def test_resharded_pieces_load_exactly(tmp_path, world_of_one, local, before, af
     assert torch.equal(whole(target), full)
 
 
-def test_a_file_starts_with_the_entries_that_are_not_shards(tmp_path, world_of_one):
-    """What another rank reads of this file (replicated entries) is then one run of bytes."""
+def test_the_entries_that_are_not_shards_are_in_a_file_of_their_own(tmp_path, world_of_one):
+    """What another rank reads of this rank's files (replicated entries) is then a small file, none of its shards."""
     state = {
         "a_table": sharded(torch.randn(6, 4), ROWS),
         "dense": torch.randn(3),
@@ -142,9 +142,18 @@ def test_a_file_starts_with_the_entries_that_are_not_shards(tmp_path, world_of_o
     }
     save_shards(state, str(tmp_path), local=True)
     storage = FsspecReader(str(tmp_path)).read_metadata().storage_data
-    entries = sorted((info.offset, index.fqn) for index, info in storage.items())
-    assert [fqn for _, fqn in entries][:2] == ["dense", "progress"]
-    assert {fqn for _, fqn in entries[2:]} == {"a_table", "z_table"}
+    files = {index.fqn: info.relative_path for index, info in storage.items()}
+    assert files == {
+        "a_table": "__0_0.distcp",
+        "z_table": "__0_0.distcp",
+        "dense": "__0_1.distcp",
+        "progress": "__0_1.distcp",
+    }
+    loaded = {"a_table": sharded(torch.zeros(6, 4), ROWS), "dense": torch.zeros(3), "progress": torch.zeros(2)}
+    loaded["z_table"] = sharded(torch.zeros(6, 4), ROWS)
+    load_shards(loaded, str(tmp_path), local=True, checksums=None)
+    assert torch.equal(loaded["dense"], state["dense"])
+    assert torch.equal(whole(loaded["z_table"]), whole(state["z_table"]))
 
 
 class RunsCode:

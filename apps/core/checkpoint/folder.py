@@ -5,6 +5,7 @@ Layout under ``--checkpoint_dir`` (a local path, ``file://``, ``s3://``, ``gs://
     step_00001200/
         OWNER                              the id of the run writing it, written first
         __0_0.distcp, __1_0.distcp, ...   each rank's own shards (torch.distributed.checkpoint)
+        __0_1.distcp                       the entries every rank holds, written by rank 0
         .metadata                          where every tensor's shards are, written once all ranks wrote
         manifest.json                      config, package versions, world size, sharding plan, run id,
                                            the checksums of the shard files

@@ -21,6 +21,7 @@ are written (:class:`Checksums`), and a load checks every block it reads a byte 
 an unreadable entry or .metadata that does not add up raise :class:`DamagedCheckpoint`.
 """
 
+import asyncio
 import collections
 import dataclasses
 import errno
@@ -30,6 +31,7 @@ import math
 import os
 import pickle
 import posixpath
+import queue
 import struct
 import sys
 import zipfile
@@ -42,6 +44,7 @@ from typing import IO, Any, Callable, Iterator, NamedTuple, cast
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.implementations.local import LocalFileSystem
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
@@ -51,7 +54,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -346,6 +349,7 @@ class CheckpointReader(FsspecReader):
             return super().read_data(plan, planner)  # compressed/transformed: DCP's own path
         for source, group in self._sources(items):
             for req, info in group:
+                source.release(info.offset)
                 _load_item(_EntryView(source, info), req, planner)
         done: Future[None] = Future()
         done.set_result(None)
@@ -421,20 +425,14 @@ def _overlap(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
 
 
 class _SavePlanner(DefaultSavePlanner):
-    """DCP's default save planner, laying the files out for loading: the entries every rank holds
-    (dense parameters, their optimizer state, the progress) are all written by rank 0 (DCP would
-    spread them over the ranks' files), and every file starts with its entries that are not
-    shards of a sharded tensor. A rank then reads its own file and, in one request, the start of
-    rank 0's. Each file read costs a request, which moto serves by reading the whole object:
-    loads measured 0.65x of a raw read on it with DCP's layout, 0.79x with this one."""
+    """DCP's default save planner, the entries every rank holds (dense parameters, their optimizer
+    state, the progress) all written by rank 0 (DCP would spread them over the ranks' files), in a
+    file of their own (:meth:`_CheckpointWriter.write_data`): a rank then reads its own shards and
+    that small file. Each file read costs a request, which moto serves by reading the whole object:
+    loads measured 0.65x of a raw read on it with DCP's layout."""
 
     def __init__(self) -> None:
         super().__init__(dedup_save_to_lowest_rank=True)
-
-    def create_local_plan(self) -> SavePlan:
-        plan = super().create_local_plan()
-        items = sorted(plan.items, key=lambda item: item.type == WriteItemType.SHARD)
-        return dataclasses.replace(plan, items=items)
 
 
 class _SummedFiles(FsspecFileSystem):
@@ -512,9 +510,20 @@ class _CheckpointWriter(FsspecWriter):
         )
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        """Writes this rank's shards as DCP does; its results, which DCP hands rank 0's
-        :meth:`finish`, also carry the checksums of the files (:class:`_WrittenFile`)."""
-        results: list[Any] = super().write_data(plan, planner).wait()
+        """Writes this rank's shards as DCP does, but in two files: ``__<rank>_0.distcp`` the
+        shards of sharded tensors, ``__<rank>_1.distcp`` the other entries (on rank 0, those every
+        rank reads: :class:`_SavePlanner`), each only where it has any. A rank loading then reads
+        none of another rank's shards: an object store that reads a whole object for a ranged
+        request (moto) read all of rank 0's shards for every rank. Its results, which DCP hands
+        rank 0's :meth:`finish`, also carry the checksums of the files (:class:`_WrittenFile`)."""
+        files: queue.Queue = queue.Queue()
+        for index, shards in enumerate((True, False)):
+            items = [item for item in plan.items if (item.type == WriteItemType.SHARD) == shards]
+            if items:
+                name = f"{plan.storage_data.prefix}{index}{DEFAULT_SUFFIX}"
+                files.put((self.fs.concat_path(self.path, name), name, items))
+        # DCP's writer without its split of the items into files (by size, for its threads).
+        results: list[Any] = self._write_data(planner, files).wait()
         results += [_WrittenFile(name, sums.checksums()) for name, sums in self.files.written.items()]
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
@@ -564,19 +573,71 @@ def _load_plain_data(entry: Any, fqn: str) -> Any:
 
 
 class BatchedFsspecReader(CheckpointReader):
-    """DCP's fsspec reader, fetching the byte ranges of many entries in one request.
+    """DCP's fsspec reader, fetching the bytes of many entries in one request.
 
     DCP's own reader hands ``torch.load`` a view of the remote file, whose many small reads and
     seeks each become a request to the object store (over 3x slower than reading the same
-    bytes here on S3). This one fetches up to ``_READ_BATCH_BYTES`` of entries at once with
-    fsspec's ``cat_ranges`` (concurrent on object stores), checks them against their checksums
-    in the fetching thread as they arrive, and loads them from memory while the next batch
-    arrives and is checked. Fetched blocks are whole: each is checked once, in one pass over
-    the fetched bytes, with no hand-over per run of blocks between threads, nor blocks read in
-    part kept and copied, as a file read in place needs (:class:`_CheckedSource`).
+    bytes here on S3). This one streams each file it reads whole (a rank's own shards) with
+    one request, as a raw read of it would, each block checked and loaded into the tensors as
+    it arrives while the next ones arrive (:class:`_StreamedSource`; file systems with a
+    streamed read, ``open_async``: s3fs), the next file's request started while one loads.
+    Other files (read in part by a resharded load, or of a checkpoint without checksums, or
+    where there is no streamed read) are fetched up to ``_READ_BATCH_BYTES`` of entries at once
+    with fsspec's ``cat_ranges`` (concurrent on object stores), checked in the fetching thread
+    as they arrive, and loaded from memory while the next batch arrives and is checked.
     """
 
     def _sources(self, items: list) -> Iterator[tuple["_Source", list]]:
+        """The streamed files, then the fetched batches of the rest."""
+        streamed, batched = self._streamed(items)
+        yield from self._streams(streamed)
+        yield from self._fetched(batched)
+
+    def _streamed(self, items: list) -> tuple[list[tuple[str, list]], list]:
+        """``items`` split into (file, its items) of the files to stream, and the rest."""
+        # fsspec's AsyncFileSystem declares open_async; the file systems that stream override it.
+        if self.checksums is None or getattr(type(self._fsspec()), "open_async", None) in (
+            None,
+            AsyncFileSystem.open_async,
+        ):
+            return [], items
+        streamed, batched = [], []
+        for name, grouped in itertools.groupby(items, key=lambda item: item[1].relative_path):
+            group = list(grouped)
+            extent = (self._extent(group[0][1])[0], self._extent(group[-1][1])[1])
+            if extent == (0, self.checksums.of_file(name).size):
+                streamed.append((name, group))
+            else:
+                batched += group
+        return streamed, batched
+
+    def _streams(self, files: list[tuple[str, list]]) -> Iterator[tuple["_Source", list]]:
+        """A :class:`_StreamedSource` of each of ``files``; the next one's request is made while one loads."""
+        sources = [self._stream(name) for name, _ in files[:1]]
+        try:
+            for index, (_, group) in enumerate(files):
+                if index + 1 < len(files):
+                    sources.append(self._stream(files[index + 1][0]))
+                yield sources[index], group
+                sources[index].close()
+        finally:  # a load that failed stops the requests under way
+            for source in sources:
+                source.close()
+
+    def _stream(self, name: str) -> "_StreamedSource":
+        assert self.checksums is not None, "only files with checksums are streamed"
+        path = str(self.fs.concat_path(self.path, name))
+        return _StreamedSource(
+            self._fsspec(), path, self._named(name), self.checksums.block_bytes, self.checksums.of_file(name)
+        )
+
+    def _fsspec(self) -> Any:
+        # torch types self.fs as the local FileSystem of FsspecReader's base class; FsspecReader sets its fsspec one.
+        fs = self.fs
+        assert isinstance(fs, FsspecFileSystem) and fs.fs is not None, "FsspecReader opened the checkpoint's filesystem"
+        return fs.fs
+
+    def _fetched(self, items: list) -> Iterator[tuple["_Source", list]]:
         """The fetched batches; the next one is fetched while this one loads into the tensors."""
         batches = _batches(items)
         if not batches:
@@ -601,10 +662,7 @@ class BatchedFsspecReader(CheckpointReader):
                 spans[-1][3].append(item)
             else:
                 spans.append([item[1].relative_path, start, end, [item]])
-        # torch types self.fs as the local FileSystem of FsspecReader's base class; FsspecReader sets its fsspec one.
-        fs = self.fs
-        assert isinstance(fs, FsspecFileSystem) and fs.fs is not None, "FsspecReader opened the checkpoint's filesystem"
-        blobs = fs.fs.cat_ranges(
+        blobs = self._fsspec().cat_ranges(
             [self.fs.concat_path(self.path, path) for path, *_ in spans],
             [start for _, start, _, _ in spans],
             [end for _, _, end, _ in spans],
@@ -676,6 +734,9 @@ class _Source:
         """Reads the file's bytes from ``offset`` into ``buffer``; returns how many (fewer at its end)."""
         self.stream.seek(offset - self.start)
         return self.stream.readinto(buffer) or 0
+
+    def release(self, offset: int) -> None:
+        """Says that no byte before ``offset`` will be read again (entries are loaded in file order)."""
 
 
 class _CheckedSource(_Source):
@@ -754,6 +815,77 @@ class _CheckedSource(_Source):
                 del self.kept[min(self.kept)]
             self.kept[index] = bytes(data)
         return self.kept[index]
+
+
+#: Blocks of a streamed file that may arrive ahead of the one being loaded.
+_STREAM_AHEAD_BLOCKS = 8
+
+
+class _StreamedSource(_Source):
+    """A whole shard file, ``path`` of the async fsspec file system ``fs``, as one request streams
+    it: each block is checked against ``sums`` as it arrives, then read into the tensors, while up
+    to ``_STREAM_AHEAD_BLOCKS`` more arrive (on fsspec's event loop). Blocks are kept from the
+    start of the entry being loaded on (:meth:`release`), since a ``torch.save`` entry is read from
+    its end (its zip directory) first. ``name`` names the file in errors. :meth:`close` it."""
+
+    def __init__(self, fs: AsyncFileSystem, path: str, name: str, block: int, sums: FileChecksums) -> None:
+        super().__init__(None, 0)
+        self.fs, self.name, self.block, self.sums = fs, name, block, sums
+        self.kept: dict[int, bytes] = {}
+        self.arrived = 0  # blocks
+        self.blocks: asyncio.Queue = sync(fs.loop, _queue)
+        self.pump = asyncio.run_coroutine_threadsafe(self._pump(path), fs.loop)
+
+    async def _pump(self, path: str) -> None:
+        """Reads the file's blocks into :attr:`blocks` in order (an error in their place)."""
+        try:
+            file = await self.fs.open_async(path, "rb")
+            for _ in range(-(-self.sums.size // self.block)):
+                data = [await file.read(self.block)]
+                while data[-1] and sum(map(len, data)) < self.block:
+                    data.append(await file.read(self.block - sum(map(len, data))))
+                await self.blocks.put(b"".join(data))
+        except Exception as e:  # noqa: BLE001 - raised where the block is read
+            await self.blocks.put(e)
+
+    def readinto(self, offset: int, buffer: memoryview) -> int:
+        end = min(offset + len(buffer), self.sums.size)
+        pos = offset
+        while pos < end:
+            index, into = divmod(pos, self.block)
+            with memoryview(self._block(index)) as data, data[into : into + end - pos] as part:
+                buffer[pos - offset : pos - offset + len(part)] = part
+                pos += len(part)
+        return max(0, end - offset)
+
+    def _block(self, index: int) -> bytes:
+        """Block ``index``, arrived and checked."""
+        while self.arrived <= index:
+            data = sync(self.fs.loop, self.blocks.get)
+            if isinstance(data, Exception):
+                raise data
+            start = self.arrived * self.block
+            if len(data) != min(self.block, self.sums.size - start):
+                raise DamagedCheckpoint(
+                    f"{self.name} ends at byte {start + len(data)}, not {self.sums.size}: it is truncated"
+                )
+            _check_blocks(self.name, self.block, self.sums, start, data)
+            self.kept[self.arrived] = data
+            self.arrived += 1
+        return self.kept[index]
+
+    def release(self, offset: int) -> None:
+        for index in [index for index in self.kept if (index + 1) * self.block <= offset]:
+            del self.kept[index]
+
+    def close(self) -> None:
+        """Stops the request where it is still under way."""
+        self.pump.cancel()
+
+
+async def _queue() -> asyncio.Queue:
+    """A queue of streamed blocks, made on the event loop that fills it."""
+    return asyncio.Queue(maxsize=_STREAM_AHEAD_BLOCKS)
 
 
 def _check_blocks(path: str, block: int, sums: FileChecksums, offset: int, data: Any) -> None:
