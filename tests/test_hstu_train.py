@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from apps.core.common.errors import ConfigError
-from apps.hstu.config import train_config
+from apps.hstu.config import HSTU_SYNTHETIC_STEPS, train_config
 from tests.conftest import BIN, assert_ok, run
 from tests.golden_files import assert_matches_golden
 from tests.test_aws_batch import QUEUE, _normalized
@@ -31,10 +31,10 @@ from tests.test_dryrun import JOB_2X8, KUBEFLOW_CFG, KUBERNETES_CFG, dryrun, nor
 TIER = "integration"
 
 HSTU_TRAIN = "components.hstu:train"
-#: What two CPU trainers learn in about two minutes: 2 x 128 users a step, 4 evaluation batches
-#: of 128 users per rank (the 1,024 users' HR@10 is known to about +-0.013).
-SMALL = ["--batch_size", "128", "--val_batches", "4", "--test_batches", "4", "--log_every", "50"]
-STEPS = 500
+#: The default run's length and batch (2 x 128 users a step: about a minute on two CPU trainers);
+#: 4 evaluation batches of 128 users per rank (the 1,024 users' HR@10 is known to about +-0.013).
+SMALL = ["--val_batches", "4", "--test_batches", "4", "--log_every", "50"]
+STEPS = HSTU_SYNTHETIC_STEPS
 #: Where the job checkpoints (and validates) on its way: half-way.
 HALF = STEPS // 2
 #: How close to the ceiling (HR@10, NDCG@10 of the process that generates the users, exact) the
@@ -57,7 +57,7 @@ def trained(tmp_path_factory):
     synthetic data does by default): its checkpoint folder and run folder."""
     tmp = tmp_path_factory.mktemp("hstu")
     checkpoints, out = tmp / "ckpt", tmp / "out"
-    options = [*SMALL, "--steps", str(STEPS), "--checkpoint_every", str(HALF)]
+    options = [*SMALL, "--checkpoint_every", str(HALF)]  # the default length: no --steps
     result = torchx_run(tmp, "1x2", *options, "--checkpoint_dir", str(checkpoints), "--output_dir", str(out))
     assert_ok(result)
     return tmp, checkpoints, out, options

@@ -8,7 +8,7 @@ global (the command line is flat), so an app's own sections must not reuse these
 """
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from apps.core.common.errors import ConfigError
 from apps.core.options import option
@@ -37,6 +37,10 @@ RUN_PLACEHOLDER = "{run}"
 @dataclass(slots=True)
 class TrainingConfig:
     """How long and how the model learns: batches, steps, optimizers, learning rates, seed."""
+
+    #: The run's length on synthetic data (which has no epochs) when --steps is 0: an app whose
+    #: step costs more sets its own, so that its default run takes minutes, as the DLRM's does.
+    synthetic_steps: ClassVar[int] = SYNTHETIC_STEPS
 
     seed: int = option(
         0, "Seed of the model initialisation, of the synthetic data and of the Criteo and Parquet shuffling."

@@ -7,7 +7,7 @@ the option and the fix.
 """
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import (
@@ -27,6 +27,9 @@ ATTENTION_KERNELS = ("pytorch", "fused")
 SEQUENCE_DATASETS = ("synthetic", "parquet")
 LAYOUTS = ("per_user", "per_event")
 
+
+#: The run's length on synthetic users when --steps is 0 (see SequenceTrainingConfig).
+HSTU_SYNTHETIC_STEPS = 500
 
 #: The model's sizes: each must be positive.
 SIZE_OPTIONS = (
@@ -191,8 +194,18 @@ EARLY_STOPPING_METRICS = ("ndcg@10", "hr@10", "mrr", "auroc")
 @dataclass(slots=True)
 class SequenceTrainingConfig(TrainingConfig):
     """How the HSTU learns: the shared options, with the learning rates and dense optimizer its
-    sampled softmax needs (Adagrad at DLRM's rates leaves it far below the synthetic ceiling)."""
+    sampled softmax needs (Adagrad at DLRM's rates leaves it far below the synthetic ceiling), and a
+    default run on synthetic users as long as the DLRM's: a user's sequence costs far more than a
+    click's sample, and 500 steps of 128 users a rank come within 0.08 of the ceiling."""
 
+    synthetic_steps: ClassVar[int] = HSTU_SYNTHETIC_STEPS
+
+    batch_size: int = option(128, "Training users (sequences) per rank per step.")
+    steps: int = option(
+        0,
+        "Training steps (batches per rank), at most. 0: --epochs of Parquet data, "
+        f"{HSTU_SYNTHETIC_STEPS} steps of synthetic data (which never repeats, so has no epochs).",
+    )
     learning_rate: float = option(0.2, "Learning rate of the embedding tables.")
     dense_learning_rate: float = option(0.002, "Learning rate of the HSTU layers; 0 uses --learning_rate.")
     dense_optimizer: str = option("adam", "Optimizer of the HSTU layers.", choices=DENSE_OPTIMIZERS)

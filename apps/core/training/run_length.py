@@ -9,7 +9,7 @@ every ``--val_every_steps``, by default after every epoch, and always after its 
 from dataclasses import dataclass
 
 from apps.core.common.errors import ConfigError
-from apps.core.config import SYNTHETIC_STEPS, RunConfig
+from apps.core.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class RunLength:
         longer than the run, which would never validate before the end."""
         training, evaluation = cfg.training, cfg.evaluation
         if steps_per_epoch is None:
-            steps = training.steps or SYNTHETIC_STEPS
+            steps = training.steps or training.synthetic_steps
         else:
             steps = training.epochs * steps_per_epoch
             if training.steps:
