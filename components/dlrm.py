@@ -16,7 +16,6 @@ ones under TorchX's own ``dist.torchrun``; the app's options are the component's
 from typing import Any
 
 from torchx import specs
-from torchx.components import utils
 
 from apps.core.launch.target import PlanTarget
 from apps.core.options import to_argv
@@ -25,7 +24,7 @@ from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.serving.config import ExportConfig, PredictConfig
 from components import torchx_logs
 from components.cpu_launch import CpuLaunch
-from components.launch import DEFAULT_IMAGE, Launch
+from components.launch import Launch, plan_preview
 from components.plan_check import PlanCheck
 from components.preflight import check_before_submitting
 from components.signature import component_args, reject_unknown, take
@@ -66,14 +65,7 @@ def plan(**kwargs: Any) -> specs.AppDef:
     reject_unknown(kwargs, PlanTarget, PlanConfig)
     target = take(PlanTarget, kwargs)
     cfg = take(PlanConfig, kwargs)
-    return utils.python(
-        *to_argv(target),
-        *to_argv(cfg),
-        m="apps.dlrm.plan",
-        image=DEFAULT_IMAGE,
-        name="dlrm-plan",
-        memMB=4096,  # torch, torchrec and the planner's search on a meta-device model
-    )
+    return plan_preview("dlrm", target, cfg)
 
 
 @component_args(CpuLaunch, PreprocessConfig)

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchx import specs
-from torchx.components import utils
 
 from apps.core.launch.target import PlanTarget
-from apps.core.options import option, to_argv
+from apps.core.options import option
 from apps.hstu.config import PlanConfig, TrainConfig
 from components import torchx_logs
-from components.launch import DEFAULT_IMAGE, Launch
+from components.launch import Launch, plan_preview
 from components.preflight import check_devices
 from components.signature import component_args, reject_unknown, take
 
@@ -66,11 +65,4 @@ def plan(**kwargs: Any) -> specs.AppDef:
     reject_unknown(kwargs, PlanTarget, PlanConfig)
     target = take(PlanTarget, kwargs)
     cfg = take(PlanConfig, kwargs)
-    return utils.python(
-        *to_argv(target),
-        *to_argv(cfg),
-        m="apps.hstu.plan",
-        image=DEFAULT_IMAGE,
-        name="hstu-plan",
-        memMB=4096,  # torch, torchrec and the planner's search on a meta-device model
-    )
+    return plan_preview("hstu", target, cfg)

@@ -6,13 +6,14 @@ import re
 from dataclasses import dataclass
 
 from torchx import specs
-from torchx.components import dist
+from torchx.components import dist, utils
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import RunConfig
 from apps.core.launch.job_shape import JobShape
-from apps.core.options import option, to_argv
+from apps.core.launch.target import PlanTarget
+from apps.core.options import Options, option, to_argv
 from apps.core.training.run_folder import TORCHRUN_LOGS, output_folder
 from schedulers.node_request import DEFAULT_HOST_REQUEST
 from schedulers.slurm import LOG_DIR
@@ -227,3 +228,16 @@ def _through_our_torchrun(command: str, module: str) -> str:
         raise AssertionError(f"TorchX's dist.torchrun no longer starts with {head!r}: {command}")
     app = module.rsplit(".", 1)[0]
     return f"python -m {app}.torchrun " + command[len(head) :]
+
+
+def plan_preview(app: str, target: PlanTarget, cfg: Options) -> specs.AppDef:
+    """The job of an app's plan preview (``python -m apps.<app>.plan``): one process on any
+    machine, no GPU, for the job shape ``target`` and the app's options ``cfg``."""
+    return utils.python(
+        *to_argv(target),
+        *to_argv(cfg),
+        m=f"apps.{app}.plan",
+        image=DEFAULT_IMAGE,
+        name=f"{app}-plan",
+        memMB=4096,  # torch, torchrec and the planner's search on a meta-device model
+    )
