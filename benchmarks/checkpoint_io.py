@@ -56,6 +56,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from apps.core.config import SHARDING_TYPES  # noqa: E402  (light: the worker imports torch)
+from benchmarks.cli import positive  # noqa: E402
 from benchmarks.moto_s3 import add_targets_argument, s3_bucket  # noqa: E402
 
 SAVED_SHARDING = "table_wise"
@@ -419,13 +420,6 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, res
 
 
 # --- the launcher ------------------------------------------------------------------------------
-
-
-def positive(value: str) -> int:
-    """--repeats: a whole number >= 1."""
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
-    return int(value)
 
 
 def parse_args() -> argparse.Namespace:

@@ -35,6 +35,10 @@ import time
 from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks.cli import positive  # noqa: E402
+
 PLAIN_LOOP = os.path.join(REPO, "benchmarks", "plain_torchrec_loop.py")
 POLL_S = 0.02
 STOP_S = 60  # for a stopped job's processes to end
@@ -123,13 +127,6 @@ def sides(nproc: int, runs: str) -> tuple[Side, Side]:
         re.compile(r'^\{"samples_per_sec"', re.MULTILINE),
     )
     return ours, plain
-
-
-def positive(value: str) -> int:
-    """--repeats, --nproc: a whole number >= 1."""
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
-    return int(value)
 
 
 def parse_args() -> argparse.Namespace:
