@@ -6,12 +6,16 @@ in a log, and a term explained once. The whole output of real jobs is checked in
 import io
 import json
 import logging
+import os
 import signal
 
 import pytest
+import torch
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torchrec.distributed.types import ParameterSharding, ShardingPlan
 
+from apps.core.common.distributed import REFUSALS_FOLDER, DistEnv, exit_refused
+from apps.core.common.errors import ConfigError
 from apps.core.launch import agent
 from apps.core.launch.torchrun_args import available_cores, trainer_threads
 from apps.core.training.report import Reporter
@@ -59,6 +63,17 @@ def test_the_agent_names_the_rank_that_failed_first_and_how(tmp_path):
     assert line.startswith("rank 1 exited with 1: RuntimeError: [pair.cc:537]") and line.endswith("...")
     assert len(line) == len("rank 1 exited with 1: ") + agent.MESSAGE_CHARS
     assert agent.describe_failure(*agent.root_failure({0: failure(tmp_path, 0, 2)})) == "rank 0 exited with 2"
+
+
+def test_a_refusal_is_quoted_whole_from_whichever_rank_stopped_the_job(tmp_path, monkeypatch):
+    monkeypatch.setenv(REFUSALS_FOLDER, str(tmp_path))
+    reason = "--data_path s3://clicks/train/ cannot be reached: " + "y" * 300
+    with pytest.raises(SystemExit) as exited:
+        exit_refused(ConfigError(reason), DistEnv(1, 2, 1, 2, torch.device("cpu"), "gloo"))  # no grace wait
+    assert exited.value.code == 2
+    rank1 = ProcessFailure(local_rank=1, pid=os.getpid(), exitcode=2, error_file="<N/A>")
+    stopped = failure(tmp_path, 0, -signal.SIGTERM)
+    assert agent.describe_failure(*agent.root_failure({0: stopped, 1: rank1})) == f"rank 1 exited with 2: {reason}"
 
 
 def test_torchrun_lines_about_a_failure_are_dropped_and_its_others_kept(monkeypatch):

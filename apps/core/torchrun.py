@@ -19,13 +19,15 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args
 
+from apps.core.common.distributed import REFUSALS_FOLDER
 from apps.core.common.errors import ConfigError
-from apps.core.launch.agent import LAUNCHER_LOGGER, describe_failure, recorded_error, report_restarts, root_failure
+from apps.core.launch.agent import LAUNCHER_LOGGER, describe_failure, failure_message, report_restarts, root_failure
 from apps.core.launch.torchrun_args import multi_node_args, trainer_threads
 from apps.core.training.run_folder import torchrun_log_dir
 
@@ -46,15 +48,21 @@ def main(prog: str, argv: list[str] | None = None) -> None:
     os.environ.update(variables)
     _prepare_trainers(args)
     report_restarts()
+    with tempfile.TemporaryDirectory(prefix="refusals-") as folder:
+        os.environ[REFUSALS_FOLDER] = folder  # the trainers leave a refusal there for our line
+        _run_torchrun(prog, args)
+
+
+def _run_torchrun(prog: str, args: list[str]) -> None:
     try:
         torchrun_main(args)
     except ChildFailedError as e:
-        # A trainer that exits with an error printed it (and @record gave TorchX its traceback):
-        # one line here, not torchrun's traceback and failure table under it.
+        # One line here, quoting the rank's refusal or recorded error (@record gave TorchX its
+        # traceback), not torchrun's traceback and failure table.
         rank, failure = root_failure(e.failures)
         sys.exit(
             f"{prog}: {e.name} failed on {socket.gethostname()}: {describe_failure(rank, failure)}"
-            + ("; its error is above" if failure.exitcode > 0 and not recorded_error(failure) else "")
+            + ("; its error is above" if failure.exitcode > 0 and not failure_message(failure) else "")
         )
 
 

@@ -81,15 +81,31 @@ def restarts_left() -> int:
     return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
-#: How long a rank other than 0 waits before it exits on a refused option or data.
+#: How long a rank other than 0 waits before it exits on a refused option or data, where no
+#: launcher of ours quotes the refusal (plain torchrun, or no torchrun at all).
 MAIN_RANK_GRACE_SECONDS = 5
+#: Set by the apps' torchrun (apps/core/torchrun.py) for its trainers: a folder where a rank
+#: leaves its refused option or data, in a file named by its pid, for the launcher to quote.
+REFUSALS_FOLDER = "APPS_REFUSALS_FOLDER"
+
+
+def refusal_file(folder: str, pid: int) -> str:
+    """Where the rank of process ``pid`` leaves its refusal in ``folder``."""
+    return os.path.join(folder, f"{pid}.txt")
 
 
 def exit_refused(error: Exception, env: DistEnv) -> NoReturn:
-    """Ends this rank on a refused option or data (exit 2): rank 0 logs the one line. The others
-    wait a few seconds first: torchrun stops every rank once one exits and quotes the first, and
-    rank 0, which says why (it meets the same error, or is stopped anyway), should be that one."""
-    if env.is_main:
+    """Ends this rank on a refused option or data (exit 2), said in one line for the whole job.
+
+    Under the apps' torchrun, the rank leaves the line for the launcher, which quotes the rank that
+    stopped the job, whichever rank that is and on whichever host. Elsewhere rank 0 logs it, and
+    the others wait a few seconds first: torchrun quotes the first rank to exit, and rank 0, which
+    says why (it meets the same error, or is stopped anyway), should be that one."""
+    folder = os.environ.get(REFUSALS_FOLDER)
+    if folder:
+        with open(refusal_file(folder, os.getpid()), "w") as f:
+            f.write(str(error))
+    elif env.is_main:
         logging.getLogger("apps.dlrm").error("%s", error)
     else:
         time.sleep(MAIN_RANK_GRACE_SECONDS)

@@ -21,6 +21,8 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.launcher import api as launcher
 
+from apps.core.common.distributed import REFUSALS_FOLDER, refusal_file
+
 #: The launcher's logger (apps/core/torchrun.py prints its lines, naming the app's command).
 LAUNCHER_LOGGER = "apps.core.torchrun"
 logger = logging.getLogger(LAUNCHER_LOGGER)
@@ -86,12 +88,24 @@ def root_failure(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailu
 
 
 def describe_failure(rank: int, failure: ProcessFailure) -> str:
-    """A rank's failure in words: ``rank 1 died (SIGKILL)``, ``rank 0 exited with 1:
-    RuntimeError: ...`` (the error it recorded, shortened) or ``rank 0 exited with 2``."""
+    """A rank's failure in words: ``rank 1 died (SIGKILL)``, ``rank 0 exited with 2: --data_path
+    ...`` (the option or data it refused, whole), ``rank 0 exited with 1: RuntimeError: ...`` (the
+    error it recorded, shortened) or ``rank 0 exited with 2``."""
     if failure.exitcode < 0:
         return f"rank {rank} died ({failure.signal_name()})"
-    message = recorded_error(failure)
+    message = failure_message(failure)
     return f"rank {rank} exited with {failure.exitcode}" + (f": {message}" if message else "")
+
+
+def failure_message(failure: ProcessFailure) -> str:
+    """What a rank said about its failure: the option or data it refused
+    (:func:`~apps.core.common.distributed.exit_refused`), else the error it recorded; empty where
+    it said nothing."""
+    folder = os.environ.get(REFUSALS_FOLDER)
+    if folder and os.path.isfile(refusal_file(folder, failure.pid)):
+        with open(refusal_file(folder, failure.pid)) as f:
+            return f.read().strip()
+    return recorded_error(failure)
 
 
 def recorded_error(failure: ProcessFailure) -> str:
