@@ -15,6 +15,7 @@ place of torchrun's warnings, tracebacks and failure table. The components run e
 through it (components/launch.py).
 """
 
+import gc
 import logging
 import os
 import socket
@@ -50,7 +51,10 @@ def main(prog: str, argv: list[str] | None = None) -> None:
     report_restarts()
     with tempfile.TemporaryDirectory(prefix="refusals-") as folder:
         os.environ[REFUSALS_FOLDER] = folder  # the trainers leave a refusal there for our line
-        _run_torchrun(prog, args)
+        try:
+            _run_torchrun(prog, args)
+        finally:
+            gc.freeze()  # a quick exit, as the trainers' (apps.core.common.distributed.leave_process_group)
 
 
 def _run_torchrun(prog: str, args: list[str]) -> None:

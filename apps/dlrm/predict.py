@@ -7,10 +7,9 @@ Each rank scores its share of the files (see apps/dlrm/serving/predict.py); with
 is one process. Exit status 2, with one line, for a bad option, model, input or output place.
 """
 
-import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from apps.core.common.distributed import exit_refused, init_distributed
+from apps.core.common.distributed import exit_refused, init_distributed, leave_process_group
 from apps.core.common.errors import ConfigError
 from apps.core.training.report import setup_logging
 from apps.dlrm.serving.config import parse_predict_config
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         exit_refused(e, env)
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Process group and device of this rank: NCCL on GPUs, gloo on CPUs."""
 
 import datetime
+import gc
 import logging
 import os
 import socket
@@ -110,6 +111,15 @@ def exit_refused(error: Exception, env: DistEnv) -> NoReturn:
     else:
         time.sleep(MAIN_RANK_GRACE_SECONDS)
     sys.exit(2)
+
+
+def leave_process_group() -> None:
+    """A rank's last act: leaves its process group, and freezes Python's garbage collector, so
+    that the interpreter's teardown does not walk the ~330k objects that importing torch and
+    torchrec made, in collections that free nothing the process's exit does not (~1 s of every
+    rank's exit, measured on a 2-core host; a job waits for its slowest rank)."""
+    dist.destroy_process_group()
+    gc.freeze()
 
 
 def free_port() -> int:

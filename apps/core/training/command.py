@@ -8,11 +8,10 @@ says in one line which rank failed and how (apps/core/launch/agent.py).
 import sys
 from typing import Any, Callable
 
-import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
 from apps.core.checkpoint.storage import SaveFailed
-from apps.core.common.distributed import DistEnv, exit_refused, init_distributed, restarts_left
+from apps.core.common.distributed import DistEnv, exit_refused, init_distributed, leave_process_group, restarts_left
 from apps.core.common.errors import ConfigError
 from apps.core.config import RunConfig
 from apps.core.training.report import setup_logging
@@ -52,4 +51,4 @@ def run(cfg: RunConfig, make_trainer: MakeTrainer) -> None:
         get_error_handler().record_exception(e)
         sys.exit(1)
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
