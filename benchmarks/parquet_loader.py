@@ -37,6 +37,7 @@ import contextlib
 import itertools
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -80,20 +81,24 @@ def write_files(folder: str, rows: int, files: int, group_rows: int) -> list[str
     return paths
 
 
-def timed(start: Callable[[], tuple[Iterator, int | None]]) -> tuple[float, float]:
-    """(samples/s wall, samples per CPU-second) of a reader, from its first batch to its last.
-    ``start()`` opens it (listing, footers: before the clocks start): a generator of one label
-    column per batch, not yet begun, and how many to take (None: all). Its first batch counts: a
-    reader that decodes ahead in threads (the scanner reads several files' row groups ahead)
-    would otherwise do uncounted work before the clocks start. Its closing comes after they stop."""
+def timed(start: Callable[[], tuple[Iterator, int | None]]) -> tuple[float, float, float]:
+    """(samples/s wall, samples per CPU-second, the share of that CPU time spent in the kernel)
+    of a reader, from its first batch to its last. ``start()`` opens it (listing, footers: before
+    the clocks start): a generator of one label column per batch, not yet begun, and how many to
+    take (None: all). Its first batch counts: a reader that decodes ahead in threads (the scanner
+    reads several files' row groups ahead) would otherwise do uncounted work before the clocks
+    start. Its closing comes after they stop. The kernel's share is mostly fresh pages zeroed for
+    the allocators, the part of a side's CPU time that moves most between measurements."""
     labels, count = start()
     samples = 0
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     for batch in itertools.islice(labels, count):
         samples += len(batch)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wall, after = time.perf_counter() - wall, resource.getrusage(resource.RUSAGE_SELF)
     labels.close()
-    return samples / wall, samples / cpu
+    system = after.ru_stime - before.ru_stime
+    cpu = after.ru_utime - before.ru_utime + system
+    return samples / wall, samples / cpu, system / cpu
 
 
 def ours(data_path: str, batch_size: int, passes: int) -> Callable[[], tuple[Iterator, int | None]]:
@@ -159,10 +164,10 @@ def s3_bucket() -> Iterator[pafs.S3FileSystem]:
 
 def measure(
     sides: dict[str, Callable[[], tuple[Iterator, int | None]]], repeats: int
-) -> dict[str, list[tuple[float, float]]]:
+) -> dict[str, list[tuple[float, float, float]]]:
     """Every side ``repeats`` times, alternating which goes first, after one uncounted
     measurement of each."""
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
     names = list(sides)
     for start in sides.values():
         timed(start)
@@ -172,11 +177,12 @@ def measure(
     return results
 
 
-def figures(results: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+def figures(results: dict[str, list[tuple[float, float, float]]]) -> dict[str, float]:
     medians = {}
     for name, values in results.items():
         medians[f"{name}_samples_per_sec"] = statistics.median(v[0] for v in values)
         medians[f"{name}_samples_per_cpu_sec"] = statistics.median(v[1] for v in values)
+        medians[f"{name}_system_share"] = statistics.median(v[2] for v in values)
     for rate in ("samples_per_sec", "samples_per_cpu_sec"):
         medians[f"ratio_{rate}"] = medians[f"ours_{rate}"] / medians[f"scanner_{rate}"]
     per_repeat = [o[1] / s[1] for o, s in zip(results["ours"], results["scanner"])]
@@ -238,7 +244,8 @@ def main() -> None:
             for name in target_sides:
                 print(
                     f"  {target:5s} {name:7s}: {f[f'{name}_samples_per_sec'] / 1e6:6.2f} M samples/s (wall)  "
-                    f"{f[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second"
+                    f"{f[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second "
+                    f"({f[f'{name}_system_share']:.0%} of it in the kernel)"
                 )
             print(
                 f"  {target:5s} ours / scanner: {f['ratio_samples_per_sec']:.2f} (wall), "

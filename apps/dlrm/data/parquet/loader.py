@@ -20,9 +20,11 @@ others, as the sharded model's collectives require.
 A batch holds ``--batch_size`` rows: dense features (float32), labels (float32) and one
 KeyedJaggedTensor of the sparse features, feature ``k`` keyed ``cat_k`` with its rows' ids (one
 per row for an integer column, the list's for a list column; none for a null). Batches are
-assembled with numpy gathers into tensors (pinned when training on a GPU) by a background thread a
-few batches ahead (:mod:`apps.dlrm.data.prefetch`), while another reads the next window: fetching
-and decoding row groups overlaps the batches of the window before.
+copied into tensors (pinned when training on a GPU) run of rows by run of rows, a shuffle block
+at a time (:class:`_Take`), by a background thread a few batches ahead
+(:mod:`apps.dlrm.data.prefetch`), while another reads the next window: fetching and decoding row
+groups overlaps the batches of the window before. Windows are decoded into memory reused from
+window to window (:mod:`apps.dlrm.data.parquet.pool`).
 """
 
 import itertools
@@ -211,15 +213,18 @@ def _sparse_features(
         for f, ragged in enumerate(rows.ragged)
         if ragged is not None
     }
-    per_key = [sum(id_takes.get((f, p), take).size for p, (_, take) in enumerate(takes)) for f in range(len(keys))]
+    ragged_features = {f for f, _ in id_takes}  # none or several ids in a row of some part
+    per_key = [
+        sum(id_takes.get((f, p), take).size for p, (_, take) in enumerate(takes)) if f in ragged_features else size
+        for f in range(len(keys))
+    ]
     values = empty((sum(per_key),), ids_dtype)
     lengths = empty((len(keys) * size,), torch.int32)
     values_np, lengths_np = values.numpy(), lengths.numpy().reshape(len(keys), size)
-    one_each = [all((f, p) not in id_takes for p in range(len(takes))) for f in range(len(keys))]
     at = 0
-    for single, group in itertools.groupby(range(len(keys)), one_each.__getitem__):
+    for several, group in itertools.groupby(range(len(keys)), ragged_features.__contains__):
         features = list(group)
-        if single:  # consecutive features with one id per row in every part: their ids at once
+        if not several:  # consecutive features with one id per row in every part: their ids at once
             first, stop = features[0], features[-1] + 1
             span = values_np[at : at + len(features) * size].reshape(len(features), size)
             row = 0

@@ -23,9 +23,10 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
   per column as read (:attr:`RowGroupReader.nonfinite`), a column's first ones logged naming the
   file and row group. Statistics cannot count them (they leave NaN out), so they are found on the
   decoded block, at the cost of one sum per feature when there are none;
-- a sparse column becomes ids and per-row offsets, as a KeyedJaggedTensor holds them: an integer
-  column one id per row (none for a null), a list column its elements (nulls in a list dropped,
-  a null list empty); ``hash`` ids are SplitMix64 of the value (:func:`apps.core.common.hashing.mix64`,
+- a sparse column becomes ids: an integer column without nulls one id per row, written chunk by
+  chunk into one array of every such column's ids; an integer column with nulls (none for a
+  null) and a list column (its elements, nulls in a list dropped, a null list empty) its ids with
+  per-row offsets, as a KeyedJaggedTensor holds them; ``hash`` ids are SplitMix64 of the value (:func:`apps.core.common.hashing.mix64`,
   its int64 bits) modulo the table size, ``as_is`` ids must lie in the table
   (:func:`apps.dlrm.data.parquet.files.check_id`).
 
