@@ -54,7 +54,8 @@ READ_AHEAD_THREAD = "parquet-read-ahead"
 # consecutive rows, one run after another in the batch's order.
 Part = tuple[Rows, np.ndarray]
 
-# Runs at least this long on average are copied run by run, shorter ones gathered (see _Take).
+# Runs at least this long on average are copied run by run, shorter ones gathered (see _Take):
+# a batch of 32-row runs gathers in 70 ns a row and copies in 86, of 64-row runs 88 and 58.
 COPIED_RUN_ROWS = 64
 
 # Ids fit int32 (half the bytes to copy to the device) unless a table has more rows.

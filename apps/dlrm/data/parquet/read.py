@@ -26,9 +26,9 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
 - a sparse column becomes ids: an integer column without nulls one id per row, written chunk by
   chunk into one array of every such column's ids; an integer column with nulls (none for a
   null) and a list column (its elements, nulls in a list dropped, a null list empty) its ids with
-  per-row offsets, as a KeyedJaggedTensor holds them; ``hash`` ids are SplitMix64 of the value (:func:`apps.core.common.hashing.mix64`,
-  its int64 bits) modulo the table size, ``as_is`` ids must lie in the table
-  (:func:`apps.dlrm.data.parquet.files.check_id`).
+  per-row offsets, as a KeyedJaggedTensor holds them; ``hash`` ids are SplitMix64 of the value
+  (:func:`apps.core.common.hashing.mix64`, its int64 bits) modulo the table size, ``as_is`` ids
+  must lie in the table (:func:`apps.dlrm.data.parquet.files.check_id`).
 
 Nothing read from a file is executed or unpickled: Parquet pages are decoded by pyarrow into
 numbers, and only numbers reach training.
