@@ -12,7 +12,6 @@ one of a process pays for its allocators' first pages and lazy imports), ``--rep
 alternately (ours first in even repeats, the scanner first in odd ones), it times ``--passes``
 reads of the whole data set by
 
-
 - ours: one rank's training batches (``train_batches``, ``--categorical_ids as_is``, shuffled as
   the app shuffles), as TorchRec ``Batch`` tensors the training loop would take, ``--passes``
   epochs one after another;
@@ -21,9 +20,10 @@ reads of the whole data set by
   only, no shuffle, no tensors, so it is a ceiling rather than a peer;
 
 and prints the medians: samples/s by the wall clock, samples per CPU-second of this process (per
-loader core: every thread's time counts, pyarrow's and s3fs's too), and ours over the scanner's,
-with the range of that ratio over the repeats (each repeat's two sides taken in turn). moto runs
-in its own process, so its CPU time is not counted on either side.
+loader core: every thread's time counts, pyarrow's and s3fs's too) with the kernel's share of
+that time, and ours over the scanner's, with the range of that ratio over the repeats (each
+repeat's two sides taken in turn). moto runs in its own process, so its CPU time is not counted
+on either side.
 
 Why passes: ours reads the next window ahead (the next epoch's first at an epoch's end), as
 training needs it; in a measurement of one epoch that window (an eighth of the default data set)
