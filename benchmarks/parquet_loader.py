@@ -7,18 +7,29 @@ reading the same columns of the same files in the same run, from local disk and 
 Writes Criteo-shaped Parquet files (label, 13 float32 dense columns, 26 int32 id columns below
 MLPerf's table sizes, random values) in row groups of ``--row_group_rows``, to a temporary folder
 (read once, so it is in the page cache) and to a bucket of an S3 server on loopback (moto, in a
-process of its own). Then, ``--repeats`` times and alternately (ours first in even repeats, the
-scanner first in odd ones), it times
+process of its own). Then, after one measurement of each side that is not counted (the first
+one of a process pays for its allocators' first pages and lazy imports), ``--repeats`` times and
+alternately (ours first in even repeats, the scanner first in odd ones), it times ``--passes``
+reads of the whole data set by
 
 - ours: one rank's training batches (``train_batches``, ``--categorical_ids as_is``, shuffled as
-  the app shuffles), as TorchRec ``Batch`` tensors the training loop would take;
+  the app shuffles), as TorchRec ``Batch`` tensors the training loop would take, ``--passes``
+  epochs one after another;
 - the scanner: ``pyarrow.dataset``'s scanner over the same files and columns in batches of the same
-  size, through pyarrow's own filesystems (its C++ S3 client for S3): decoding only, no shuffle,
-  no tensors, so it is a ceiling rather than a peer;
+  size, through pyarrow's own filesystems (its C++ S3 client for S3), once per pass: decoding
+  only, no shuffle, no tensors, so it is a ceiling rather than a peer;
 
 and prints the medians: samples/s by the wall clock, samples per CPU-second of this process (per
-loader core: every thread's time counts, pyarrow's and s3fs's too), and ours over the scanner's.
-moto runs in its own process, so its CPU time is not counted on either side.
+loader core: every thread's time counts, pyarrow's and s3fs's too) with the kernel's share of
+that time, and ours over the scanner's, with the range of that ratio over the repeats (each
+repeat's two sides taken in turn). moto runs in its own process, so its CPU time is not counted
+on either side.
+
+Why passes: ours reads the next window ahead (the next epoch's first at an epoch's end), as
+training needs it; in a measurement of one epoch that window (an eighth of the default data set)
+is decoded but never delivered, and each side's measurement lasted under a second, so the sides'
+turns of the machine's load and of their allocators' page faults (the kernel zeroing fresh
+pages: 0.05 to 0.64 s of system time for the same scan) moved the ratio 0.6-1.3 between runs.
 """
 
 import argparse
@@ -26,6 +37,7 @@ import contextlib
 import itertools
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -45,6 +57,7 @@ from apps.dlrm.config import train_config  # noqa: E402
 from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES  # noqa: E402
 from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
 from apps.dlrm.data.parquet.loader import ParquetClickLogs  # noqa: E402
+from benchmarks.cli import positive  # noqa: E402
 
 TARGETS = ("local", "s3")
 BUCKET = "bench"
@@ -68,24 +81,28 @@ def write_files(folder: str, rows: int, files: int, group_rows: int) -> list[str
     return paths
 
 
-def timed(start: Callable[[], tuple[Iterator, int | None]]) -> tuple[float, float]:
-    """(samples/s wall, samples per CPU-second) of a reader, from its first batch to its last.
-    ``start()`` opens it (listing, footers: before the clocks start): a generator of one label
-    column per batch, not yet begun, and how many to take (None: all). Its first batch counts: a
-    reader that decodes ahead in threads (the scanner reads several files' row groups ahead)
-    would otherwise do uncounted work before the clocks start. Its closing comes after they stop."""
+def timed(start: Callable[[], tuple[Iterator, int | None]]) -> tuple[float, float, float]:
+    """(samples/s wall, samples per CPU-second, the share of that CPU time spent in the kernel)
+    of a reader, from its first batch to its last. ``start()`` opens it (listing, footers: before
+    the clocks start): a generator of one label column per batch, not yet begun, and how many to
+    take (None: all). Its first batch counts: a reader that decodes ahead in threads (the scanner
+    reads several files' row groups ahead) would otherwise do uncounted work before the clocks
+    start. Its closing comes after they stop. The kernel's share is mostly fresh pages zeroed for
+    the allocators, the part of a side's CPU time that moves most between measurements."""
     labels, count = start()
     samples = 0
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     for batch in itertools.islice(labels, count):
         samples += len(batch)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wall, after = time.perf_counter() - wall, resource.getrusage(resource.RUSAGE_SELF)
     labels.close()
-    return samples / wall, samples / cpu
+    system = after.ru_stime - before.ru_stime
+    cpu = after.ru_utime - before.ru_utime + system
+    return samples / wall, samples / cpu, system / cpu
 
 
-def ours(data_path: str, batch_size: int) -> Callable[[], tuple[Iterator, int | None]]:
-    """One epoch's worth of one rank's training batches."""
+def ours(data_path: str, batch_size: int, passes: int) -> Callable[[], tuple[Iterator, int | None]]:
+    """``passes`` epochs' worth of one rank's training batches."""
     cfg = train_config(
         data="parquet",
         data_path=data_path,
@@ -106,21 +123,21 @@ def ours(data_path: str, batch_size: int) -> Callable[[], tuple[Iterator, int | 
             finally:
                 batches.close()  # stops the loader's threads
 
-        return labels(), data.steps_per_epoch
+        return labels(), data.steps_per_epoch * passes
 
     return start
 
 
 def scanner(
-    files: list[str], filesystem: pafs.FileSystem, batch_size: int
+    files: list[str], filesystem: pafs.FileSystem, batch_size: int, passes: int
 ) -> Callable[[], tuple[Iterator, int | None]]:
-    """Every batch of the files, as pyarrow's scanner decodes them."""
+    """Every batch of the files, as pyarrow's scanner decodes them, ``passes`` times."""
 
     def start() -> tuple[Iterator, int | None]:
         dataset = ds.dataset(files, format="parquet", filesystem=filesystem)
-        scan = dataset.scanner(columns=COLUMNS, batch_size=batch_size)
         # to_batches() starts reading ahead at once, so it is called at the first next(), as the clocks run.
-        return (batch.column(0) for _ in [None] for batch in scan.to_batches()), None
+        scans = (dataset.scanner(columns=COLUMNS, batch_size=batch_size) for _ in range(passes))
+        return (batch.column(0) for scan in scans for batch in scan.to_batches()), None
 
     return start
 
@@ -147,23 +164,32 @@ def s3_bucket() -> Iterator[pafs.S3FileSystem]:
 
 def measure(
     sides: dict[str, Callable[[], tuple[Iterator, int | None]]], repeats: int
-) -> dict[str, list[tuple[float, float]]]:
-    """Every side ``repeats`` times, alternating which goes first."""
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+) -> dict[str, list[tuple[float, float, float]]]:
+    """Every side ``repeats`` times, alternating which goes first, after one uncounted
+    measurement of each."""
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
     names = list(sides)
+    for start in sides.values():
+        timed(start)
     for r in range(repeats):
         for name in names if r % 2 == 0 else names[::-1]:
             results[name].append(timed(sides[name]))
     return results
 
 
-def figures(results: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+def figures(results: dict[str, list[tuple[float, float, float]]]) -> dict[str, float]:
     medians = {}
     for name, values in results.items():
         medians[f"{name}_samples_per_sec"] = statistics.median(v[0] for v in values)
         medians[f"{name}_samples_per_cpu_sec"] = statistics.median(v[1] for v in values)
+        medians[f"{name}_system_share"] = statistics.median(v[2] for v in values)
     for rate in ("samples_per_sec", "samples_per_cpu_sec"):
         medians[f"ratio_{rate}"] = medians[f"ours_{rate}"] / medians[f"scanner_{rate}"]
+    per_repeat = [o[1] / s[1] for o, s in zip(results["ours"], results["scanner"])]
+    medians["ratio_samples_per_cpu_sec_min"], medians["ratio_samples_per_cpu_sec_max"] = (
+        min(per_repeat),
+        max(per_repeat),
+    )
     return medians
 
 
@@ -173,7 +199,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--row_group_rows", type=int, default=131_072)
     parser.add_argument("--batch_size", type=int, default=8192)
-    parser.add_argument("--repeats", type=int, default=3, help="measurements of each side, alternating; medians")
+    parser.add_argument("--repeats", type=positive, default=5, help="measurements of each side, alternating; medians")
+    parser.add_argument("--passes", type=positive, default=3, help="reads of the whole data set per measurement")
     parser.add_argument(
         "--targets", default=",".join(TARGETS), help="comma separated: local (page cache), s3 (moto on loopback)"
     )
@@ -187,14 +214,16 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    report = {name: getattr(args, name) for name in ("rows", "files", "row_group_rows", "batch_size", "repeats")}
+    report = {
+        name: getattr(args, name) for name in ("rows", "files", "row_group_rows", "batch_size", "repeats", "passes")
+    }
     with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
         files = write_files(folder, args.rows, args.files, args.row_group_rows)
         sides = {}
         if "local" in args.targets:
             sides["local"] = {
-                "ours": ours(folder, args.batch_size),
-                "scanner": scanner(files, pafs.LocalFileSystem(), args.batch_size),
+                "ours": ours(folder, args.batch_size, args.passes),
+                "scanner": scanner(files, pafs.LocalFileSystem(), args.batch_size, args.passes),
             }
         if "s3" in args.targets:
             s3 = stack.enter_context(s3_bucket())
@@ -202,12 +231,12 @@ def main() -> None:
             for path, key in zip(files, keys):
                 pafs.copy_files(path, key, destination_filesystem=s3)
             sides["s3"] = {
-                "ours": ours(f"s3://{BUCKET}/clicks/", args.batch_size),
-                "scanner": scanner(keys, s3, args.batch_size),
+                "ours": ours(f"s3://{BUCKET}/clicks/", args.batch_size, args.passes),
+                "scanner": scanner(keys, s3, args.batch_size, args.passes),
             }
         print(
             f"{args.rows:,} rows in {args.files} files, row groups of {args.row_group_rows:,}, batch "
-            f"{args.batch_size}, medians of {args.repeats}:"
+            f"{args.batch_size}, {args.passes} passes a measurement, medians of {args.repeats}:"
         )
         for target, target_sides in sides.items():
             report[target] = figures(measure(target_sides, args.repeats))
@@ -215,11 +244,13 @@ def main() -> None:
             for name in target_sides:
                 print(
                     f"  {target:5s} {name:7s}: {f[f'{name}_samples_per_sec'] / 1e6:6.2f} M samples/s (wall)  "
-                    f"{f[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second"
+                    f"{f[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second "
+                    f"({f[f'{name}_system_share']:.0%} of it in the kernel)"
                 )
             print(
                 f"  {target:5s} ours / scanner: {f['ratio_samples_per_sec']:.2f} (wall), "
-                f"{f['ratio_samples_per_cpu_sec']:.2f} (per CPU-second)"
+                f"{f['ratio_samples_per_cpu_sec']:.2f} (per CPU-second; "
+                f"{f['ratio_samples_per_cpu_sec_min']:.2f}-{f['ratio_samples_per_cpu_sec_max']:.2f} over the repeats)"
             )
     if args.json:
         with open(args.json, "w") as out:

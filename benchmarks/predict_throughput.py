@@ -154,8 +154,8 @@ def program_inputs(model: Model, table, batch_rows: int) -> list[tuple[torch.Ten
     decoded = rows.decode(table.select(spec.names), "split")
     inputs = []
     for lo in range(0, len(decoded), batch_rows):
-        index = np.arange(lo, min(lo + batch_rows, len(decoded)))
-        batch = assemble_batch([(decoded, index)], model.features.keys, model.features.num_dense_features, torch.int64)
+        run = np.array([[lo, min(lo + batch_rows, len(decoded))]])
+        batch = assemble_batch([(decoded, run)], model.features.keys, model.features.num_dense_features, torch.int64)
         inputs.append((batch.dense_features, batch.sparse_features.values(), batch.sparse_features.lengths()))
     return inputs
 

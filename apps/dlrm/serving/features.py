@@ -154,7 +154,7 @@ class RowScorer:
         with quiet_torch():  # a program's first call warns of fx tracing
             for lo in range(0, len(rows), self.batch_rows):
                 hi = min(lo + self.batch_rows, len(rows))
-                batch = assemble_batch([(rows, np.arange(lo, hi))], keys, num_dense, torch.int64)
+                batch = assemble_batch([(rows, np.array([[lo, hi]]))], keys, num_dense, torch.int64)
                 sparse = batch.sparse_features
                 scores[lo:hi] = score(self.module, batch.dense_features, sparse.values(), sparse.lengths()).numpy()
         return scores

@@ -78,10 +78,29 @@ class Pieces:
 
 @dataclass(frozen=True)
 class Window:
-    """Rows of consecutive pieces read and shuffled together; ``order`` None: not shuffled."""
+    """Rows of consecutive pieces read and shuffled together, taken in the order of ``runs``."""
 
     pieces: list[Piece]
-    order: np.ndarray | None
+    # int64 [m, 2]: (start, stop) of runs of consecutive rows of the window, one run after
+    # another (one run of every row: not shuffled). Runs, not a row index: a batch copies its
+    # rows run by run, a block of 1024 rows at a time, instead of gathering them row by row.
+    runs: np.ndarray
+    ends: np.ndarray  # int64 [m]: where each run ends in the window's order
+
+    @classmethod
+    def of(cls, pieces: list[Piece], runs: np.ndarray) -> "Window":
+        return cls(pieces, runs, np.cumsum(runs[:, 1] - runs[:, 0]))
+
+    def runs_between(self, first: int, last: int) -> np.ndarray:
+        """The runs of positions [first, last) of the window's order, cut where they begin or end
+        inside one."""
+        k = int(np.searchsorted(self.ends, first, side="right"))
+        stop = int(np.searchsorted(self.ends, last, side="left")) + 1
+        cut = self.runs[k:stop].copy()
+        starts = self.ends[k:stop] - (cut[:, 1] - cut[:, 0])  # positions where each begins
+        cut[:, 0] += np.maximum(first - starts, 0)
+        cut[:, 1] -= np.maximum(self.ends[k:stop] - last, 0)
+        return cut
 
 
 class TrainOrder:
@@ -125,12 +144,10 @@ class TrainOrder:
     def window(self, epoch: int, index: int) -> Window:
         pieces = self.windows(epoch)[index]
         rows = sum(hi - lo for _, _, lo, hi in pieces)
-        order = None
+        runs = np.array([[0, rows]], dtype=np.int64)
         if self.shuffle:
-            order = block_permutation(
-                np.random.default_rng([self.seed, epoch, self.rank, index]), rows, self.block_rows
-            )
-        return Window(pieces, order)
+            runs = block_runs(np.random.default_rng([self.seed, epoch, self.rank, index]), rows, self.block_rows)
+        return Window.of(pieces, runs)
 
     def step_rows(self, step: int) -> list[tuple[int, int, int, int]]:
         """Where step ``step``'s rows are: (epoch, window, first, last) rows of those windows."""
@@ -148,13 +165,23 @@ class TrainOrder:
         return parts
 
 
-def block_permutation(rng: np.random.Generator, rows: int, block_rows: int) -> np.ndarray:
+def block_runs(rng: np.random.Generator, rows: int, block_rows: int) -> np.ndarray:
     """Positions ``0 .. rows - 1`` cut into blocks of ``block_rows`` (the last may be shorter),
-    the blocks in the order of ``rng.permutation``, each block's rows in order. Blocks of 1 row:
-    ``rng.permutation(rows)`` itself."""
-    starts = rng.permutation(-(-rows // block_rows)) * block_rows
-    lengths = np.minimum(starts + block_rows, rows) - starts
-    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(rows)
+    the blocks in the order of ``rng.permutation``: int64 [blocks, 2], each block's (start, stop)."""
+    starts = rng.permutation(-(-rows // block_rows)).astype(np.int64) * block_rows
+    return np.stack([starts, np.minimum(starts + block_rows, rows)], axis=1)
+
+
+def block_permutation(rng: np.random.Generator, rows: int, block_rows: int) -> np.ndarray:
+    """The positions of :func:`block_runs`, one after another, each block's rows in order: the
+    order a shuffled window's rows are read in. Blocks of 1 row: ``rng.permutation(rows)`` itself."""
+    return run_rows(block_runs(rng, rows, block_rows))
+
+
+def run_rows(runs: np.ndarray) -> np.ndarray:
+    """The positions of ``runs`` (int64 [m, 2] of (start, stop)), one run after another."""
+    lengths = runs[:, 1] - runs[:, 0]
+    return np.repeat(runs[:, 0] - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
 
 
 def _group(pieces: list[Piece], window_rows: int) -> list[list[Piece]]:

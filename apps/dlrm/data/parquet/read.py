@@ -23,11 +23,12 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
   per column as read (:attr:`RowGroupReader.nonfinite`), a column's first ones logged naming the
   file and row group. Statistics cannot count them (they leave NaN out), so they are found on the
   decoded block, at the cost of one sum per feature when there are none;
-- a sparse column becomes ids and per-row offsets, as a KeyedJaggedTensor holds them: an integer
-  column one id per row (none for a null), a list column its elements (nulls in a list dropped,
-  a null list empty); ``hash`` ids are SplitMix64 of the value (:func:`apps.core.common.hashing.mix64`,
-  its int64 bits) modulo the table size, ``as_is`` ids must lie in the table
-  (:func:`apps.dlrm.data.parquet.files.check_id`).
+- a sparse column becomes ids: an integer column without nulls one id per row, written chunk by
+  chunk into one array of every such column's ids; an integer column with nulls (none for a
+  null) and a list column (its elements, nulls in a list dropped, a null list empty) its ids with
+  per-row offsets, as a KeyedJaggedTensor holds them; ``hash`` ids are SplitMix64 of the value
+  (:func:`apps.core.common.hashing.mix64`, its int64 bits) modulo the table size, ``as_is`` ids
+  must lie in the table (:func:`apps.dlrm.data.parquet.files.check_id`).
 
 Nothing read from a file is executed or unpickled: Parquet pages are decoded by pyarrow into
 numbers, and only numbers reach training.
@@ -56,41 +57,38 @@ from apps.dlrm.data.parquet.files import (
 )
 from apps.dlrm.data.parquet.filesystems import arrow_filesystem
 from apps.dlrm.data.parquet.order import Piece
+from apps.dlrm.data.parquet.pool import ArrayPool
 
 logger = logging.getLogger("apps.dlrm.data")
 
 
 @dataclass
-class Rows:
-    """Decoded rows: dense features, labels, and each sparse feature's ids with per-row offsets."""
+class Ragged:
+    """A sparse feature's ids where rows hold none or several (a list column, or nulls)."""
 
-    # float32 [dense features, n]: feature-major, as columns decode (contiguous writes); a batch's
-    # gather transposes only its own rows (see assemble_batch), in cache, not the window's.
+    ids: np.ndarray  # row after row
+    offsets: np.ndarray  # int64 [n + 1]: row i's ids are ids[offsets[i]:offsets[i + 1]]
+    lengths: np.ndarray  # int32 [n]: how many ids each row holds, as a batch's lengths hold them
+
+
+@dataclass
+class Rows:
+    """Decoded rows: dense features, labels, and each sparse feature's ids. Their arrays may be
+    memory of an :class:`~apps.dlrm.data.parquet.pool.ArrayPool`, reused once the Rows are gone:
+    whatever reads them holds the Rows, not only its arrays."""
+
+    # float32 [dense features, n]: feature-major, as columns decode (contiguous writes); a batch
+    # copies its runs of rows so and transposes only its own (see assemble_batch), in cache.
     dense: np.ndarray
     labels: np.ndarray  # float32 [n]
-    ids: list[np.ndarray]  # per sparse feature, its ids, row after row
-    # Per sparse feature, int64 [n + 1]: row i's ids are ids[offsets[i]:offsets[i + 1]]; None: one
-    # id per row (an integer column without nulls, the common case, kept free of offset arithmetic).
-    offsets: list[np.ndarray | None]
+    # [sparse features, n]: feature f's ids, one per row, where ragged[f] is None (an integer
+    # column without nulls, the common case): one array, so that a batch copies a run of rows'
+    # ids of all such features in one call (its values hold them feature after feature, too).
+    ids: np.ndarray
+    ragged: list[Ragged | None]  # per sparse feature, its ids where rows hold none or several
 
     def __len__(self) -> int:
         return self.labels.shape[0]
-
-    def lengths(self, feature: int, index: np.ndarray) -> np.ndarray | None:
-        """How many ids rows ``index`` have of ``feature``; None: one each."""
-        offsets = self.offsets[feature]
-        return None if offsets is None else offsets[index + 1] - offsets[index]
-
-    def take_ids(self, feature: int, index: np.ndarray, lengths: np.ndarray | None, out: np.ndarray) -> None:
-        """Writes the ids of rows ``index`` (whose :meth:`lengths` are ``lengths``) into ``out``."""
-        ids, offsets = self.ids[feature], self.offsets[feature]
-        if offsets is None:
-            np.take(ids, index, out=out, mode="clip")  # in range by construction; see assemble_batch
-            return
-        assert lengths is not None, "a feature with offsets has lengths (see lengths())"
-        # Each row's run of ids, in turn: id k of the output is id (k - run start + row start).
-        runs = np.cumsum(lengths) - lengths
-        np.take(ids, np.repeat(offsets[index] - runs, lengths) + np.arange(len(out)), out=out, mode="clip")
 
 
 class RowGroupReader:
@@ -103,6 +101,7 @@ class RowGroupReader:
         self.decoder = decoder
         self.spec = decoder.spec
         self._cached: tuple[tuple[int, int], Rows] | None = None
+        self._pool = ArrayPool()
 
     @property
     def nonfinite(self) -> dict[str, int]:
@@ -151,7 +150,7 @@ class RowGroupReader:
             f, g, _, _ = pieces[int(np.searchsorted(starts, row, side="right")) - 1]
             return self.files[f].url, g
 
-        return self.decoder.decode(table, where)
+        return self.decoder.decode(table, where, self._pool)
 
 
 class RowDecoder:
@@ -168,34 +167,53 @@ class RowDecoder:
         self.nonfinite: dict[str, int] = {}
         self._nonfinite_lock = threading.Lock()
 
-    def decode(self, table: pa.Table, where: Callable[[int], tuple[str, int]]) -> Rows:
+    def decode(self, table: pa.Table, where: Callable[[int], tuple[str, int]], pool: ArrayPool | None = None) -> Rows:
         """The rows of ``table`` (the spec's columns, in any order); ``where(row)`` says which file
         and row group a row comes from, for errors. Scoring decodes tables it holds this way too,
-        so that a model scores rows exactly as it trained on them."""
+        so that a model scores rows exactly as it trained on them. Their arrays are written into
+        memory of ``pool`` (None: fresh), lent to the rows until they are gone."""
         spec = self.spec
-        # Column after column into a feature-major array: contiguous writes, 4x faster than into a
-        # row-major array's strided columns.
-        dense = np.empty((len(spec.dense), table.num_rows), dtype=np.float32)
+        # Dense features column after column into a feature-major array: contiguous writes, 4x
+        # faster than into a row-major array's strided columns.
+        shapes = [(len(spec.sparse), self.id_dtype), (len(spec.dense), np.dtype(np.float32)), (1, np.dtype(np.float32))]
+        if pool is None:
+            ids, dense, labels = (np.empty((count, table.num_rows), dtype=dtype) for count, dtype in shapes)
+        else:
+            memory, (ids, dense, labels) = pool.arrays(table.num_rows, shapes)
         for j, name in enumerate(spec.dense):
             _floats_into(table.column(name), dense[j])
         with np.errstate(over="ignore", invalid="ignore"):  # a sum is finite only if every value is
             all_finite = np.isfinite(dense.sum(axis=1)).all()
         if not all_finite:
             self._zero_nonfinite(dense, where)
-        ids, offsets = [], []
-        for name, multi_hot, size in zip(spec.sparse, spec.multi_hot, self.table_sizes):
-            values, o = _ragged(table.column(name).combine_chunks(), multi_hot)
-            ids.append(self._ids(values, size, name, o, where))
-            offsets.append(o)
-        return Rows(dense, self._labels(table, where), ids, offsets)
+        ragged: list[Ragged | None] = []
+        for f, (name, multi_hot, size) in enumerate(zip(spec.sparse, spec.multi_hot, self.table_sizes)):
+            column = table.column(name)
+            if multi_hot or column.null_count:
+                values, offsets = _ragged(column.combine_chunks(), multi_hot)
+                checked = self._ids(values, size, name, offsets, where).astype(self.id_dtype, copy=False)
+                ragged.append(Ragged(checked, offsets, np.diff(offsets).astype(np.int32)))
+                continue
+            # One id per row: chunk after chunk straight into the rows' ids (no combined copy first).
+            at = 0
+            for chunk in column.chunks:
+                values = chunk.to_numpy()
+                ids[f, at : at + len(values)] = self._ids(values, size, name, None, _after(where, at))
+                at += len(values)
+            ragged.append(None)
+        self._labels(table, where, labels[0])
+        rows = Rows(dense, labels[0], ids, ragged)
+        if pool is not None:
+            pool.lend(rows, memory)
+        return rows
 
-    def _labels(self, table: pa.Table, where: Callable[[int], tuple[str, int]]) -> np.ndarray:
-        """The labels of ``table``'s rows, checked (0 or 1, none null); NaN for rows read to be
-        scored (a spec without a label column)."""
+    def _labels(self, table: pa.Table, where: Callable[[int], tuple[str, int]], values: np.ndarray) -> None:
+        """Writes the labels of ``table``'s rows into ``values``, checked (0 or 1, none null); NaN
+        for rows read to be scored (a spec without a label column)."""
         label = self.spec.label
-        values = np.full(table.num_rows, np.nan, dtype=np.float32)
         if label is None:
-            return values
+            values[:] = np.nan
+            return
         column = table.column(label)
         if column.null_count:
             url, g = where(int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0]))
@@ -206,7 +224,6 @@ class RowDecoder:
             k = int(np.flatnonzero(unlabelled)[0])
             url, g = where(k)
             check_label(float(values[k]), url, label, g)
-        return values
 
     def _zero_nonfinite(self, dense: np.ndarray, where: Callable[[int], tuple[str, int]]) -> None:
         """Makes the NaN and infinite values of ``dense`` [features, rows] 0, as nulls are, and
@@ -236,16 +253,17 @@ class RowDecoder:
         offsets: np.ndarray | None,
         where: Callable[[int], tuple[str, int]],
     ) -> np.ndarray:
-        """The embedding rows of a column's ``values`` (see the module docstring)."""
+        """The embedding rows of a column's ``values`` (see the module docstring), in [0, size):
+        any integer type, that the caller casts to ``id_dtype`` as it copies them."""
         if self.hash_ids:
             bits = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64)
             mixed = mix64(torch.from_numpy(bits)).numpy().view(np.uint64)
-            return (mixed % np.uint64(size)).astype(self.id_dtype)
+            return mixed % np.uint64(size)
         if len(values) and (values.min() < 0 or values.max() >= size):
             k = int(np.flatnonzero((values < 0) | (values >= size))[0])
             url, g = where(k if offsets is None else int(np.searchsorted(offsets, k, side="right")) - 1)
             check_id(int(values[k]), size, url, column, g)
-        return values.astype(self.id_dtype, copy=False)
+        return values
 
 
 def _common_schema(spec: ColumnSpec) -> pa.Schema:
@@ -267,22 +285,28 @@ def _concat(tables: list[pa.Table], spec: ColumnSpec) -> pa.Table:
     return pa.concat_tables([table.cast(schema, safe=False) for table in tables])
 
 
+def _after(where: Callable[[int], tuple[str, int]], at: int) -> Callable[[int], tuple[str, int]]:
+    """``where`` for rows counted from row ``at`` (a column chunk's)."""
+    return lambda k: where(at + k)
+
+
 def _floats_into(column: pa.ChunkedArray, out: np.ndarray) -> None:
     """Writes a numeric column into ``out`` as float32, nulls as 0 (a large integer rounds, as
     float32 must round it: hence the unsafe cast)."""
     at = 0
     for chunk in column.chunks:
-        values = pc.fill_null(chunk.cast(pa.float32(), safe=False), 0.0)
+        # Each step only where it changes something: each would be a pass over a fresh copy.
+        values = chunk if chunk.type == pa.float32() else chunk.cast(pa.float32(), safe=False)
+        if values.null_count:
+            values = pc.fill_null(values, 0.0)
         out[at : at + len(values)] = values.to_numpy()
         at += len(values)
 
 
-def _ragged(column: pa.Array, multi_hot: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """(ids, offsets [n + 1] or None for one id per row) of an integer or list-of-integers
-    column; a null holds no id."""
+def _ragged(column: pa.Array, multi_hot: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, offsets [n + 1]) of a list-of-integers column, or of an integer column with nulls;
+    a null holds no id."""
     n = len(column)
-    if not multi_hot and not column.null_count:
-        return column.to_numpy(), None
     values = pc.list_flatten(column) if multi_hot else column
     rows = pc.list_parent_indices(column).to_numpy() if multi_hot else np.arange(n)
     if values.null_count:
