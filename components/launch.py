@@ -15,8 +15,8 @@ from apps.core.launch.job_shape import JobShape
 from apps.core.launch.target import PlanTarget
 from apps.core.options import Options, option, to_argv
 from apps.core.training.run_folder import TORCHRUN_LOGS, output_folder
+from schedulers.metadata import LOG_DIR
 from schedulers.node_request import DEFAULT_HOST_REQUEST
-from schedulers.slurm import LOG_DIR
 
 #: The image built by the repository's Dockerfile (``docker build -t torchrec-dlrm .``).
 DEFAULT_IMAGE = "torchrec-dlrm:latest"

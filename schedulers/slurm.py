@@ -48,6 +48,7 @@ from torchx.specs import (
 )
 from torchx.specs.finder import ComponentValidationException
 
+from schedulers.metadata import LOG_DIR
 from schedulers.node_request import NodeRequestCheck
 from schedulers.setup_checks import require_command
 
@@ -59,10 +60,6 @@ SBATCH_LINE_OPTIONS = ("partition", "time", "constraint", "qos")
 SBATCH_LINE_CHARACTERS = "letters, digits and _ . , : - * & | ! [ ] ( ) + = @ /"
 _SBATCH_LINE_VALUE = re.compile(r"[A-Za-z0-9_.,:*&|!()\[\]+=@/-]+")
 
-
-#: The key of a role's metadata that names the folder its logs go to, relative to the job's
-#: working directory; TorchX's ``${app_id}`` in it is the job's id.
-LOG_DIR = "slurm/log_dir"
 
 #: What a machine without Slurm's client commands needs to submit.
 SBATCH_FIX = "run torchx on a Slurm login node, or install Slurm's client commands (Debian: slurm-client)"

@@ -19,8 +19,8 @@ from apps.core.options import to_argv
 from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.data.criteo import multi_hot
 from apps.dlrm.data.criteo.loader import CriteoClickLogs
-from apps.dlrm.data.criteo.multi_hot import MLPERF_MULTI_HOT_SIZES, expand, multi_hot_tables
-from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
+from apps.dlrm.data.criteo.multi_hot import expand, multi_hot_tables
+from apps.dlrm.data.criteo.tables import MLPERF_MULTI_HOT_SIZES, TABLE_SIZE_PRESETS
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from benchmarks.equivalence import STEPS, TOLERANCE, compare
 from tests.conftest import TINY, assert_ok, run, torchrun

@@ -21,8 +21,7 @@ from apps.core.config import (
 )
 from apps.core.options import Options, check_choices, field_default, option, options_of, parse_config, section
 from apps.dlrm import presets
-from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES
-from apps.dlrm.data.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
+from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, PRESET_CHOICES, PRESET_HELP, preset_table_sizes
 
 INTERACTIONS = ("dot", "dcn", "projection")
 DATASETS = ("synthetic", "criteo", "parquet")

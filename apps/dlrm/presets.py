@@ -12,7 +12,7 @@ of ``--num_embeddings``, ``--num_embeddings_per_feature`` and ``--table_size_pre
 
 from typing import Any
 
-from apps.dlrm.data.criteo.multi_hot import MLPERF_MULTI_HOT_SIZES
+from apps.dlrm.data.criteo.tables import MLPERF_MULTI_HOT_SIZES
 
 #: MLPerf Training's DLRMv2 (DCNv2) benchmark, as its reference trains it (mlcommons/training
 #: recommendation_v2/torchrec_dlrm, README and dlrm_main.py; the limits in MLPerf's

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from apps.core.common.errors import ConfigError
 from apps.core.options import Options, check_choices, option, parse_config
-from apps.dlrm.data.criteo.layout import CAT_FEATURES, OUTPUT_FORMATS
-from apps.dlrm.data.criteo.tables import PRESET_CHOICES, PRESET_HELP, preset_table_sizes
+from apps.dlrm.data.criteo.tables import CAT_FEATURES, PRESET_CHOICES, PRESET_HELP, preset_table_sizes
 
 CATEGORICAL_IDS = ("hash", "vocabulary")
+OUTPUT_FORMATS = ("npy", "parquet")
 
 # Ids are stored as int32 (the dtype of TorchRec's binary Criteo files).
 MAX_TABLE_SIZE = 2**31 - 1

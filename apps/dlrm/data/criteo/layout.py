@@ -55,14 +55,10 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from apps.core.common.errors import ConfigError
-
-INT_FEATURES = 13
-CAT_FEATURES = 26
+from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES
 
 FORMAT = "dlrm-criteo-npy"
 FORMAT_VERSION = 1
-
-OUTPUT_FORMATS = ("npy", "parquet")
 
 MANIFEST = "manifest.json"
 REPORT = "report.json"

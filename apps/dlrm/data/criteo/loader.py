@@ -44,8 +44,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from apps.core.common.errors import ConfigError
 from apps.core.common.splits import Range, held_out_split
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES, DayArrays, check_table_sizes, open_folder
+from apps.dlrm.data.criteo.layout import DayArrays, check_table_sizes, open_folder
 from apps.dlrm.data.criteo.multi_hot import check_host_memory, expand, multi_hot_tables
+from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
 

@@ -21,10 +21,6 @@ import numpy as np
 
 from apps.core.common.errors import ConfigError
 
-#: Ids per sample of each of the 26 Criteo features in MLPerf's DLRMv2 (``--multi_hot_sizes`` of
-#: TorchRec's torchrec_dlrm example and of MLPerf's reference, recommendation_v2/torchrec_dlrm).
-MLPERF_MULTI_HOT_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
-
 #: The seed of the reference's ``np.random.seed(0)``: the same tables on every rank.
 MLPERF_SEED = 0
 

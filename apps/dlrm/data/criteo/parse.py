@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from apps.dlrm.data.criteo.layout import CAT_FEATURES, INT_FEATURES
+from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES
 
 SKIPPED_KINDS = ("undecodable", "empty_line", "wrong_column_count", "bad_label")
 REPAIRED_KINDS = ("bad_integer", "bad_categorical")

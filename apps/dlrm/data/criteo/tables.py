@@ -1,4 +1,7 @@
-"""Embedding-table sizes for the Criteo click logs, by name.
+"""The Criteo click logs' features, and their embedding tables' sizes by name.
+
+Free of numpy and of the data code: the configuration, and with it every ``torchx run`` of a
+component, reads these.
 
 The presets are the ``--num_embeddings_per_feature`` lists of TorchRec's DLRM example on the
 Criteo 1TB click logs (reference 002): ``mlperf`` caps every table at 40M rows (MLPerf's DLRM
@@ -7,6 +10,13 @@ categorical feature as many rows as it has distinct values in the 24 days.
 """
 
 from apps.core.common.errors import ConfigError
+
+INT_FEATURES = 13
+CAT_FEATURES = 26
+
+#: Ids per sample of each of the 26 Criteo features in MLPerf's DLRMv2 (``--multi_hot_sizes`` of
+#: TorchRec's torchrec_dlrm example and of MLPerf's reference, recommendation_v2/torchrec_dlrm).
+MLPERF_MULTI_HOT_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 
 # 26 sizes per preset, in feature order, as TorchRec's example writes them.
 # fmt: off

@@ -24,7 +24,8 @@ import os
 
 import numpy as np
 
-from apps.dlrm.data.criteo.layout import CAT_FEATURES, temporary_name
+from apps.dlrm.data.criteo.layout import temporary_name
+from apps.dlrm.data.criteo.tables import CAT_FEATURES
 
 RARE_ID = 1
 FIRST_ID = 2
