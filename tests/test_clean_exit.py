@@ -27,10 +27,12 @@ def criteo(tmp_path_factory):
 
 
 def test_training_leaves_no_thread_running(criteo, tmp_path):
-    """The cause itself: after the app's main returns, only the main thread is left."""
+    """The cause itself: after the app's main returns, only the main thread is left. (And the
+    trainer imported its machinery out of the garbage collector's way, which it runs with on.)"""
     code = (
-        "import sys, threading\n"
+        "import gc, sys, threading\n"
         "from apps.dlrm.train import main\n"
+        "print('collector:', gc.isenabled(), gc.get_freeze_count() > 100_000)\n"
         "main(sys.argv[1:])\n"
         "print('threads:', sorted(t.name for t in threading.enumerate()))\n"
     )
@@ -40,6 +42,7 @@ def test_training_leaves_no_thread_running(criteo, tmp_path):
     )
     assert_ok(result)
     assert "threads: ['MainThread']" in result.stdout, result.stdout[-2000:]
+    assert "collector: True True" in result.stdout, result.stdout[-2000:]
 
 
 def torchx_job(tmp_path, name: str, *args: str) -> subprocess.CompletedProcess:

@@ -7,13 +7,16 @@ Each rank scores its share of the files (see apps/dlrm/serving/predict.py); with
 is one process. Exit status 2, with one line, for a bad option, model, input or output place.
 """
 
-from torch.distributed.elastic.multiprocessing.errors import record
+from apps.core.common.startup import imports_uncollected
 
-from apps.core.common.distributed import exit_refused, init_distributed, leave_process_group
-from apps.core.common.errors import ConfigError
-from apps.core.training.report import setup_logging
-from apps.dlrm.serving.config import parse_predict_config
-from apps.dlrm.serving.predict import predict
+with imports_uncollected():  # ~0.9 s of each rank's start (see the module)
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from apps.core.common.distributed import exit_refused, init_distributed, leave_process_group
+    from apps.core.common.errors import ConfigError
+    from apps.core.training.report import setup_logging
+    from apps.dlrm.serving.config import parse_predict_config
+    from apps.dlrm.serving.predict import predict
 
 
 @record  # a failing rank's traceback goes to torchrun's error file, which TorchX reports
