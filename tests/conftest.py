@@ -18,6 +18,11 @@ import sys
 
 import pytest
 
+# Every process a test starts (torchrun, its trainers, benchmarks) prints each thread's Python
+# stack if it dies of a fatal signal: evidence for a crash seen once in CI (a trainer's
+# "terminate called without an active exception", SIGABRT, test_equivalence[data_parallel]).
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
 TIERS = ("unit", "integration", "slurm", "gpu", "slow")
 #: The order the tiers' modules run in (see pytest_collection_modifyitems): the longest first.
 _RUN_ORDER = {"slurm": 0, "integration": 1, "slow": 1, "gpu": 2, "unit": 3}
