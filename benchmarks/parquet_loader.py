@@ -54,11 +54,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from apps.dlrm.config import train_config  # noqa: E402
-from apps.dlrm.data.criteo.tables import (  # noqa: E402
-    CAT_FEATURES,
-    INT_FEATURES,
-    TABLE_SIZE_PRESETS,  # noqa: E402
-)
+from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, TABLE_SIZE_PRESETS  # noqa: E402
 from apps.dlrm.data.parquet.loader import ParquetClickLogs  # noqa: E402
 from benchmarks.cli import positive  # noqa: E402
 

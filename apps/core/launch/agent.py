@@ -101,9 +101,9 @@ def failure_message(failure: ProcessFailure) -> str:
     """What a rank said about its failure: the option or data it refused
     (:func:`~apps.core.common.distributed.exit_refused`), else the error it recorded; empty where
     it said nothing."""
-    folder = os.environ.get(REFUSALS_FOLDER)
-    if folder and os.path.isfile(refusal_file(folder, failure.pid)):
-        with open(refusal_file(folder, failure.pid)) as f:
+    refusal = refusal_file(os.environ[REFUSALS_FOLDER], failure.pid) if REFUSALS_FOLDER in os.environ else ""
+    if refusal and os.path.isfile(refusal):
+        with open(refusal) as f:
             return f.read().strip()
     return recorded_error(failure)
 
