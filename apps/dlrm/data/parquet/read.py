@@ -259,7 +259,8 @@ class RowDecoder:
             bits = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64)
             mixed = mix64(torch.from_numpy(bits)).numpy().view(np.uint64)
             return mixed % np.uint64(size)
-        if len(values) and (values.min() < 0 or values.max() >= size):
+        # One pass, not a minimum and a maximum: read as unsigned, a negative id is larger than any table.
+        if len(values) and values.view(f"u{values.itemsize}").max() >= size:
             k = int(np.flatnonzero((values < 0) | (values >= size))[0])
             url, g = where(k if offsets is None else int(np.searchsorted(offsets, k, side="right")) - 1)
             check_id(int(values[k]), size, url, column, g)
