@@ -55,6 +55,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from apps.core.common.teardown import exit_without_teardown  # noqa: E402
 from apps.core.config import SHARDING_TYPES  # noqa: E402  (light: the worker imports torch)
 from benchmarks.cli import positive  # noqa: E402
 from benchmarks.moto_s3 import add_targets_argument, s3_bucket  # noqa: E402
@@ -503,4 +504,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_without_teardown(main)

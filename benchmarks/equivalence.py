@@ -30,6 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from apps.core.common.tables import TableModule  # noqa: E402
+from apps.core.common.teardown import exit_without_teardown  # noqa: E402
 from apps.core.config import SHARDING_TYPES, RunConfig  # noqa: E402
 from apps.core.options import to_argv  # noqa: E402
 from apps.core.training.trainer import Trainer  # noqa: E402
@@ -274,4 +275,4 @@ def main(argv: list[str] | None = None) -> list[Comparison]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_without_teardown(main)

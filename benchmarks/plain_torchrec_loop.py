@@ -23,6 +23,7 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
+from apps.core.common.teardown import exit_without_teardown
 from apps.dlrm.config import parse_train_config
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.model import table_configs
@@ -72,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_without_teardown(main)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from apps.core.checkpoint.checkpointer import TrainState
 from apps.core.common.distributed import init_distributed
+from apps.core.common.teardown import exit_without_teardown
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.training.app import Trainer
 
@@ -59,4 +60,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    exit_without_teardown(lambda: main(sys.argv[1:]))

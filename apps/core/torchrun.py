@@ -54,7 +54,7 @@ def main(prog: str, argv: list[str] | None = None) -> None:
         try:
             _run_torchrun(prog, args)
         finally:
-            gc.freeze()  # a quick exit, as the trainers' (apps.core.common.distributed.leave_process_group)
+            gc.freeze()  # a quick exit: the teardown need not walk what the imports made
 
 
 def _run_torchrun(prog: str, args: list[str]) -> None:

@@ -8,6 +8,7 @@ is one process. Exit status 2, with one line, for a bad option, model, input or 
 """
 
 from apps.core.common.startup import imports_uncollected
+from apps.core.common.teardown import exit_without_teardown
 
 with imports_uncollected():  # ~0.9 s of each rank's start (see the module)
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -33,4 +34,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_without_teardown(main)

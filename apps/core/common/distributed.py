@@ -1,7 +1,6 @@
 """Process group and device of this rank: NCCL on GPUs, gloo on CPUs."""
 
 import datetime
-import gc
 import logging
 import os
 import socket
@@ -114,12 +113,9 @@ def exit_refused(error: Exception, env: DistEnv) -> NoReturn:
 
 
 def leave_process_group() -> None:
-    """A rank's last act: leaves its process group, and freezes Python's garbage collector, so
-    that the interpreter's teardown does not walk the ~330k objects that importing torch and
-    torchrec made, in collections that free nothing the process's exit does not (~1 s of every
-    rank's exit, measured on a 2-core host; a job waits for its slowest rank)."""
+    """A rank's last act: leaves its process group. (Its commands then end the process without
+    the interpreter's teardown: :mod:`apps.core.common.teardown`.)"""
     dist.destroy_process_group()
-    gc.freeze()
 
 
 def free_port() -> int:
