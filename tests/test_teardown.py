@@ -16,12 +16,16 @@ TIER = "integration"
 
 
 def ended(body: str, tmp_path) -> subprocess.CompletedProcess:
-    """A process whose ``main`` is ``body``, ended by exit_without_teardown, with a slow thread
-    that appends to ``tmp_path/log`` and an exit handler that does too."""
-    code = textwrap.dedent(
-        f"""
+    """A process whose ``main`` is ``body``, ended by exit_without_teardown, with a thread pool
+    left open, a slow thread that appends to ``tmp_path/log`` and an exit handler that does too."""
+    code = (
+        textwrap.dedent(
+            f"""
         import atexit, sys, threading, time
+        from concurrent.futures import ThreadPoolExecutor
         from apps.core.common.teardown import exit_without_teardown
+
+        pool = ThreadPoolExecutor(1)  # left open, idle: its worker must not keep the process
 
         def note(text):
             with open({str(tmp_path / "log")!r}, "a") as f:
@@ -30,9 +34,13 @@ def ended(body: str, tmp_path) -> subprocess.CompletedProcess:
         def main():
             threading.Thread(target=lambda: (time.sleep(0.3), note("thread"))).start()
             atexit.register(note, "exit handler")
+            pool.submit(note, "pool").result()
             print("printed, not yet flushed")
         """
-    ) + textwrap.indent(textwrap.dedent(body), "    ") + "\nexit_without_teardown(main)\nnote('after')\n"
+        )
+        + textwrap.indent(textwrap.dedent(body), "    ")
+        + "\nexit_without_teardown(main)\nnote('after')\n"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
 
 
@@ -52,5 +60,5 @@ def test_a_rank_ends_with_pythons_status_its_handlers_run_its_threads_joined(tmp
     assert stderr in result.stderr
     if "Error" in stderr:
         assert "Traceback (most recent call last)" in result.stderr
-    # The thread ended before the handlers ran, and nothing after main ran.
-    assert (tmp_path / "log").read_text() == "thread\nexit handler\n"
+    # The open pool did not hang the exit, the thread ended before the handlers ran, nothing after main ran.
+    assert (tmp_path / "log").read_text() == "pool\nthread\nexit handler\n"

@@ -37,10 +37,11 @@ def exit_without_teardown(main: Callable[[], object]) -> NoReturn:
     except BaseException:  # printed as an uncaught exception is
         sys.excepthook(*sys.exc_info())
         status = 1
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # logging's flush among them
+    # What the interpreter's exit does before its teardown, in its order: wake idle thread pools
+    # and join the other threads (threading's own exit step: a pool left open would otherwise
+    # keep its workers waiting forever), then the exit handlers (logging's flush among them).
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(status)
