@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import sys
+import textwrap
 
 import pytest
 
@@ -45,3 +46,40 @@ def test_a_full_disk_is_said_recorded_in_the_summary_and_the_committed_checkpoin
     assert summary["steps"] == 20
     store = CheckpointStore(str(kept), keep_last=2)
     assert store.steps() == [10] and store.newest().step == 10
+
+
+@pytest.mark.parametrize("write", ["claim", "commit"])
+def test_a_disk_full_for_a_checkpoints_small_files_is_said_in_one_line(tmp_path, write):
+    """The folder and owner file made before the shards, the manifest and commit marker after
+    them: a full disk there too is one line (SaveFailed), the checkpoint left uncommitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    code = textwrap.dedent(
+        f"""
+        import os
+        from apps.core.checkpoint.folder import CheckpointStore
+        from apps.core.checkpoint.storage import Checksums, SaveFailed
+
+        store = CheckpointStore({str(disk / "ckpt")!r}, keep_last=2)
+        store.run_id = "run-1"
+        if {write!r} == "commit":
+            store._claim(10)
+        with open({str(disk / "filler")!r}, "wb", buffering=0) as f:  # the disk full from here on
+            try:
+                while True:
+                    f.write(b"x" * 4096)
+            except OSError:
+                pass
+        try:
+            store._claim(10) if {write!r} == "claim" else store._commit(10, {{}}, None, Checksums(4096, {{}}))
+        except SaveFailed as e:
+            print("said:", e)
+        print("steps:", store.steps())
+        """
+    )
+    script = f"mount -t tmpfs -o size=256k tmpfs {disk} && {shlex.join([sys.executable, '-c', code])}"
+    result = run(["unshare", "--mount", "sh", "-c", script])
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = f"said: no space left on {disk / 'ckpt'} for step 10's checkpoint (its {'folder' if write == 'claim' else 'manifest'})"
+    assert said in result.stdout, result.stdout + result.stderr[-3000:]
+    assert "steps: []" in result.stdout

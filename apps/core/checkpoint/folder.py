@@ -24,6 +24,7 @@ Nothing in a checkpoint runs code: the shards are read by :mod:`apps.core.checkp
 which runs nothing from them, and the manifest is JSON.
 """
 
+import contextlib
 import json
 import logging
 import posixpath
@@ -32,7 +33,7 @@ import time
 import uuid
 from concurrent.futures import Future as ConcurrentFuture
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import fsspec
 import torch.distributed as dist
@@ -45,7 +46,9 @@ from apps.core.checkpoint.storage import (
     Checksums,
     DamagedCheckpoint,
     HostStager,
+    SaveFailed,
     load_shards,
+    no_space_left,
     save_shards,
     save_shards_async,
 )
@@ -278,10 +281,11 @@ class CheckpointStore:
         ``checksums``, then the commit marker (only now does the checkpoint count), the BEST marker
         if it is the best, then older checkpoints go (the best one stays)."""
         assert checksums is not None, "rank 0's writer has every rank's checksums"
-        with self.fs.open(posixpath.join(self._path(step), MANIFEST), "w") as f:
-            json.dump({**manifest, CHECKSUMS: checksums.record()}, f, indent=2, sort_keys=True)
-        with self.fs.open(posixpath.join(self._path(step), COMMIT_MARKER), "w") as f:
-            f.write(json.dumps({"step": step, "time": time.time()}) + "\n")
+        with self._space_for(step, "its manifest"):
+            with self.fs.open(posixpath.join(self._path(step), MANIFEST), "w") as f:
+                json.dump({**manifest, CHECKSUMS: checksums.record()}, f, indent=2, sort_keys=True)
+            with self.fs.open(posixpath.join(self._path(step), COMMIT_MARKER), "w") as f:
+                f.write(json.dumps({"step": step, "time": time.time()}) + "\n")
         logger.info("step %d: checkpoint committed at %s", step, self.step_url(step))
         if best_step == step:
             with self.fs.open(posixpath.join(self.root, BEST_MARKER), "w") as f:
@@ -300,9 +304,25 @@ class CheckpointStore:
             self._refuse_if_not_ours(step)
             self.fs.rm(path, recursive=True)
             self.damaged.pop(step, None)
-        self._make_dir(path)
-        with self.fs.open(posixpath.join(path, OWNER), "w") as f:
-            f.write(self.run_id)
+        with self._space_for(step, "its folder"):
+            self._make_dir(path)
+            with self.fs.open(posixpath.join(path, OWNER), "w") as f:
+                f.write(self.run_id)
+
+    @contextlib.contextmanager
+    def _space_for(self, step: int, what: str) -> Iterator[None]:
+        """The block's writes for step ``step``'s checkpoint; a full disk (or quota) ends the run
+        as a full disk during its shards' writes does (:class:`SaveFailed`, one line), the
+        checkpoint uncommitted and the committed ones kept."""
+        try:
+            yield
+        except OSError as e:
+            if not no_space_left(e):
+                raise
+            raise SaveFailed(
+                f"no space left on {self.url} for step {step}'s checkpoint ({what}): free space there, or "
+                "give --checkpoint_dir a disk with room; the committed checkpoints are kept"
+            ) from None
 
     def _refuse_if_not_ours(self, step: int) -> None:
         owner = self._owner(step)

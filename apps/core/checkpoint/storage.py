@@ -93,11 +93,11 @@ class SaveFailed(CheckpointError):
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
-def _no_space(error: BaseException) -> bool:
+def no_space_left(error: BaseException) -> bool:
     """Whether ``error`` is a write's running out of space, here or, within DCP's error of a save
     (which holds every rank's), on any rank."""
     if isinstance(error, CheckpointException):
-        return any(_no_space(failure) for failure, _ in error.failures.values())
+        return any(no_space_left(failure) for failure, _ in error.failures.values())
     return isinstance(error, OSError) and error.errno in _NO_SPACE
 
 
@@ -501,7 +501,7 @@ class _CheckpointWriter(FsspecWriter):
     def explained(self, error: BaseException) -> BaseException:
         """``error``, or where a rank ran out of space, :class:`SaveFailed` saying so (DCP's
         CheckpointException, which lists every rank's errors, and writes a traceback for each)."""
-        if not _no_space(error):
+        if not no_space_left(error):
             return error
         folder = redact_urls(posixpath.dirname(str(self.path).rstrip("/")))
         return SaveFailed(
