@@ -34,7 +34,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import boto3
 import torchx
-from botocore.exceptions import BotoCoreError
+from botocore.exceptions import BotoCoreError, ClientError
 from torchx.schedulers.api import (
     DescribeAppResponse,
     ListAppResponse,
@@ -440,7 +440,8 @@ def _region_fix() -> str:
 
 @contextlib.contextmanager
 def _reaching_batch() -> Iterator[None]:
-    """An endpoint that refuses the connection, or credentials that vanish, as one line."""
+    """An endpoint that refuses the connection, credentials that vanish, or a request that AWS
+    Batch refuses (a queue that is not there, a role it may not use), as one line."""
     try:
         yield
     except BotoCoreError as e:
@@ -448,6 +449,13 @@ def _reaching_batch() -> Iterator[None]:
         if fix is None:
             raise
         raise SetupError(f"-s aws_batch cannot reach AWS Batch: {fix}") from None
+    except ClientError as e:
+        error = e.response.get("Error", {})
+        said = " ".join(str(error.get("Message") or error.get("Code") or first_line(e)).split())
+        raise SetupError(
+            f"-s aws_batch: AWS Batch refused {e.operation_name}: {said}; check -cfg queue= (`aws batch "
+            "describe-job-queues` lists this account's queues in this region) and the job's roles"
+        ) from None
 
 
 # ── request rendering ────────────────────────────────────────────────────────────────────

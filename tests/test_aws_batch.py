@@ -339,3 +339,13 @@ def test_bad_scheduler_input_is_refused_before_submission(cfg, component_args, f
     assert result.returncode == 1
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_queue_that_is_not_there_is_said_in_one_line(aws):
+    result = torchx("run", "-s", "aws_batch", "-cfg", "queue=missing-queue", "--workspace", "", "components.dlrm:train")
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert (
+        "-s aws_batch: AWS Batch refused SubmitJob: Job queue missing-queue does not exist; check -cfg queue=" in out
+    ), out
+    assert "Traceback" not in out, out
