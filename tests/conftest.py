@@ -19,8 +19,8 @@ import sys
 import pytest
 
 # Every process a test starts (torchrun, its trainers, benchmarks) prints each thread's Python
-# stack if it dies of a fatal signal: evidence for a crash seen once in CI (a trainer's
-# "terminate called without an active exception", SIGABRT, test_equivalence[data_parallel]).
+# stack if it dies of a fatal signal: the first evidence of the Gloo abort at exit that
+# apps/core/common/teardown.py now prevents ("terminate called without an active exception").
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 TIERS = ("unit", "integration", "slurm", "gpu", "slow")

@@ -319,10 +319,7 @@ class CheckpointStore:
         except OSError as e:
             if not no_space_left(e):
                 raise
-            raise SaveFailed(
-                f"no space left on {self.url} for step {step}'s checkpoint ({what}): free space there, or "
-                "give --checkpoint_dir a disk with room; the committed checkpoints are kept"
-            ) from None
+            raise SaveFailed.no_space(self.url, f" for step {step}'s checkpoint ({what})") from None
 
     def _refuse_if_not_ours(self, step: int) -> None:
         owner = self._owner(step)

@@ -88,6 +88,15 @@ class DamagedCheckpoint(CheckpointError):
 class SaveFailed(CheckpointError):
     """A checkpoint could not be written (no space left); the committed ones are kept."""
 
+    @classmethod
+    def no_space(cls, folder: str, which: str) -> "SaveFailed":
+        """The one line for a full disk (or quota) under ``folder``; ``which`` says what needed
+        the space."""
+        return cls(
+            f"no space left on {redact_urls(folder)}{which}: free space there, or give --checkpoint_dir a "
+            "disk with room; the committed checkpoints are kept"
+        )
+
 
 #: The errors of a write that found the disk (or the user's quota) full.
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -503,11 +512,8 @@ class _CheckpointWriter(FsspecWriter):
         CheckpointException, which lists every rank's errors, and writes a traceback for each)."""
         if not no_space_left(error):
             return error
-        folder = redact_urls(posixpath.dirname(str(self.path).rstrip("/")))
-        return SaveFailed(
-            f"no space left on {folder} (need ~{self.planned / 1e9:.3g} GB for a checkpoint): free space "
-            "there, or give --checkpoint_dir a disk with room; the committed checkpoints are kept"
-        )
+        folder = posixpath.dirname(str(self.path).rstrip("/"))
+        return SaveFailed.no_space(folder, f" (need ~{self.planned / 1e9:.3g} GB for a checkpoint)")
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Writes this rank's shards as DCP does, but in two files: ``__<rank>_0.distcp`` the
