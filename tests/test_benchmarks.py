@@ -17,6 +17,7 @@ CHECKPOINT_IO = f"{REPO}/benchmarks/checkpoint_io.py"
 PREDICT_THROUGHPUT = f"{REPO}/benchmarks/predict_throughput.py"
 STARTUP = f"{REPO}/benchmarks/startup.py"
 HSTU = f"{REPO}/benchmarks/hstu_throughput.py"
+PARQUET = f"{REPO}/benchmarks/parquet_loader.py"
 RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per_sec", "eval_samples_per_cpu_sec")
 
 
@@ -113,6 +114,20 @@ def test_predict_throughput_prints_its_ratios_against_the_evaluation_loop(tmp_pa
         assert figures[ratio] > 0 and ratio in result.stdout, figures
     assert figures["int8_table_reduction"] > 1 and figures["export_none_seconds_per_trained_gb"] > 0, figures
     assert figures["predict_job_1_rank_rows_per_sec"] > 0, figures
+
+
+def test_parquet_loader_reports_ours_over_both_baselines_locally_and_from_s3(tmp_path):
+    report = tmp_path / "parquet.json"
+    tiny = ["--rows", "40000", "--row_group_rows", "5000", "--batch_size", "1024", "--repeats", "1", "--passes", "1"]
+    result = run([sys.executable, PARQUET, *tiny, "--json", str(report)])
+    assert_ok(result)
+    figures = json.loads(report.read_text())
+    for target in ("local", "s3"):
+        rates = {side: figures[target][f"{side}_samples_per_cpu_sec"] for side in ("ours", "scanner", "row_groups")}
+        assert all(rate > 0 for rate in rates.values()), figures
+        for baseline in ("scanner", "row_groups"):
+            assert figures[target][f"ours_over_{baseline}_samples_per_cpu_sec"] == rates["ours"] / rates[baseline]
+            assert f"{target:5s} ours / {baseline}: " in result.stdout
 
 
 def test_startup_times_both_sides_to_their_first_step(tmp_path):
