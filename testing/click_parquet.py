@@ -23,20 +23,26 @@ def write_click_parquet(
     row_group_rows: int = 1024,
     num_embeddings: int = 2000,
     seed: int = 0,
+    dense_counts: bool = False,
 ) -> str:
     """Writes ``files`` files of ``rows_per_file`` rows into ``folder`` (``day_0.parquet``, ...);
     returns the folder. The sparse columns hold the synthetic ids (rows of tables of
-    ``num_embeddings``) as int64 values, which training hashes (or takes as they are)."""
+    ``num_embeddings``) as int64 values, which training hashes (or takes as they are).
+    ``dense_counts``: the dense values x (standard normal) written as raw counts would be,
+    exp(x + 3) - 1 (up to thousands), which ``--dense_transform log1p`` reads back as x + 3."""
     cfg = train_config(num_embeddings=num_embeddings, batch_size=rows_per_file, seed=seed)
     logs = SyntheticClickLogs(cfg, rank=0, world_size=1)
     os.makedirs(folder, exist_ok=True)
     for f in range(files):
         batch = logs.block("train", f)
         ids = batch.sparse_features.values().view(cfg.model.num_sparse_features, rows_per_file).numpy()
+        dense = batch.dense_features.numpy().T
         columns = {
             "row_id": pa.array(np.arange(f * rows_per_file, (f + 1) * rows_per_file, dtype=np.int64)),
             "label": pa.array(batch.labels.numpy().astype(np.int8)),
-            **{f"int_{j}": pa.array(column) for j, column in enumerate(batch.dense_features.numpy().T)},
+            **{
+                f"int_{j}": pa.array(np.expm1(column + 3) if dense_counts else column) for j, column in enumerate(dense)
+            },
             **{f"cat_{k}": pa.array(column.astype(np.int64)) for k, column in enumerate(ids)},
         }
         pq.write_table(pa.table(columns), os.path.join(folder, f"day_{f}.parquet"), row_group_size=row_group_rows)

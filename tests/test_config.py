@@ -117,7 +117,7 @@ def test_sections_flatten_to_unique_option_names_and_back():
     """The command line names an option without its section: no two sections may share a name,
     and building from the flat names puts every value back in its section."""
     names = [field.name for field in options_of(TrainConfig)]
-    assert len(names) == len(set(names)) == 63
+    assert len(names) == len(set(names)) == 64
     cfg = train_config(batch_size=64, embedding_dim=8, dense_arch_layer_sizes=[8], keep_last=3, hbm_gb=0.0)
     assert (cfg.training.batch_size, cfg.model.embedding_dim, cfg.checkpoint.keep_last) == (64, 8, 3)
     assert cfg.replace(batch_size=32).training.batch_size == 32 and cfg.training.batch_size == 64
@@ -125,3 +125,11 @@ def test_sections_flatten_to_unique_option_names_and_back():
         train_config(batch=64)
     with pytest.raises(AttributeError, match="checkpoint_dir"):  # its home is cfg.checkpoint
         cfg.checkpoint_dir = "/elsewhere"  # type: ignore[attr-defined]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("data", ["synthetic", "criteo"])
+def test_dense_transform_is_refused_where_the_data_has_its_own(data):
+    options = dict(data=data, data_path="/data/criteo" if data == "criteo" else "", dense_transform="log1p")
+    with pytest.raises(ConfigError, match="--dense_transform log1p is read only with --data parquet: --data criteo"):
+        train_config(**options)

@@ -330,6 +330,25 @@ def test_nan_and_infinite_dense_values_train_as_nulls_do_and_are_counted(tmp_pat
 
 
 @pytest.mark.unit
+def test_unscaled_dense_columns_are_warned_of_and_log1p_reads_the_log_of_their_clipped_values(tmp_path, caplog):
+    r = np.arange(300)
+    path = write_one(tmp_path, "counts", table(0, 300, int_2=pa.array((r * 100.0) ** 2)))  # raw counts, up to 8.9e8
+    with caplog.at_level(logging.WARNING, logger="apps.dlrm.data"):
+        plain = dataset(path, eval_fraction=0.5)
+    # int_0 (r) and int_1 (-r) reach only 299: values the MLPs take as they are.
+    assert "which an MLP trains poorly on: int_2 (up to 8.94e+08); give --dense_transform log1p" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="apps.dlrm.data"):
+        logged = dataset(path, eval_fraction=0.5, dense_transform="log1p")
+    assert caplog.text == ""
+    batches = list(zip(plain.eval_batches("val", 0), logged.eval_batches("val", 0)))
+    assert sum(len(rows_of(read)) for read, _ in batches) == 75  # the validation half of the held-out half
+    for read, transformed in batches:
+        expected = np.log1p(np.maximum(read.dense_features.numpy(), 0))  # int_1 = -r clips to 0
+        assert np.array_equal(transformed.dense_features.numpy(), expected)
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "change, kwargs, fragment",
     [

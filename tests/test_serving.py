@@ -1,7 +1,8 @@
 """After training: train -> export -> predict as a user runs them, three ``torchx run`` commands on
 local_cwd, and what their results must be.
 
-Once per module: Parquet click logs that a DLRM learns (testing/click_parquet.py), a sharded
+Once per module: Parquet click logs that a DLRM learns (testing/click_parquet.py; their dense
+values raw counts, which training reads through ``--dense_transform log1p``), a sharded
 training run on two ranks that keeps its best checkpoint and tests it, its float32 package
 (``components.dlrm:export``), its int8 package, predictions of every row by the float32 package on
 two ranks (``components.dlrm:predict``), and the training job's own per-row scores of its test
@@ -64,9 +65,20 @@ def torchx_run(component: str, *args: str) -> subprocess.CompletedProcess:
 def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("serving")
     paths = SimpleNamespace(**{name: str(root / name) for name in ("data", "ckpt", "out", "fp32", "int8", "scores")})
-    write_click_parquet(paths.data, files=FILES, rows_per_file=ROWS_PER_FILE)
+    write_click_parquet(paths.data, files=FILES, rows_per_file=ROWS_PER_FILE, dense_counts=True)
     data = ["--data", "parquet", "--data_path", paths.data]
-    train = [*data, *MODEL, "--val_batches", "0", "--test_batches", "0", "--checkpoint_dir", paths.ckpt]
+    train = [
+        *data,
+        *MODEL,
+        "--dense_transform",
+        "log1p",
+        "--val_batches",
+        "0",
+        "--test_batches",
+        "0",
+        "--checkpoint_dir",
+        paths.ckpt,
+    ]
     assert_ok(run([*LOCAL_TRAIN_1X2, *train, "--output_dir", paths.out]))
     torchx_run("components.dlrm:export", "--checkpoint_dir", paths.ckpt, "--step", "best", "--output", paths.fp32)
     export(ExportConfig(checkpoint_dir=paths.ckpt, output=paths.int8, quantize="int8"))
@@ -153,6 +165,8 @@ features = manifest["features"]
 if manifest["tables"]["quantize"] != "none":
     import torchrec  # noqa: F401 - registers FBGEMM's table operators
 dense, raw = np.load(f"{inputs}/dense.npy"), np.load(f"{inputs}/sparse.npy")
+if features["dense_log1p"]:  # the manifest's dense_transform
+    dense = np.log1p(np.maximum(dense, 0))
 
 
 def splitmix64(x):  # the manifest's id_transform

@@ -25,6 +25,7 @@ from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, PRESET_CHOI
 
 INTERACTIONS = ("dot", "dcn", "projection")
 DATASETS = ("synthetic", "criteo", "parquet")
+DENSE_TRANSFORMS = ("none", "log1p")
 CATEGORICAL_IDS = ("hash", "as_is")
 #: What --data_path names, for the sources that read one.
 DATA_PATH_HELP = {
@@ -251,6 +252,15 @@ class DataConfig:
         "--output_format parquet`).",
         choices=CATEGORICAL_IDS,
     )
+    dense_transform: str = option(
+        "none",
+        "Parquet: what the dense values go through before the model. none: as read (already "
+        "scaled, e.g. by Merlin/NVTabular's LogOp); log1p: log(1 + max(x, 0)), what Criteo's "
+        "preprocessing makes of its counts, for raw counts, prices or durations (an MLP trains "
+        "poorly on values in the thousands and beyond; the job warns of such columns at start). "
+        "An exported model scores with the transform it trained with.",
+        choices=DENSE_TRANSFORMS,
+    )
     eval_days: int = option(
         1,
         "Criteo and Parquet: the last N days (files) are held out, MLPerf style: the first half "
@@ -284,6 +294,11 @@ class DataConfig:
             raise ConfigError(f"--data {self.data} needs --data_path: {DATA_PATH_HELP[self.data]}")
         if self.data not in DATA_PATH_HELP and self.data_path:
             raise ConfigError(f"--data_path {self.data_path} is read only with --data criteo or parquet")
+        if self.dense_transform != "none" and self.data != "parquet":
+            raise ConfigError(
+                f"--dense_transform {self.dense_transform} is read only with --data parquet: --data criteo's "
+                "preprocessing already takes log(1 + max(x, 0)) of its counts, synthetic values are standard normal"
+            )
         for name in ("eval_days", "shuffle_block_rows", "shuffle_buffer_rows"):
             require_positive(name, getattr(self, name))
         require_positive("zipf_exponent", self.zipf_exponent)

@@ -3,7 +3,7 @@
 :class:`Features` is the input side of a trained model: which columns feed it (the training run's
 ``--dense_columns`` and ``--sparse_columns``, patterns matched in natural order as training
 matched them), how a sparse value becomes a table row (``--categorical_ids``: hash or as_is) and
-how dense values are read. A model trained on Criteo or synthetic data reads the columns that
+how dense values are read (``--dense_transform``: as they are, or log(1 + max(x, 0))). A model trained on Criteo or synthetic data reads the columns that
 ``python -m apps.dlrm.preprocess --output_format parquet`` writes (``int_0`` ..., ``cat_0`` ...),
 its ids as they are (preprocessed ids are table rows).
 
@@ -44,6 +44,8 @@ _HASH = (
 ).format(gamma=GOLDEN_GAMMA)
 _DENSE = {
     "parquet": "each dense column read as float32; null, NaN and infinite values as 0",
+    "parquet_log1p": "each dense column read as float32; null, NaN and infinite values as 0; then "
+    "log(1 + max(x, 0)) (--dense_transform log1p)",
     "criteo": "the preprocessed values: log(1 + max(x, 0)) of Criteo's integers, a missing one as 0 "
     "(apps/dlrm/data/criteo/convert.py); null, NaN and infinite values as 0",
     "synthetic": "as generated (standard normal); null, NaN and infinite values as 0",
@@ -60,6 +62,7 @@ class Features:
     categorical_ids: str  #: hash or as_is
     table_sizes: list[int]
     num_dense_features: int
+    dense_log1p: bool = False  #: dense values through log(1 + max(x, 0)) (--dense_transform log1p)
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> "Features":
@@ -74,12 +77,17 @@ class Features:
         parquet = cfg.data.data == "parquet"
         dense, sparse = (cfg.data.dense_columns, cfg.data.sparse_columns) if parquet else CRITEO_COLUMNS
         ids = cfg.data.categorical_ids if parquet else "as_is"
-        return cls(cfg.data.data, list(dense), list(sparse), ids, cfg.model.table_sizes, cfg.model.num_dense_features)
+        log1p = cfg.data.dense_transform == "log1p"
+        return cls(
+            cfg.data.data, list(dense), list(sparse), ids, cfg.model.table_sizes, cfg.model.num_dense_features, log1p
+        )
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "Features":
-        """The features a package's manifest records (:meth:`record`)."""
-        return cls(*(record[name] for name in cls.__dataclass_fields__))
+        """The features a package's manifest records (:meth:`record`); a package exported before
+        ``--dense_transform`` existed records no ``dense_log1p``: its values were read as they are."""
+        required = {name: record[name] for name in cls.__dataclass_fields__ if name != "dense_log1p"}
+        return cls(**required, dense_log1p=record.get("dense_log1p", False))
 
     def record(self) -> dict[str, Any]:
         """The manifest's ``features``: these fields, the keys, and the transforms in words."""
@@ -90,7 +98,7 @@ class Features:
             "id_transform": _HASH
             if self.categorical_ids == "hash"
             else "as_is: the value is the table row, in [0, size)",
-            "dense_transform": _DENSE[self.data],
+            "dense_transform": _DENSE[f"{self.data}_log1p" if self.dense_log1p else self.data],
         }
 
     @property
@@ -116,6 +124,7 @@ class Features:
                     "dense_columns": self.dense_columns,
                     "sparse_columns": self.sparse_columns,
                     "categorical_ids": self.categorical_ids,
+                    "dense_transform": "log1p" if self.dense_log1p else "none",
                     "num_dense_features": self.num_dense_features,
                     "num_sparse_features": len(self.table_sizes),
                     "num_embeddings_per_feature": self.table_sizes,
@@ -140,7 +149,9 @@ class RowScorer:
         self.module = module
         self.features = features
         self.batch_rows = batch_rows
-        self.decoder = RowDecoder(spec, features.table_sizes, features.categorical_ids, np.dtype(np.int64))
+        self.decoder = RowDecoder(
+            spec, features.table_sizes, features.categorical_ids, np.dtype(np.int64), features.dense_log1p
+        )
 
     def decode(self, table: pa.Table, source: str, group: int = 0) -> Rows:
         """The rows of ``table`` (of ``source``'s row group ``group``, as errors name them)."""

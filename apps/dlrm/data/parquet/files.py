@@ -20,6 +20,10 @@ exports and pyarrow do by default). For a file without them the same checks run 
 read (:mod:`apps.dlrm.data.parquet.read`), and stop training with the same message; so do the labels
 that statistics cannot show (0.5 between a chunk's minimum 0 and maximum 1; NaN, which they leave out).
 
+Scale: the same statistics give each dense column's largest magnitude; columns that reach beyond
+:data:`UNSCALED_DENSE` (raw counts, prices, durations) are named by :func:`unscaled_dense`, which
+the loader warns of unless ``--dense_transform`` already takes their logarithm.
+
 Null counts: a null dense value trains as 0, a null sparse value as an empty bag (no id). Their
 counts per column, summed from the same statistics, are logged at start-up as the Criteo
 preprocessing reports its repaired rows. A list column's statistics cannot tell a null list from
@@ -28,6 +32,7 @@ bags anyway.
 """
 
 import fnmatch
+import math
 from dataclasses import dataclass
 
 import fsspec
@@ -45,6 +50,9 @@ FOOTER_GUESS = 1 << 16
 _MAGIC = b"PAR1"
 _ENCRYPTED_MAGIC = b"PARE"
 _TAIL = 8  # the footer's length (4 bytes, little-endian) and the magic
+#: A dense value beyond this magnitude is unscaled: the MLPs' first layer turns it into activations
+#: that saturate the loss (a column of 1e20 counts trained to losses of 1e15 and AUROC 0.47).
+UNSCALED_DENSE = 1000.0
 
 
 @dataclass(frozen=True)
@@ -314,6 +322,25 @@ def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[
                     for value in (stats.min, stats.max):
                         check_id(value, ranges[name], file.url, name, g)
     return nulls
+
+
+def unscaled_dense(files: list[DataFile], spec: ColumnSpec) -> dict[str, float]:
+    """The dense columns whose statistics reach beyond ``UNSCALED_DENSE`` either way, each with the
+    largest finite magnitude recorded (columns and files without statistics are not judged)."""
+    largest: dict[str, float] = {}
+    for file in files:
+        leaves = leaf_columns(file.metadata)
+        for g in range(file.metadata.num_row_groups):
+            group = file.metadata.row_group(g)
+            for name in spec.dense:
+                stats = group.column(leaves[name][0]).statistics
+                if stats is None or not stats.has_min_max:
+                    continue
+                magnitudes = [abs(float(value)) for value in (stats.min, stats.max)]
+                magnitude = max((m for m in magnitudes if math.isfinite(m)), default=0.0)
+                if magnitude > UNSCALED_DENSE:
+                    largest[name] = max(largest.get(name, 0.0), magnitude)
+    return {name: largest[name] for name in spec.dense if name in largest}
 
 
 def leaf_columns(metadata: pq.FileMetaData) -> dict[str, range]:

@@ -40,7 +40,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from apps.core.common.errors import ConfigError
 from apps.core.common.splits import held_out_split
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.parquet.files import CheckedFiles, null_report
+from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, null_report, unscaled_dense
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs, run_rows
 from apps.dlrm.data.parquet.read import RowDecoder, RowGroupReader, Rows
 from apps.dlrm.data.prefetch import prefetched
@@ -76,7 +76,10 @@ class ParquetClickLogs:
         int32_ids = max(cfg.model.table_sizes) <= INT32_IDS
         id_dtype = np.dtype(np.int32 if int32_ids else np.int64)
         self._ids_dtype = torch.int32 if int32_ids else torch.int64
-        decoder = RowDecoder(self.spec, cfg.model.table_sizes, cfg.data.categorical_ids, id_dtype)
+        log1p = cfg.data.dense_transform == "log1p"
+        decoder = RowDecoder(self.spec, cfg.model.table_sizes, cfg.data.categorical_ids, id_dtype, log1p)
+        if rank == 0 and not log1p:
+            self._warn_if_unscaled()
         self._reader = RowGroupReader(fs, self.files, decoder)
         self.splits = held_out_split(
             [file.rows for file in self.files],
@@ -118,6 +121,20 @@ class ParquetClickLogs:
             len(self.spec.sparse),
             null_report(self.null_counts),
         )
+
+    def _warn_if_unscaled(self) -> None:
+        """Names the dense columns whose values reach far from 0 (the footers' statistics say so):
+        left as they are, they saturate the model's loss."""
+        unscaled = unscaled_dense(self.files, self.spec)
+        if unscaled:
+            logger.warning(
+                "parquet %s: dense columns with values beyond +-%g, which an MLP trains poorly on: %s; give "
+                "--dense_transform log1p (log(1 + max(x, 0)), for counts, prices, durations) or scale them where "
+                "the files are written",
+                self.cfg.data.data_path,
+                UNSCALED_DENSE,
+                ", ".join(f"{name} (up to {value:.3g})" for name, value in unscaled.items()),
+            )
 
     # --- iteration -----------------------------------------------------------------------------
 
