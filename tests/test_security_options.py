@@ -46,6 +46,7 @@ def test_a_boolean_means_the_same_to_torchx_and_to_the_app(text):
         (["--shuffle", "maybe"], "--shuffle: expected true or false"),
         (["--learning_rate", "nan"], "--learning_rate: expected a finite number, got 'nan'"),
         (["--zipf_exponent", "inf"], "--zipf_exponent: expected a finite number, got 'inf'"),
+        (["--dense_learning_rate", "1e39"], "--dense_learning_rate: expected a number within float32's range"),
         (["--num_embeddings", "99999999999999999999999"], "exceed 2**63 bytes"),
         (["--num_sparse_features", "20000"], "--num_sparse_features 20000 is more than 1024"),
         (["-j", "1x100000"], "-j '1x100000' starts 100000 processes per node, more than 1024"),

@@ -132,15 +132,23 @@ def parse_bool(text: str) -> bool:
     )
 
 
+#: The largest float32: training computes in float32 (a fused optimizer's learning rate too).
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def parse_finite_float(text: str) -> float:
     """A float that arithmetic can use: ``nan`` and ``inf`` pass every range check and then
-    poison training, so they are refused here, where the text is read."""
+    poison training, so they are refused here, where the text is read; so are values beyond
+    float32's range, which are inf where training computes (a learning rate of 1e39 stopped the
+    first step with a traceback from deep in the optimizer)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if abs(value) > FLOAT32_MAX:
+        raise argparse.ArgumentTypeError(f"expected a number within float32's range (+-3.4e38), got {text!r}")
     return value
 
 
