@@ -47,7 +47,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     reject_unknown(kwargs, Launch, PlanCheck, TrainConfig)
     launch = take(Launch, kwargs)
     cfg = take(TrainConfig, kwargs)
-    take(PlanCheck, kwargs).run(launch, cfg)
+    take(PlanCheck, kwargs).run(launch, cfg, "apps.dlrm.plan")
     check_before_submitting(launch, cfg)
     return launch.training_app("apps.dlrm.train", cfg)
 

@@ -4,6 +4,7 @@ Units), trained with TorchRec on the machinery the DLRM app shares.
     torchx run -s local_cwd components.hstu:train -j 1x2
     torchx run -s slurm components.hstu:train -j 2x8 -h aws_p4d.24xlarge --data parquet --data_path s3://b/seqs/
     torchx run components.hstu:plan -j 2x8 -h aws_p4d.24xlarge --num_items 100000000   # does it fit?
+    torchx run -s slurm components.hstu:train -j 2x8 -h aws_p4d.24xlarge --check_plan true ...  # only if it fits
 
 Each runs an app module of this project (``python -m apps.hstu.train``), training under TorchX's
 own ``dist.torchrun``; the app's options are the component's arguments, so
@@ -20,6 +21,7 @@ from apps.core.options import option
 from apps.hstu.config import PlanConfig, TrainConfig
 from components import torchx_logs
 from components.launch import Launch, plan_preview
+from components.plan_check import PlanCheck
 from components.preflight import check_devices
 from components.signature import component_args, reject_unknown, take
 
@@ -34,7 +36,7 @@ class HSTULaunch(Launch):
     name: str = option("hstu", "Job name: {experiment}/{run}, {experiment}/ or {run}.")
 
 
-@component_args(HSTULaunch, TrainConfig)
+@component_args(HSTULaunch, PlanCheck, TrainConfig)
 def train(**kwargs: Any) -> specs.AppDef:
     """Trains, validates and tests an HSTU generative recommender whose item and action tables
     are sharded across all ranks.
@@ -46,9 +48,10 @@ def train(**kwargs: Any) -> specs.AppDef:
     allows. NCCL on GPUs, gloo on CPUs. summary.json and TensorBoard events go to --output_dir,
     by default a new folder per run under outputs/, with the logs of each attempt.
     """
-    reject_unknown(kwargs, HSTULaunch, TrainConfig)
+    reject_unknown(kwargs, HSTULaunch, PlanCheck, TrainConfig)
     launch = take(HSTULaunch, kwargs)
     cfg = take(TrainConfig, kwargs)
+    take(PlanCheck, kwargs).run(launch, cfg, "apps.hstu.plan")
     check_devices(launch, cfg)
     return launch.training_app("apps.hstu.train", cfg)
 

@@ -1,8 +1,10 @@
 """``train --check_plan true``: preview the job's sharding plan and refuse to submit one that
-does not fit, with the preview of ``components.dlrm:plan`` run in-process while TorchX builds
-the job (so ``--dryrun`` checks too)."""
+does not fit, with the preview of the app's ``plan`` component run in-process while TorchX builds
+the job (so ``--dryrun`` checks too). Any app's train component takes it: the preview is the
+app's ``check_plan_fits`` (``apps/<app>/plan.py``)."""
 
 import contextlib
+import importlib
 import logging
 from dataclasses import dataclass
 from typing import Iterator
@@ -10,9 +12,9 @@ from typing import Iterator
 from torchx import specs
 
 from apps.core.common.errors import ConfigError
+from apps.core.config import RunConfig
 from apps.core.launch.target import PlanTarget, check_hbm_gb
 from apps.core.options import option
-from apps.dlrm.config import TrainConfig
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
 
@@ -24,12 +26,13 @@ class PlanCheck:
     check_plan: bool = option(
         False,
         "Before submitting, plan the embedding tables for this job's ranks (-j, -h or gpu/memMB) "
-        "with TorchRec's planner, as components.dlrm:plan does, and refuse to launch if they do "
-        "not fit in the ranks' memory.",
+        "with TorchRec's planner, as the app's plan component does, and refuse to launch if they "
+        "do not fit in the ranks' memory.",
     )
 
-    def run(self, launch: Launch, cfg: TrainConfig) -> None:
-        """Raises InvalidComponentArgument, with the plan's verdict, if the plan does not fit.
+    def run(self, launch: Launch, cfg: RunConfig, plan_module: str) -> None:
+        """Raises InvalidComponentArgument, with the plan's verdict, if the plan of the app whose
+        preview ``plan_module`` holds (``apps.dlrm.plan``) does not fit.
 
         The preview plans with the job's own --hbm_gb (a TrainConfig field, which the app also
         plans with), so it predicts the plan the job makes. Without --check_plan, an --hbm_gb that
@@ -44,15 +47,13 @@ class PlanCheck:
             )
             with _info_logs_off():
                 # Imported only when asked: planning loads torch and torchrec, building a job does not.
-                from apps.dlrm.plan import check_plan_fits
-
-                verdict = check_plan_fits(cfg, target).verdict()
+                verdict = importlib.import_module(plan_module).check_plan_fits(cfg, target).verdict()
         except ConfigError as e:
             raise InvalidComponentArgument(str(e)) from None
         logger.info("--check_plan: %s", verdict)
 
 
-def _check_hbm_gb(launch: Launch, cfg: TrainConfig) -> None:
+def _check_hbm_gb(launch: Launch, cfg: RunConfig) -> None:
     resource = launch.resource or specs.Resource(cpu=launch.cpu, gpu=launch.gpu, memMB=launch.memMB)
     try:
         check_hbm_gb(cfg.launch.hbm_gb, resource, launch.h)

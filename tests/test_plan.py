@@ -22,7 +22,7 @@ from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.plan import main as plan_app
 from apps.dlrm.plan import preview
-from components import dlrm
+from components import dlrm, hstu
 from components.signature import InvalidComponentArgument
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, assert_ok, run
 
@@ -324,6 +324,16 @@ def test_check_plan_refuses_to_launch_a_job_that_does_not_fit(tmp_path):
     assert result.returncode == 1
     assert "--check_plan: does not fit: needs 41.17 GiB host memory on rank 0" in result.stderr
     assert "Traceback" not in result.stderr and "=== SCHEDULER REQUEST ===" not in result.stdout
+
+
+def test_check_plan_refuses_an_hstu_job_whose_item_table_does_not_fit():
+    """The second app's train component plans with its own model (an EmbeddingCollection)."""
+    with pytest.raises(InvalidComponentArgument) as error:
+        hstu.train(check_plan=True, num_items=500_000_000)
+    assert re.match(
+        r"--check_plan: does not fit: needs \d+\.\d\d GiB host memory on rank 0, has 4\.00 GiB", str(error.value)
+    )
+    assert hstu.train(check_plan=True).roles[0].entrypoint  # the default model fits: the job is built
 
 
 def test_check_plan_launches_a_job_that_fits_with_the_plan_it_previewed(tmp_path):
