@@ -9,10 +9,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from apps.core.common.distributed import free_port
-from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
+from apps.hstu.config import HSTUModelConfig, SequenceDataConfig, train_config
 from apps.hstu.data import make_dataset
 from apps.hstu.metrics import ActionAUROC, RetrievalMetrics, auroc
 from apps.hstu.model import build_model
+from apps.hstu.training.app import SequenceMetrics
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
@@ -83,6 +84,44 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def trained(model_cfg: HSTUModelConfig, steps: int):
+    """A model of ``model_cfg`` after ``steps`` Adam steps on synthetic users, and their source."""
+    torch.manual_seed(0)
+    source = make_dataset(model_cfg, SequenceDataConfig(synthetic_noise=0.2), 0, 64, 0, 1, CPU)
+    train = build_model(model_cfg, CPU, CPU)
+    optimizer = torch.optim.Adam(train.parameters(), lr=0.01)
+    for _, batch in zip(range(steps), source.train_batches()):
+        loss, _ = train(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return train.eval(), source
+
+
+def test_a_small_ranking_model_learns_the_planted_actions_up_to_their_ceiling(one_thread):
+    """The ranking objective's ceiling is the AUROC of the logits the synthetic actions are drawn
+    with, on the same target events: a model that learned each item's actions comes close to it
+    and not above it by more than the sampling error of 512 users."""
+    model_cfg = HSTUModelConfig(
+        num_items=100, embedding_dim=32, num_layers=1, num_heads=1, attention_dim=16, linear_dim=16,
+        max_seq_len=10, objective="ranking",
+    )  # fmt: skip
+    train, source = trained(model_cfg, 300)
+    metrics = SequenceMetrics(train_config(objective="ranking"), CPU, None, source.action_oracle())
+    with torch.no_grad():
+        for batch in source.eval_batches("val", 8):
+            metrics.update(batch, train.evaluate(batch))
+    result = metrics.compute()
+    assert 0.6 < result["auroc_ceiling"] < 1, result  # the actions depend on the item, not wholly
+    assert result["auroc_ceiling"] - 0.07 < result["auroc"] < result["auroc_ceiling"] + 0.03, result
+    untrained = SequenceMetrics(train_config(objective="ranking"), CPU, None, source.action_oracle())
+    fresh = build_model(model_cfg, CPU, CPU).eval()
+    with torch.no_grad():
+        for batch in source.eval_batches("val", 8):
+            untrained.update(batch, fresh.evaluate(batch))
+    assert untrained.compute()["auroc"] < result["auroc_ceiling"] - 0.1  # the ceiling is not a given
 
 
 def test_a_small_model_learns_the_planted_transitions(one_thread):

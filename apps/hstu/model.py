@@ -63,12 +63,14 @@ class EvalOutput:
     """What the metrics need of an evaluation batch, whose users' last event is the target.
 
     Retrieval: ``ranks`` [users], the target item's rank among the candidates (1 = first).
-    Ranking: ``action_logits`` and ``action_labels`` [users, num_actions] of the target event.
+    Ranking: ``action_logits`` and ``action_labels`` [users, num_actions] of the target event, and
+    its item, ``target_items`` [users] (what the synthetic data's ceiling scores).
     """
 
     ranks: torch.Tensor | None = None
     action_logits: torch.Tensor | None = None
     action_labels: torch.Tensor | None = None
+    target_items: torch.Tensor | None = None
 
 
 class SequenceEncoder(nn.Module):
@@ -224,7 +226,7 @@ class HSTUTrain(nn.Module):
         if isinstance(self.model.loss, RankingLoss):
             logits = self.model.loss.action_head(encoded.outputs[targets])
             labels = F.one_hot(encoded.actions[targets], self.cfg.num_actions).to(logits.dtype)
-            return EvalOutput(action_logits=logits, action_labels=labels)
+            return EvalOutput(action_logits=logits, action_labels=labels, target_items=encoded.items[targets])
         queries = F.normalize(encoded.outputs[targets - 1], dim=-1)
         target_ids = encoded.items[targets]
         target_scores = (queries * item_vectors(encoded.item_embeddings[targets])).sum(-1)

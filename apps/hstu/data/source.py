@@ -11,7 +11,7 @@ uninterrupted one reads, and ranks never read the same users at once.
 """
 
 from dataclasses import dataclass
-from typing import Generator
+from typing import Callable, Generator
 
 import torch
 
@@ -85,6 +85,12 @@ class SequenceSource:
 
     def ceiling(self) -> dict[str, float] | None:
         """The best metrics any model can reach on this data, where known (synthetic data)."""
+        return None
+
+    def action_oracle(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """Where the data's actions are drawn from a known law of the event's item (synthetic
+        data), the function from items [n] to each action's probability [n, num_actions]: the
+        Bayes-optimal ranking scores, whose AUROC is the ranking objective's ceiling."""
         return None
 
     def train_batches(self, start_step: int = 0) -> Generator[SequenceBatch, None, None]:

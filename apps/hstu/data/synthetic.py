@@ -20,6 +20,7 @@ users of that stream, whose earlier events training has seen, as leave-last-out 
 """
 
 import math
+from typing import Callable
 
 import torch
 
@@ -167,6 +168,10 @@ class SyntheticSequences(SequenceSource):
 
     def ceiling(self) -> dict[str, float]:
         return self.process.ceiling(self.data.eval_negatives)
+
+    def action_oracle(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        # Probabilities, not the logits: whether action a is taken depends on every action's logit.
+        return lambda items: torch.softmax(self.process.action_logits(items), dim=-1)
 
     def events(self, users: torch.Tensor) -> Events:
         """Users ``users``' events: from ``--synthetic_min_events`` to ``--max_seq_len + 2`` each."""

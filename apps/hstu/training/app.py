@@ -6,7 +6,7 @@ ceiling on synthetic data; AUROC per action for ranking) and summary.json's figu
 """
 
 import math
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -30,17 +30,31 @@ CEILING_NOTE = (
     "hr@10_ceiling, ndcg@10_ceiling, mrr_ceiling: what the hidden process that generates the "
     "synthetic users allows, the best any model can reach"
 )
+ACTION_CEILING_NOTE = (
+    "auroc_ceiling: the AUROC that the probabilities the synthetic actions are drawn with reach on the "
+    "same target events, the Bayes-optimal ranking scores"
+)
 
 
 class SequenceMetrics:
     """One split's leave-last-out metrics over every rank's users: HR@10, NDCG@10 and MRR of the
     target item (retrieval, with ``ceiling``'s values beside them as ``<name>_ceiling``), or the
-    AUROC of each action head on the target event and their mean, ``auroc`` (ranking)."""
+    AUROC of each action head on the target event and their mean, ``auroc`` (ranking, with
+    ``auroc_ceiling`` beside it where ``action_oracle`` gives the probabilities the actions are drawn with)."""
 
-    def __init__(self, cfg: TrainConfig, device: torch.device, ceiling: dict[str, float] | None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        device: torch.device,
+        ceiling: dict[str, float] | None,
+        action_oracle: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.ceiling = ceiling or {}
         self.retrieval = RetrievalMetrics(K, device) if cfg.model.objective == "retrieval" else None
-        self.actions = ActionAUROC(cfg.model.num_actions) if cfg.model.objective == "ranking" else None
+        ranking = cfg.model.objective == "ranking"
+        self.actions = ActionAUROC(cfg.model.num_actions) if ranking else None
+        self.action_oracle = action_oracle if ranking else None
+        self.oracle_actions = ActionAUROC(cfg.model.num_actions) if self.action_oracle is not None else None
 
     def update(self, batch: SequenceBatch, outputs: EvalOutput) -> None:
         if self.retrieval is not None:
@@ -49,16 +63,27 @@ class SequenceMetrics:
         if self.actions is not None:
             assert outputs.action_logits is not None and outputs.action_labels is not None
             self.actions.update(outputs.action_logits, outputs.action_labels)
+        if self.action_oracle is not None and self.oracle_actions is not None:
+            assert outputs.target_items is not None and outputs.action_labels is not None
+            self.oracle_actions.update(self.action_oracle(outputs.target_items), outputs.action_labels)
 
     def compute(self) -> dict[str, float]:
         if self.retrieval is not None:
             results = self.retrieval.compute()
             return {**results, **{f"{name}_ceiling": value for name, value in self.ceiling.items()}}
         assert self.actions is not None
-        per_action = self.actions.compute()
-        # Actions never (or always) taken on the split have no AUROC (NaN): the mean leaves them out.
-        measured = [value for value in per_action.values() if not math.isnan(value)]
-        return {**per_action, "auroc": sum(measured) / len(measured) if measured else math.nan}
+        results = {**self.actions.compute()}
+        results["auroc"] = _mean_auroc(results)
+        if self.oracle_actions is not None:
+            results["auroc_ceiling"] = _mean_auroc(self.oracle_actions.compute())
+        return results
+
+
+def _mean_auroc(per_action: dict[str, float]) -> float:
+    """The mean of the actions' AUROCs; actions never (or always) taken on the split have none
+    (NaN) and are left out."""
+    measured = [value for value in per_action.values() if not math.isnan(value)]
+    return sum(measured) / len(measured) if measured else math.nan
 
 
 class HSTUApp:
@@ -70,7 +95,7 @@ class HSTUApp:
         (f"hr@{K}", f"validation HR@{K}"),
         ("auroc", "validation AUROC (ranking)"),
     )
-    notes: dict[str, str] = {f"hr@{K}_ceiling": CEILING_NOTE}
+    notes: dict[str, str] = {f"hr@{K}_ceiling": CEILING_NOTE, "auroc_ceiling": ACTION_CEILING_NOTE}
 
     def build_model(self, cfg: TrainConfig, dense_device: torch.device) -> nn.Module:
         return build_model(cfg.model, dense_device=dense_device)
@@ -93,7 +118,9 @@ class HSTUApp:
     def eval_metrics(self, cfg: TrainConfig, data: DataSource, split: str, device: torch.device) -> SequenceMetrics:
         """The split's metrics; on validation data with a known ceiling (synthetic), beside it."""
         sequences = cast(SequenceSource, data)  # what make_data made
-        return SequenceMetrics(cfg, device, sequences.ceiling() if split == "val" else None)
+        if split != "val":
+            return SequenceMetrics(cfg, device, None)
+        return SequenceMetrics(cfg, device, sequences.ceiling(), sequences.action_oracle())
 
     def eval_outputs(self, cfg: TrainConfig, model: nn.Module, batch: SequenceBatch) -> EvalOutput:
         """``HSTUTrain.evaluate``: the target's rank among the candidates, or the action logits."""
