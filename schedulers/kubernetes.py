@@ -9,7 +9,12 @@ scheduler replaces the built-in one), because TorchX's dry run needs both:
 - ``validate_spec`` (on by default) has the API server check the job; without a kubeconfig TorchX warned and
   then failed with a traceback from connecting to localhost. Here a dry run without a cluster skips the
   check and says so, and a submission is refused in one line naming where kubectl's kubeconfig was
-  looked for (schedulers/kube_config.py).
+  looked for (schedulers/kube_config.py);
+- TorchX writes the app's name into the job's and pods' labels as it is, and names the pods after it
+  without a bound: a name ending in '.', '-' or '_' (``--name run.``) made label values the API server
+  refuses, and a long one pod names beyond Kubernetes' 63 characters. Here the app is rendered under
+  its name as a label value (schedulers/kube_labels.py), cut so that its pods' names fit
+  (:func:`volcano_app_name`); the job's environment keeps the name as given.
 
 Everything else is TorchX's: the Volcano job, submission, status, logs, cancel, run options.
 """
@@ -20,15 +25,28 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 from torchx.schedulers import kubernetes_scheduler
-from torchx.schedulers.kubernetes_scheduler import KubernetesJob, KubernetesOpts
+from torchx.schedulers.kubernetes_scheduler import KubernetesJob, KubernetesOpts, normalize_str
 from torchx.specs import AppDef, AppDryRunInfo
 
 from schedulers.docker_builds import DryRunWithoutDockerMixin
 from schedulers.kube_config import api_client
+from schedulers.kube_labels import label_value
 from schedulers.node_request import NodeRequestCheck
 from schedulers.setup_checks import SetupError
 
 logger: logging.Logger = logging.getLogger(__name__)
+
+#: What TorchX appends to an app's name for its job's: '-' and a random id of at most 14 characters.
+UNIQUE_SUFFIX = 15
+#: Kubernetes' longest pod name (a label: the pod's hostname).
+POD_NAME = 63
+
+
+def volcano_app_name(app: AppDef) -> str:
+    """``app``'s name as TorchX's Volcano job can carry it: a label value, cut so that the job's
+    longest pod name (``{name}-{unique id}-{role}-{replica}-0``, TorchX's) fits Kubernetes' 63."""
+    pod_suffix = max(len(f"-{normalize_str(f'{role.name}-{role.num_replicas - 1}')}-0") for role in app.roles)
+    return label_value(app.name[: POD_NAME - UNIQUE_SUFFIX - pod_suffix])
 
 
 class KubernetesScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, kubernetes_scheduler.KubernetesScheduler):
@@ -48,7 +66,7 @@ class KubernetesScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, kubernetes
             except SetupError as e:
                 logger.warning("the API server does not check this request (validate_spec): %s", e)
                 cfg = dataclasses.replace(cfg, validate_spec=False)
-        return super()._submit_dryrun(app, cfg)
+        return super()._submit_dryrun(dataclasses.replace(app, name=volcano_app_name(app)), cfg)
 
     def schedule(self, dryrun_info: AppDryRunInfo[KubernetesJob, KubernetesOpts]) -> str:
         self.refuse_unbuilt_workspaces(dryrun_info.app)

@@ -30,14 +30,13 @@ import kubernetes.client.models as kubernetes_models
 from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob, TrainerV1alpha1TrainJobStatus
 from pydantic import BaseModel, ValidationError
 
-from tests.volcano_validation import _resource_errors
+from tests.volcano_validation import _resource_errors, label_errors
 
 #: Container types as kubeflow-training's models (``list[X]``) and the Kubernetes client's (``List[X]``) write them.
 _LIST_TYPE = re.compile(r"(?:list|List)\[(.+)\]")
 _MAP_TYPE = re.compile(r"dict\(str, (.+)\)|Dict\[str, (.+)\]")
 _RFC1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-#: Kubernetes' label values (at most 63) and object names (DNS-1123 subdomains, at most 253).
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+#: Kubernetes' object names (DNS-1123 subdomains, at most 253).
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _PRIMITIVES = {
     "str": lambda v: isinstance(v, str),
@@ -56,7 +55,7 @@ def validate_pytorchjob(job: dict[str, Any]) -> list[str]:
     """Every reason the API server (with the training operator's CRD and webhook) would refuse or alter ``job``."""
     errors = _openapi_errors(job, "KubeflowOrgV1PyTorchJob", "")
     errors += _name_errors(job, "-worker-", sum(s.get("replicas", 1) for s in _replica_specs(job).values()))
-    errors += _label_errors(job.get("metadata", {}), "metadata")
+    errors += label_errors(job.get("metadata", {}), "metadata")
     for replica_type, spec in _replica_specs(job).items():
         where = f"spec.pytorchReplicaSpecs.{replica_type}"
         errors += _pod_errors(spec.get("template", {}), f"{where}.template")
@@ -84,7 +83,7 @@ def validate_trainjob(job: dict[str, Any]) -> list[str]:
     trainer = job.get("spec", {}).get("trainer", {})
     if isinstance(trainer.get("numNodes", 1), int):  # else from_dict said so
         errors += _name_errors(job, "-node-0-", trainer.get("numNodes", 1))
-    errors += _label_errors(job.get("metadata", {}), "metadata")
+    errors += label_errors(job.get("metadata", {}), "metadata")
     for i, patch in enumerate(job.get("spec", {}).get("runtimePatches", [])):
         for j, replicated in enumerate(
             patch.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {}).get("replicatedJobs", [])
@@ -145,17 +144,9 @@ def _name_errors(job: dict[str, Any], pod_infix: str, replicas: int) -> list[str
     return errors
 
 
-def _label_errors(metadata: dict[str, Any], where: str) -> list[str]:
-    return [
-        f"{where}.labels[{key}]: {value!r} is not a label value"
-        for key, value in (metadata.get("labels") or {}).items()
-        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value)
-    ]
-
-
 def _pod_errors(template: dict[str, Any], where: str) -> list[str]:
     """Kubernetes' validation of a pod template's labels, volumes and mounts, and the kubelet's of its images."""
-    errors = _label_errors(template.get("metadata", {}), f"{where}.metadata")
+    errors = label_errors(template.get("metadata", {}), f"{where}.metadata")
     spec = template.get("spec", {})
     for volume in spec.get("volumes") or []:
         names = [

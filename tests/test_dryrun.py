@@ -151,6 +151,12 @@ def _spec(job):
         ),
         (lambda job: job["spec"]["tasks"][0].update(name="t" * 60), "longer than 63 characters"),
         (lambda job: job["metadata"].update(name="DLRM_job"), "not a DNS-1123 label"),
+        (
+            lambda job: job["spec"]["tasks"][0]["template"]["metadata"]["labels"].update(
+                {"app.kubernetes.io/name": "run."}
+            ),
+            "metadata.labels[app.kubernetes.io/name]: 'run.' is not a label value",
+        ),
     ],
 )
 def test_volcano_validation_refuses_what_a_cluster_would(volcano_job, break_it, fragment):
@@ -158,6 +164,27 @@ def test_volcano_validation_refuses_what_a_cluster_would(volcano_job, break_it, 
     break_it(job)
     errors = validate_volcano_job(job)
     assert any(fragment in error for error in errors), errors
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["run.", "ctr/run-", "a_b_", "x" * 62 + "_y"])
+def test_volcano_jobs_of_names_ending_in_what_a_label_value_cannot_end_in_are_valid(name):
+    # TorchX writes the app's name into the job's and pods' labels as it is, and its pods' names.
+    request = (
+        get_runner()
+        .dryrun_component(
+            "components.dlrm:train", ["--name", name], "kubernetes", cfg={"queue": "dlrm", "validate_spec": False}
+        )
+        .request
+    )
+    job = yaml.safe_load(str(request))
+    assert validate_volcano_job(job) == []
+    labels = job["spec"]["tasks"][0]["template"]["metadata"]["labels"]
+    given = name.rpartition("/")[2]
+    app_name = labels["torchx.pytorch.org/app-name"]
+    assert app_name == given.strip("-_.") if len(given) < 40 else given.startswith(app_name), app_name
+    env = {v["name"]: v["value"] for v in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]}
+    assert env["TORCHX_TRACKING_RUN_NAME"] == name.rpartition("/")[2]  # the job's own name, as given
 
 
 # --- after training: export and predict, as docs/serving.md submits them ------------------------

@@ -8,6 +8,8 @@ No API server can run here, so a generated job is checked against
 - the official Kubernetes client's models: every task's pod template must deserialize into
   ``V1PodTemplateSpec`` (which refuses missing required fields) and serialize back unchanged,
   so no field is unknown to Kubernetes or of the wrong type;
+- label values, the job's and its pods' (:func:`label_errors`: TorchX writes the app's name into
+  them);
 - the pod rules neither schema expresses that a GPU job can break: resource quantities parse,
   requests do not exceed limits, extended resources (GPUs, EFA) are whole numbers with
   request equal to limit, and names fit Kubernetes' limits (the 63-character pod name check
@@ -29,6 +31,8 @@ from kubernetes.utils import parse_quantity
 SCHEMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas", "volcano_job_v1alpha1.yaml")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: Kubernetes' label values: at most 63 characters, a letter or digit at each end.
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 # Resources the kubelet can overcommit; every other (nvidia.com/gpu, vpc.amazonaws.com/efa,
 # hugepages) must be requested whole and exactly at its limit.
 _OVERCOMMITTABLE = {"cpu", "memory", "ephemeral-storage"}
@@ -43,13 +47,24 @@ def validate_volcano_job(job: dict[str, Any]) -> list[str]:
     name = job.get("metadata", {}).get("name", "")
     if not _DNS_LABEL.match(name) or len(name) > 63:
         errors.append(f"metadata.name {name!r} is not a DNS-1123 label")
+    errors += label_errors(job.get("metadata", {}), "metadata")
     for i, task in enumerate(job.get("spec", {}).get("tasks", [])):
         where = f"spec.tasks.{i}"
+        errors += label_errors(task.get("template", {}).get("metadata", {}), f"{where}.template.metadata")
         pod_name = f"{name}-{task.get('name')}-{task.get('replicas', 1) - 1}"
         if len(pod_name) > 63:
             errors.append(f"{where}: pod name {pod_name!r} is longer than 63 characters")
         errors += [f"{where}.template: {e}" for e in _pod_template_errors(task.get("template", {}))]
     return errors
+
+
+def label_errors(metadata: dict[str, Any], where: str) -> list[str]:
+    """The labels of ``metadata`` (at ``where``) whose values the API server refuses."""
+    return [
+        f"{where}.labels[{key}]: {value!r} is not a label value"
+        for key, value in (metadata.get("labels") or {}).items()
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value)
+    ]
 
 
 @functools.cache

@@ -42,6 +42,7 @@ from torchx.schedulers.kubernetes_scheduler import (
 )
 from torchx.specs import AppDef, BindMount, DeviceMount, Role, VolumeMount
 
+from schedulers.kube_labels import label_value
 from schedulers.kubeflow.kinds import UnsupportedAppError
 from schedulers.kubeflow.options import DNS_SUBDOMAIN, SUBDOMAIN_HINT, KubeflowOpts
 
@@ -60,7 +61,6 @@ IMAGE_REFERENCE = re.compile(
     rf"(?:{_HOST}(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*(?::\w[\w.-]{{0,127}})?(?:@{_DIGEST})?"
 )
 #: What a label value may not hold (the rest: at most 63, a letter or digit at each end).
-_NOT_IN_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def pod_template(
@@ -86,12 +86,6 @@ def pod_template(
     del labels[LABEL_REPLICA_ID]
     pod.metadata.labels = {key: label_value(value) for key, value in {**pod.metadata.labels, **labels}.items()}
     return sanitize_for_serialization(V1PodTemplateSpec(metadata=pod.metadata, spec=pod.spec))
-
-
-def label_value(text: str) -> str:
-    """``text`` as a Kubernetes label value: at most 63 letters, digits, '-', '_' and '.', with a letter
-    or digit at each end (``run_`` becomes ``run``)."""
-    return _NOT_IN_LABEL_VALUE.sub(".", text)[:63].strip("-_.")
 
 
 def check_role(role: Role) -> None:
