@@ -28,5 +28,10 @@ setup(
             # ...) unless they are registered too; the "_" prefix keeps their names unprefixed.
             "_torchx = torchx.components",
         ],
+        # TorchX's commands that read a submitted job, saying a mistake in one line (schedulers/cli.py).
+        "torchx.cli.cmds": [
+            f"{command} = schedulers.cli:{command.capitalize()}"
+            for command in ("status", "describe", "log", "cancel", "delete", "list")
+        ],
     },
 )

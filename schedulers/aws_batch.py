@@ -185,12 +185,16 @@ class AWSBatchScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, Scheduler[AW
     def __init__(self, session_name: str) -> None:
         super().__init__("aws_batch", session_name)
 
+    # Checked before either client is made: status, logs, list and cancel on a machine without
+    # the AWS setup say what is missing in one line too (schedulers/cli.py prints it).
     @cached_property
     def _batch(self) -> Any:
+        check_aws_setup()
         return boto3.client("batch")
 
     @cached_property
     def _logs(self) -> Any:
+        check_aws_setup()
         return boto3.client("logs")
 
     def _run_opts(self) -> runopts:

@@ -16,10 +16,11 @@ class SetupError(ComponentValidationException):
     """The submitting machine lacks something the scheduler needs; the message names it and the fix."""
 
 
-def require_command(command: str, scheduler: str, fix: str) -> None:
-    """Refuses, before anything is submitted, a scheduler whose client command is not on PATH."""
+def require_command(command: str, scheduler: str, fix: str, use: str = "submits jobs") -> None:
+    """Refuses, before anything is submitted (or read, or cancelled: ``use``), a scheduler whose
+    client command is not on PATH."""
     if shutil.which(command) is None:
-        raise SetupError(f"{command} is not on PATH (-s {scheduler} submits jobs with it): {fix}")
+        raise SetupError(f"{command} is not on PATH (-s {scheduler} {use} with it): {fix}")
 
 
 def first_line(error: BaseException) -> str:

@@ -24,6 +24,7 @@ before anything is built or submitted, and each replica's environment is set by 
 Everything else is TorchX's: submission, ``sacct`` for finished jobs, logs, cancel, run options.
 """
 
+import builtins
 import dataclasses
 import json
 import os
@@ -194,6 +195,20 @@ class SlurmScheduler(NodeRequestCheck, slurm_scheduler.SlurmScheduler):
             slurm_scheduler._save_job_dir(job_id, os.path.abspath(os.path.join(request.job_dir or "", log_dir)))
         return job_id
 
+    # Without Slurm's commands (not a login node) status, list and cancel say so in one line
+    # (schedulers/cli.py prints it), where TorchX's raised FileNotFoundError.
+    def describe(self, app_id: str) -> DescribeAppResponse | None:
+        require_command("squeue", "slurm", SBATCH_FIX, "reads jobs' states")
+        return super().describe(app_id)
+
+    def list(self, cfg: Mapping[str, CfgVal] | None = None) -> list[ListAppResponse]:
+        require_command("squeue", "slurm", SBATCH_FIX, "lists jobs")
+        return super().list(cfg)
+
+    def _cancel_existing(self, app_id: str) -> None:
+        require_command("scancel", "slurm", SBATCH_FIX, "cancels jobs")
+        super()._cancel_existing(app_id)
+
     def _describe_squeue(self, app_id: str) -> DescribeAppResponse | None:
         # Raises CalledProcessError where squeue refuses a finished job's id; describe() then
         # asks sacct, as it does when this returns None.
@@ -238,7 +253,7 @@ class SlurmScheduler(NodeRequestCheck, slurm_scheduler.SlurmScheduler):
             app_id=app_id, roles=list(roles.values()), roles_statuses=list(statuses.values()), state=state
         )
 
-    def _list_squeue(self) -> list[ListAppResponse]:
+    def _list_squeue(self) -> builtins.list[ListAppResponse]:  # in the class, list is the method
         output = subprocess.check_output(["squeue", "--json"], encoding="utf-8")
         return [
             ListAppResponse(app_id=str(job["job_id"]), state=get_appstate_from_job(job), name=job["name"])

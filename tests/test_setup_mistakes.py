@@ -180,6 +180,51 @@ def test_submitting_to_aws_batch_without_its_setup(tmp_path, env, message):
     assert SECRET not in result.stdout + result.stderr
 
 
+# ── Reading a submitted job ─────────────────────────────────────────────────────────────────
+
+SLURM_FIX = "run torchx on a Slurm login node, or install Slurm's client commands (Debian: slurm-client)"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["status", "foo"], "torchx status: foo is not of the form: <scheduler_backend>://<session_name>/<app_id>"),
+        (
+            ["cancel", "nope://torchx/x"],
+            "torchx cancel: no scheduler 'nope' here: an app handle starts with one of aws_batch, kubeflow, "
+            "kubernetes, local_cwd, local_docker, slurm",
+        ),
+        (
+            ["describe", "kubeflow://torchx/bad"],
+            "torchx describe: `bad` is not a kubeflow app id: expected NAMESPACE:KIND:NAME",
+        ),
+        (
+            ["status", "slurm://torchx/123"],
+            f"torchx status: squeue is not on PATH (-s slurm reads jobs' states with it): {SLURM_FIX}",
+        ),
+        (["list", "-s", "slurm"], f"torchx list: squeue is not on PATH (-s slurm lists jobs with it): {SLURM_FIX}"),
+    ],
+    ids=["not-a-handle", "no-such-scheduler", "not-a-kubeflow-id", "slurm-status", "slurm-list"],
+)
+def test_reading_a_job_with_a_wrong_handle_or_on_a_machine_without_the_scheduler(tmp_path, args, message):
+    # PATH: this environment's torchx and Python only, as on a machine without Slurm's commands.
+    result = subprocess.run(
+        [os.path.join(BIN, "torchx"), *args], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env=process_env(PATH=BIN),
+    )  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith(message), result.stderr[-3000:]
+
+
+def test_aws_batch_status_without_a_region_is_one_line(tmp_path):
+    result = run_without_aws([os.path.join(BIN, "torchx"), "status", "aws_batch://torchx/dlrm:job-1"], str(tmp_path))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip() == (
+        "torchx status: -s aws_batch has no AWS region to submit to: set AWS_DEFAULT_REGION (e.g. "
+        "AWS_DEFAULT_REGION=us-west-2), or run `aws configure`"
+    )
+
+
 # ── The project's Python ────────────────────────────────────────────────────────────────────
 
 
