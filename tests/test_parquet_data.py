@@ -354,7 +354,18 @@ def test_unscaled_dense_columns_are_warned_of_and_log1p_reads_the_log_of_their_c
     "change, kwargs, fragment",
     [
         (dict(cat_3=None), {}, "day_0.parquet has no column 'cat_3' (--sparse_columns)"),
-        (dict(cat_2=pa.array(["a"] * 300)), {}, "day_0.parquet: column 'cat_2' (--sparse_columns) is string"),
+        (
+            dict(cat_2=pa.array(["68fd1e64"] * 300)),  # Criteo's raw values are hex text
+            {},
+            "day_0.parquet: column 'cat_2' (--sparse_columns) is string, but it must hold integers or lists of "
+            "integers (ids): turn its values into 64-bit integers where the files are written (BigQuery's "
+            "FARM_FINGERPRINT, Spark's xxhash64)",
+        ),
+        (
+            dict(cat_1=pa.array([["a"]] * 300)),
+            {},
+            "is list<element: string>, but it must hold integers or lists of integers (ids): turn its values",
+        ),
         (dict(int_1=pa.array([[1.0]] * 300)), {}, "column 'int_1' (--dense_columns) is list<element: double>"),
         (dict(cat_0=pa.array(np.full(300, 1000))), {}, "column 'cat_0' holds id 1000 (row group 0)"),
         (dict(label=pa.array([None] + [1] * 299, pa.int8())), {}, "label column 'label' has 1 null values"),

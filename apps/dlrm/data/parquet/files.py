@@ -263,13 +263,20 @@ def _kind(schema: pa.Schema, name: str, option: str, url: str) -> str:
             f"{url} has no column {name!r} (--{option}); its columns are {_listing(schema.names)}: "
             f"fix --{option}, or leave this file out of --data_path"
         )
-    kind = _kind_of(schema.field(index).type)
+    arrow_type = schema.field(index).type
+    kind = _kind_of(arrow_type)
     allowed = ("int", "list") if option == "sparse_columns" else ("int", "number")
     if kind not in allowed:
         wanted = "integers or lists of integers (ids)" if option == "sparse_columns" else "numbers"
+        fix = "cast it where the files are written (e.g. CAST in Spark or BigQuery)"
+        if option == "sparse_columns" and _holds_text(arrow_type):
+            # Ids as text (user ids, Criteo's hex values): a 64-bit fingerprint keeps them apart.
+            fix = (
+                "turn its values into 64-bit integers where the files are written (BigQuery's "
+                "FARM_FINGERPRINT, Spark's xxhash64), which --categorical_ids hash maps to table rows"
+            )
         raise ConfigError(
-            f"{url}: column {name!r} (--{option}) is {schema.field(index).type}, but it must hold "
-            f"{wanted}: cast it where the files are written (e.g. CAST in Spark or BigQuery), or "
+            f"{url}: column {name!r} (--{option}) is {arrow_type}, but it must hold {wanted}: {fix}, or "
             f"leave it out of --{option}"
         )
     return "number" if kind == "int" and option != "sparse_columns" else kind
@@ -288,6 +295,13 @@ def _kind_of(arrow_type: pa.DataType) -> str | None:
     ) and pa.types.is_integer(arrow_type.value_type):
         return "list"
     return None
+
+
+def _holds_text(arrow_type: pa.DataType) -> bool:
+    """Strings or bytes, or lists of them."""
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+        arrow_type = arrow_type.value_type
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_binary(arrow_type)
 
 
 def _listing(names: list[str], shown: int = 12) -> str:
