@@ -373,17 +373,23 @@ def test_unscaled_dense_columns_are_warned_of_and_log1p_reads_the_log_of_their_c
         (dict(label=pa.array([-1.0] + [1.0] * 299)), {}, "label column 'label' holds -1 (row group 0)"),
         ({}, dict(dense_columns=["int_*"], num_dense_features=2), "--dense_columns int_* matches 3 columns"),
         ({}, dict(sparse_columns=["nope_*"]), "--sparse_columns nope_* matches no column"),
+        (
+            {"I1": pa.array(np.ones(300)), "C1": pa.array(np.ones(300, np.int32))},
+            dict(dense_columns=["I_*"]),
+            "fix the pattern (these are NVTabular/Merlin's Criteo columns: --dense_columns 'I*' --sparse_columns 'C*'",
+        ),
         ({}, dict(sparse_columns=["cat_0", "int_0"]), "int_0 would be read twice"),
     ],
 )
 def test_bad_inputs_are_refused_at_start_naming_file_and_column(tmp_path, change, kwargs, fragment):
     data = table(0, 300)
     for name, column in change.items():
-        data = (
-            data.drop_columns([name])
-            if column is None
-            else data.set_column(data.schema.get_field_index(name), name, column)
-        )
+        if column is None:
+            data = data.drop_columns([name])
+        elif name in data.column_names:
+            data = data.set_column(data.schema.get_field_index(name), name, column)
+        else:
+            data = data.append_column(name, column)
     folder = write_one(tmp_path, "bad", data)
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         dataset(folder, eval_fraction=0.5, **kwargs)

@@ -249,10 +249,21 @@ def _match(patterns: list[str], names: list[str], option: str, url: str) -> list
         matches = sorted((name for name in names if fnmatch.fnmatchcase(name, pattern)), key=natural_key)
         if not matches:
             raise ConfigError(
-                f"--{option} {pattern} matches no column of {url}, whose columns are {_listing(names)}: fix the pattern"
+                f"--{option} {pattern} matches no column of {url}, whose columns are {_listing(names)}: fix the "
+                f"pattern{_layout_hint(names)}"
             )
         columns += matches
     return columns
+
+
+def _layout_hint(names: list[str]) -> str:
+    """The options of a well-known layout that ``names`` are, said where the patterns match nothing."""
+    if {"I1", "C1"} <= set(names):  # NVTabular's Criteo example writes label, I1..I13, C1..C26
+        return (
+            " (these are NVTabular/Merlin's Criteo columns: --dense_columns 'I*' --sparse_columns 'C*'; their "
+            "ids are Categorify'd, --categorical_ids as_is with its cardinalities as --num_embeddings_per_feature)"
+        )
+    return ""
 
 
 def _kind(schema: pa.Schema, name: str, option: str, url: str) -> str:
