@@ -20,9 +20,10 @@ exports and pyarrow do by default). For a file without them the same checks run 
 read (:mod:`apps.dlrm.data.parquet.read`), and stop training with the same message; so do the labels
 that statistics cannot show (0.5 between a chunk's minimum 0 and maximum 1; NaN, which they leave out).
 
-Scale: the same statistics give each dense column's largest magnitude; columns that reach beyond
-:data:`UNSCALED_DENSE` (raw counts, prices, durations) are named by :func:`unscaled_dense`, which
-the loader warns of unless ``--dense_transform`` already takes their logarithm.
+Scale: the same statistics give each dense column's range (:func:`dense_ranges`). The loader
+warns of columns that reach beyond :data:`UNSCALED_DENSE` (raw counts, prices, durations), unless
+``--dense_transform log1p`` takes their logarithm; and with it, of columns that hold negative
+values, which log1p's clip makes 0 (columns already scaled).
 
 Null counts: a null dense value trains as 0, a null sparse value as an empty bag (no id). Their
 counts per column, summed from the same statistics, are logged at start-up as the Criteo
@@ -349,10 +350,10 @@ def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[
     return nulls
 
 
-def unscaled_dense(files: list[DataFile], spec: ColumnSpec) -> dict[str, float]:
-    """The dense columns whose statistics reach beyond ``UNSCALED_DENSE`` either way, each with the
-    largest finite magnitude recorded (columns and files without statistics are not judged)."""
-    largest: dict[str, float] = {}
+def dense_ranges(files: list[DataFile], spec: ColumnSpec) -> dict[str, tuple[float, float]]:
+    """Per dense column, the smallest and largest finite values the files' statistics record
+    (columns without statistics in any file are left out: they are not judged)."""
+    ranges: dict[str, tuple[float, float]] = {}
     for file in files:
         leaves = leaf_columns(file.metadata)
         for g in range(file.metadata.num_row_groups):
@@ -361,11 +362,18 @@ def unscaled_dense(files: list[DataFile], spec: ColumnSpec) -> dict[str, float]:
                 stats = group.column(leaves[name][0]).statistics
                 if stats is None or not stats.has_min_max:
                     continue
-                magnitudes = [abs(float(value)) for value in (stats.min, stats.max)]
-                magnitude = max((m for m in magnitudes if math.isfinite(m)), default=0.0)
-                if magnitude > UNSCALED_DENSE:
-                    largest[name] = max(largest.get(name, 0.0), magnitude)
-    return {name: largest[name] for name in spec.dense if name in largest}
+                values = [v for v in (float(stats.min), float(stats.max)) if math.isfinite(v)]
+                if values:
+                    low, high = ranges.get(name, (math.inf, -math.inf))
+                    ranges[name] = (min(low, *values), max(high, *values))
+    return {name: ranges[name] for name in spec.dense if name in ranges}
+
+
+def unscaled_dense(ranges: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Of :func:`dense_ranges`, the columns that reach beyond ``UNSCALED_DENSE`` either way, each
+    with its largest magnitude."""
+    largest = {name: max(abs(low), abs(high)) for name, (low, high) in ranges.items()}
+    return {name: value for name, value in largest.items() if value > UNSCALED_DENSE}
 
 
 def leaf_columns(metadata: pq.FileMetaData) -> dict[str, range]:

@@ -40,7 +40,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from apps.core.common.errors import ConfigError
 from apps.core.common.splits import held_out_split
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, null_report, unscaled_dense
+from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, dense_ranges, null_report, unscaled_dense
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs, run_rows
 from apps.dlrm.data.parquet.read import RowDecoder, RowGroupReader, Rows
 from apps.dlrm.data.prefetch import prefetched
@@ -78,8 +78,8 @@ class ParquetClickLogs:
         self._ids_dtype = torch.int32 if int32_ids else torch.int64
         log1p = cfg.data.dense_transform == "log1p"
         decoder = RowDecoder(self.spec, cfg.model.table_sizes, cfg.data.categorical_ids, id_dtype, log1p)
-        if rank == 0 and not log1p:
-            self._warn_if_unscaled()
+        if rank == 0:
+            self._warn_of_dense_scale(log1p)
         self._reader = RowGroupReader(fs, self.files, decoder)
         self.splits = held_out_split(
             [file.rows for file in self.files],
@@ -122,11 +122,12 @@ class ParquetClickLogs:
             null_report(self.null_counts),
         )
 
-    def _warn_if_unscaled(self) -> None:
-        """Names the dense columns whose values reach far from 0 (the footers' statistics say so):
-        left as they are, they saturate the model's loss."""
-        unscaled = unscaled_dense(self.files, self.spec)
-        if unscaled:
+    def _warn_of_dense_scale(self, log1p: bool) -> None:
+        """Names the dense columns whose values (as the footers' statistics record them) the model
+        would take badly: far from 0 as they are, or negative where log1p's clip makes them 0."""
+        ranges = dense_ranges(self.files, self.spec)
+        unscaled = unscaled_dense(ranges)
+        if unscaled and not log1p:
             logger.warning(
                 "parquet %s: dense columns with values beyond +-%g, which an MLP trains poorly on: %s; give "
                 "--dense_transform log1p (log(1 + max(x, 0)), for counts, prices, durations) or scale them where "
@@ -134,6 +135,15 @@ class ParquetClickLogs:
                 self.cfg.data.data_path,
                 UNSCALED_DENSE,
                 ", ".join(f"{name} (up to {value:.3g})" for name, value in unscaled.items()),
+            )
+        negative = {name: low for name, (low, _) in ranges.items() if low < 0}
+        if negative and log1p:
+            logger.warning(
+                "parquet %s: --dense_transform log1p makes negative values 0 (log(1 + max(x, 0))), and dense "
+                "columns hold some: %s; if they are already scaled, scale every column where the files are "
+                "written and train with --dense_transform none",
+                self.cfg.data.data_path,
+                ", ".join(f"{name} (down to {value:.3g})" for name, value in negative.items()),
             )
 
     # --- iteration -----------------------------------------------------------------------------
