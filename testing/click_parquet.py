@@ -24,12 +24,15 @@ def write_click_parquet(
     num_embeddings: int = 2000,
     seed: int = 0,
     dense_counts: bool = False,
+    text_columns: tuple[int, ...] = (),
 ) -> str:
     """Writes ``files`` files of ``rows_per_file`` rows into ``folder`` (``day_0.parquet``, ...);
     returns the folder. The sparse columns hold the synthetic ids (rows of tables of
     ``num_embeddings``) as int64 values, which training hashes (or takes as they are).
     ``dense_counts``: the dense values x (standard normal) written as raw counts would be,
-    exp(x + 3) - 1 (up to thousands), which ``--dense_transform log1p`` reads back as x + 3."""
+    exp(x + 3) - 1 (up to thousands), which ``--dense_transform log1p`` reads back as x + 3.
+    ``text_columns``: the sparse columns whose ids are written as text, ``"id<n>"`` (as user ids
+    often come), which ``--categorical_ids hash`` fingerprints."""
     cfg = train_config(num_embeddings=num_embeddings, batch_size=rows_per_file, seed=seed)
     logs = SyntheticClickLogs(cfg, rank=0, world_size=1)
     os.makedirs(folder, exist_ok=True)
@@ -43,7 +46,10 @@ def write_click_parquet(
             **{
                 f"int_{j}": pa.array(np.expm1(column + 3) if dense_counts else column) for j, column in enumerate(dense)
             },
-            **{f"cat_{k}": pa.array(column.astype(np.int64)) for k, column in enumerate(ids)},
+            **{
+                f"cat_{k}": pa.array([f"id{n}" for n in column] if k in text_columns else column.astype(np.int64))
+                for k, column in enumerate(ids)
+            },
         }
         pq.write_table(pa.table(columns), os.path.join(folder, f"day_{f}.parquet"), row_group_size=row_group_rows)
     return folder

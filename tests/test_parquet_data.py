@@ -21,9 +21,11 @@ import pytest
 import torch
 
 from apps.core.common.errors import ConfigError
+from apps.core.common.hashing import mix64_int
 from apps.dlrm.config import train_config
 from apps.dlrm.data.parquet.loader import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
 from apps.dlrm.data.parquet.order import Pieces, block_permutation, eval_runs
+from apps.dlrm.data.parquet.read import text_fingerprints
 from testing.moto_server import REGION
 from tests.conftest import assert_ok, run, tiny
 from tests.test_criteo_data import rows_of, take
@@ -301,6 +303,17 @@ def test_files_whose_types_differ_only_in_width_or_nullability_read_as_one(tmp_p
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("text_type", [pa.large_string(), pa.binary()])
+def test_text_ids_read_alike_whether_a_file_holds_them_as_string_large_string_or_bytes(tmp_path, text_type):
+    first, second = (table(r, 300, cat_1=pa.array([f"u{k % 11}" for k in range(r, r + 300)])) for r in (0, 300))
+    same = write_two(tmp_path / "same", first, second)
+    mixed = write_two(tmp_path / "mixed", first, retyped(second, "cat_1", pa.field("cat_1", text_type)))
+    options = dict(eval_fraction=0.5, batch_size=50, shuffle_buffer_rows=1000, categorical_ids="hash")
+    expected = [contents(b) for b in take(dataset(same, **options).train_batches(0), 9)]
+    assert [contents(b) for b in take(dataset(mixed, **options).train_batches(0), 9)] == expected
+
+
+@pytest.mark.unit
 def test_a_dot_in_a_column_name_is_part_of_the_name(tmp_path):
     """``cat.0`` is a column of its own, not a field of ``cat``; ``label.x`` beside ``label``
     (its nulls recorded in its statistics) is not the label."""
@@ -354,23 +367,60 @@ def test_unscaled_dense_columns_are_warned_of_and_log1p_reads_the_log_of_their_c
         np.testing.assert_allclose(transformed.dense_features.numpy(), expected, rtol=1e-6, atol=0)
 
 
+def fnv1a64(data: bytes) -> int:
+    """FNV-1a 64, byte by byte, as its authors define it."""
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) % 2**64
+    return h
+
+
+@pytest.mark.unit
+def test_text_fingerprints_are_fnv1a_of_the_bytes_of_any_arrow_text():
+    values = ["", "a", "68fd1e64", "é", "x" * 300, "ab"]
+    expected = [fnv1a64(v.encode()) for v in values]
+    for array in (pa.array(values), pa.array(values, pa.large_string()), pa.array([v.encode() for v in values])):
+        assert text_fingerprints(array).tolist() == expected
+        assert text_fingerprints(array.slice(2, 3)).tolist() == expected[2:5]  # an offset into the buffers
+    assert text_fingerprints(pa.array([], pa.string())).tolist() == []
+    hex_ids = ["68fd1e64", "00000000", "ffffffff", "05db9164"]  # one width: bytes read as a matrix
+    for array in (pa.array(hex_ids), pa.array(["x", *hex_ids]).slice(1)):
+        assert text_fingerprints(array).tolist() == [fnv1a64(v.encode()) for v in hex_ids]
+
+
+@pytest.mark.unit
+def test_text_ids_are_hashed_alike_in_any_file_nulls_are_no_id_and_lists_are_bags(tmp_path):
+    r = np.arange(300)
+    texts = pa.array([None if k % 7 == 0 else f"user-{k % 13}" for k in r])
+    lists = pa.array([[f"tag{k % 5}", f"tag{(k + 1) % 5}"] for k in r])
+    path = write_one(tmp_path, "text", table(0, 300, cat_1=texts, cat_3=lists))
+    source = dataset(path, eval_fraction=0.5, categorical_ids="hash", multi_hot_sizes=[1, 1, 1, 2])
+    batch = next(source.eval_batches("val", 1))
+    rows = rows_of(batch)
+
+    def ids(text: str) -> int:
+        return mix64_int(fnv1a64(text.encode())) % 2**64 % TABLES
+
+    one = batch.sparse_features["cat_1"]
+    assert one.lengths().tolist() == [0 if k % 7 == 0 else 1 for k in rows]  # a null is no id
+    assert one.values().tolist() == [ids(f"user-{k % 13}") for k in rows if k % 7]
+    bags = batch.sparse_features["cat_3"]
+    assert bags.values().tolist() == [ids(f"tag{(k + d) % 5}") for k in rows for d in (0, 1)]
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "change, kwargs, fragment",
     [
         (dict(cat_3=None), {}, "day_0.parquet has no column 'cat_3' (--sparse_columns)"),
         (
-            dict(cat_2=pa.array(["68fd1e64"] * 300)),  # Criteo's raw values are hex text
+            dict(cat_2=pa.array(["68fd1e64"] * 300)),  # Criteo's raw values are hex text: hashed, not as_is
             {},
-            "day_0.parquet: column 'cat_2' (--sparse_columns) is string, but it must hold integers or lists of "
-            "integers (ids): turn its values into 64-bit integers where the files are written (BigQuery's "
-            "FARM_FINGERPRINT, Spark's xxhash64)",
+            "day_0.parquet: column 'cat_2' (--sparse_columns) is string: text ids become table rows with "
+            "--categorical_ids hash",
         ),
-        (
-            dict(cat_1=pa.array([["a"]] * 300)),
-            {},
-            "is list<element: string>, but it must hold integers or lists of integers (ids): turn its values",
-        ),
+        (dict(cat_1=pa.array([["a"]] * 300)), {}, "is list<element: string>: text ids become table rows with"),
+        (dict(cat_1=pa.array([[1.5]] * 300)), {}, "is list<element: double>, but it must hold integers, text or lists"),
         (dict(int_1=pa.array([[1.0]] * 300)), {}, "column 'int_1' (--dense_columns) is list<element: double>"),
         (dict(cat_0=pa.array(np.full(300, 1000))), {}, "column 'cat_0' holds id 1000 (row group 0)"),
         (dict(label=pa.array([None] + [1] * 299, pa.int8())), {}, "label column 'label' has 1 null values"),

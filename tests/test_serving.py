@@ -2,7 +2,8 @@
 local_cwd, and what their results must be.
 
 Once per module: Parquet click logs that a DLRM learns (testing/click_parquet.py; their dense
-values raw counts, which training reads through ``--dense_transform log1p``), a sharded
+values raw counts, which training reads through ``--dense_transform log1p``, and one sparse column
+text ids, which it fingerprints), a sharded
 training run on two ranks that keeps its best checkpoint and tests it, its float32 package
 (``components.dlrm:export``), its int8 package, predictions of every row by the float32 package on
 two ranks (``components.dlrm:predict``), and the training job's own per-row scores of its test
@@ -65,7 +66,7 @@ def torchx_run(component: str, *args: str) -> subprocess.CompletedProcess:
 def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("serving")
     paths = SimpleNamespace(**{name: str(root / name) for name in ("data", "ckpt", "out", "fp32", "int8", "scores")})
-    write_click_parquet(paths.data, files=FILES, rows_per_file=ROWS_PER_FILE, dense_counts=True)
+    write_click_parquet(paths.data, files=FILES, rows_per_file=ROWS_PER_FILE, dense_counts=True, text_columns=(0,))
     data = ["--data", "parquet", "--data_path", paths.data]
     train = [
         *data,
@@ -169,6 +170,17 @@ if features["dense_log1p"]:  # the manifest's dense_transform
     dense = np.log1p(np.maximum(dense, 0))
 
 
+def fnv1a64(text):  # the manifest's id_transform of a text value
+    h = 0xCBF29CE484222325
+    for byte in text.encode():
+        h = ((h ^ byte) * 0x100000001B3) % 2**64
+    return h
+
+
+for k, texts in json.load(open(f"{inputs}/text.json")).items():
+    raw[:, int(k)] = [fnv1a64(t) for t in texts]
+
+
 def splitmix64(x):  # the manifest's id_transform
     x = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -193,7 +205,11 @@ def test_a_package_scores_in_a_process_that_cannot_import_this_project(job, tmp_
     columns = manifest(getattr(job, package))["training"]["config"]
     assert columns["dense_columns"] == ["int_*"] and columns["sparse_columns"] == ["cat_*"]
     np.save(inputs / "dense.npy", np.stack([rows[f"int_{j}"].to_numpy() for j in range(13)], axis=1))
-    np.save(inputs / "sparse.npy", np.stack([rows[f"cat_{k}"].to_numpy() for k in range(26)], axis=1))
+    text = {k: rows[f"cat_{k}"].to_pylist() for k in range(26) if pa.types.is_string(rows[f"cat_{k}"].type)}
+    assert list(text) == [0]
+    (inputs / "text.json").write_text(json.dumps(text))
+    ints = [np.zeros(len(rows), np.uint64) if k in text else rows[f"cat_{k}"].to_numpy() for k in range(26)]
+    np.save(inputs / "sparse.npy", np.stack(ints, axis=1).astype(np.uint64))
     script = tmp_path / "score.py"
     script.write_text(WITHOUT_THE_PROJECT)
     # -S: no site module, so no .pth file (the venv's editable install of this project is one) adds

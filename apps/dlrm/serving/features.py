@@ -38,7 +38,9 @@ DEFAULT_BATCH_ROWS = 8192
 
 _HASH = (
     "row = (SplitMix64 finaliser of (value + 0x{gamma:X}) mod 2**64, as an unsigned 64-bit integer) modulo the "
-    "table's size; value: the column's integer as int64 (uint64 values by their bits); finaliser: x ^= x >> 30; "
+    "table's size; value: the column's integer as int64 (uint64 values by their bits), or for a text (string or "
+    "bytes) column the FNV-1a 64 of the value's bytes (UTF-8; offset basis 0xCBF29CE484222325, prime "
+    "0x100000001B3) by its bits; finaliser: x ^= x >> 30; "
     "x *= 0xBF58476D1CE4E5B9; x ^= x >> 27; x *= 0x94D049BB133111EB; x ^= x >> 31 (logical shifts, wrapping "
     "products); no seed beyond the constant. Reference: apps/core/common/hashing.py"
 ).format(gamma=GOLDEN_GAMMA)

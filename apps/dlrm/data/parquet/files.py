@@ -10,7 +10,8 @@ train on garbage. Each error is one line naming the file, the column and the fix
   (symlinks to files are followed);
 - a column named by --label_column, --dense_columns or --sparse_columns that a file lacks, or of
   a type we do not read: numbers (integer, float, boolean) for the label and dense features,
-  integers or lists of integers for sparse ones;
+  integers, text (strings or bytes, with ``--categorical_ids hash``) or lists of them for sparse
+  ones;
 - a null label: such a row cannot train (drop or fill it upstream); a label other than 0 or 1,
   which trains to a negative loss;
 - with ``--categorical_ids as_is``, an id outside its embedding table;
@@ -81,6 +82,7 @@ class ColumnSpec:
     dense: list[str]
     sparse: list[str]
     multi_hot: list[bool]  # per sparse column: a list column (several ids per sample)
+    text: list[bool]  # per sparse column: its values (or list elements) are strings or bytes, hashed
 
     @property
     def names(self) -> list[str]:
@@ -229,14 +231,21 @@ def resolve_columns(cfg: TrainConfig, schemas: list[tuple[str, pa.Schema]], labe
             *((n, "dense_columns") for n in dense),
             *((n, "sparse_columns") for n in sparse),
         ]:
-            kind = _kind(schema, name, option, url)
+            kind = _kind(schema, name, option, url, cfg.data.categorical_ids == "hash")
             first_kind, kind_url = kinds.setdefault(name, (kind, url))
             if kind != first_kind:
                 raise ConfigError(
                     f"{url}: column {name!r} holds {_KIND_TEXT[kind]}, but {_KIND_TEXT[first_kind]} "
                     f"in {kind_url}: give it the same type in every file"
                 )
-    return ColumnSpec(label, dense, sparse, [kinds[name][0] == "list" for name in sparse])
+    sparse_kinds = [kinds[name][0] for name in sparse]
+    return ColumnSpec(
+        label,
+        dense,
+        sparse,
+        [k in ("list", "text_list") for k in sparse_kinds],
+        [k.startswith("text") for k in sparse_kinds],
+    )
 
 
 def _match(patterns: list[str], names: list[str], option: str, url: str) -> list[str]:
@@ -267,8 +276,9 @@ def _layout_hint(names: list[str]) -> str:
     return ""
 
 
-def _kind(schema: pa.Schema, name: str, option: str, url: str) -> str:
-    """ "number", "int" or "list" (of integers): what column ``name`` is; else a ConfigError."""
+def _kind(schema: pa.Schema, name: str, option: str, url: str, hashed: bool) -> str:
+    """ "number", "int", "list" (of integers), "text" or "text_list" (strings or bytes, sparse
+    columns whose values are ``hashed``): what column ``name`` is; else a ConfigError."""
     index = schema.get_field_index(name)
     if index < 0:
         raise ConfigError(
@@ -277,24 +287,28 @@ def _kind(schema: pa.Schema, name: str, option: str, url: str) -> str:
         )
     arrow_type = schema.field(index).type
     kind = _kind_of(arrow_type)
-    allowed = ("int", "list") if option == "sparse_columns" else ("int", "number")
-    if kind not in allowed:
-        wanted = "integers or lists of integers (ids)" if option == "sparse_columns" else "numbers"
-        fix = "cast it where the files are written (e.g. CAST in Spark or BigQuery)"
-        if option == "sparse_columns" and _holds_text(arrow_type):
-            # Ids as text (user ids, Criteo's hex values): a 64-bit fingerprint keeps them apart.
-            fix = (
-                "turn its values into 64-bit integers where the files are written (BigQuery's "
-                "FARM_FINGERPRINT, Spark's xxhash64), which --categorical_ids hash maps to table rows"
-            )
+    if option == "sparse_columns" and kind in ("text", "text_list") and not hashed:
         raise ConfigError(
-            f"{url}: column {name!r} (--{option}) is {arrow_type}, but it must hold {wanted}: {fix}, or "
-            f"leave it out of --{option}"
+            f"{url}: column {name!r} (--sparse_columns) is {arrow_type}: text ids become table rows with "
+            "--categorical_ids hash (as_is takes integers that are rows already)"
+        )
+    allowed = ("int", "list", "text", "text_list") if option == "sparse_columns" else ("int", "number")
+    if kind is None or kind not in allowed:
+        wanted = "integers, text or lists of them (ids)" if option == "sparse_columns" else "numbers"
+        raise ConfigError(
+            f"{url}: column {name!r} (--{option}) is {arrow_type}, but it must hold {wanted}: cast it where "
+            f"the files are written (e.g. CAST in Spark or BigQuery), or leave it out of --{option}"
         )
     return "number" if kind == "int" and option != "sparse_columns" else kind
 
 
-_KIND_TEXT = {"number": "numbers", "int": "integers", "list": "lists of integers"}
+_KIND_TEXT = {
+    "number": "numbers",
+    "int": "integers",
+    "list": "lists of integers",
+    "text": "text",
+    "text_list": "lists of text",
+}
 
 
 def _kind_of(arrow_type: pa.DataType) -> str | None:
@@ -302,18 +316,21 @@ def _kind_of(arrow_type: pa.DataType) -> str | None:
         return "int"
     if pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type):
         return "number"
-    if (
-        pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type)
-    ) and pa.types.is_integer(arrow_type.value_type):
-        return "list"
+    if _is_text(arrow_type):
+        return "text"
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+        if pa.types.is_integer(arrow_type.value_type):
+            return "list"
+        if _is_text(arrow_type.value_type):
+            return "text_list"
     return None
 
 
-def _holds_text(arrow_type: pa.DataType) -> bool:
-    """Strings or bytes, or lists of them."""
-    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
-        arrow_type = arrow_type.value_type
-    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_binary(arrow_type)
+def _is_text(arrow_type: pa.DataType) -> bool:
+    return any(
+        check(arrow_type)
+        for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
+    )
 
 
 def _listing(names: list[str], shown: int = 12) -> str:

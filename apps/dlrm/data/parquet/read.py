@@ -28,8 +28,9 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
   chunk into one array of every such column's ids; an integer column with nulls (none for a
   null) and a list column (its elements, nulls in a list dropped, a null list empty) its ids with
   per-row offsets, as a KeyedJaggedTensor holds them; ``hash`` ids are SplitMix64 of the value
-  (:func:`apps.core.common.hashing.mix64`, its int64 bits) modulo the table size, ``as_is`` ids
-  must lie in the table (:func:`apps.dlrm.data.parquet.files.check_id`).
+  (:func:`apps.core.common.hashing.mix64`, its int64 bits) modulo the table size, a text value's
+  value being the FNV-1a 64 of its bytes (UTF-8 for strings: :func:`text_fingerprints`);
+  ``as_is`` ids must lie in the table (:func:`apps.dlrm.data.parquet.files.check_id`).
 
 Nothing read from a file is executed or unpickled: Parquet pages are decoded by pyarrow into
 numbers, and only numbers reach training.
@@ -204,7 +205,7 @@ class RowDecoder:
             # One id per row: chunk after chunk straight into the rows' ids (no combined copy first).
             at = 0
             for chunk in column.chunks:
-                values = chunk.to_numpy()
+                values = _id_values(chunk)
                 ids[f, at : at + len(values)] = self._ids(values, size, name, None, _after(where, at))
                 at += len(values)
             ragged.append(None)
@@ -277,8 +278,13 @@ class RowDecoder:
 def _common_schema(spec: ColumnSpec) -> pa.Schema:
     """One type per column, that any file's type of it casts to: float32 for the label and dense
     features (what decoding makes of them: a large integer rounds as decoding rounds it), int64 ids
-    or lists of them (uint64 ids keep their bits, which is what hashing reads)."""
-    ids = [pa.list_(pa.int64()) if multi_hot else pa.int64() for multi_hot in spec.multi_hot]
+    or lists of them (uint64 ids keep their bits, which is what hashing reads), text as bytes."""
+    ids = [
+        pa.list_(element) if multi_hot else element
+        for multi_hot, element in (
+            (multi_hot, pa.large_binary() if text else pa.int64()) for multi_hot, text in zip(spec.multi_hot, spec.text)
+        )
+    ]
     types = [pa.float32()] * (len(spec.names) - len(ids)) + ids
     return pa.schema([pa.field(name, t) for name, t in zip(spec.names, types)])
 
@@ -312,12 +318,60 @@ def _floats_into(column: pa.ChunkedArray, out: np.ndarray) -> None:
 
 
 def _ragged(column: pa.Array, multi_hot: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, offsets [n + 1]) of a list-of-integers column, or of an integer column with nulls;
-    a null holds no id."""
+    """(ids, offsets [n + 1]) of a list column, or of a column with nulls; a null holds no id."""
     n = len(column)
     values = pc.list_flatten(column) if multi_hot else column
     rows = pc.list_parent_indices(column).to_numpy() if multi_hot else np.arange(n)
     if values.null_count:
         valid = values.is_valid().to_numpy(zero_copy_only=False)
         values, rows = values.filter(pa.array(valid)), rows[valid]
-    return values.to_numpy(), np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
+    return _id_values(values), np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
+
+
+def _id_values(values: pa.Array) -> np.ndarray:
+    """The integers of an id column without nulls; of a text column, its values' fingerprints."""
+    if pa.types.is_integer(values.type):
+        return values.to_numpy()
+    return text_fingerprints(values)
+
+
+FNV_OFFSET_BASIS = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
+
+
+def text_fingerprints(texts: pa.Array) -> np.ndarray:
+    """uint64 [n]: FNV-1a 64 of each value's bytes (a string's UTF-8), ``texts`` holding no null:
+    a 64-bit integer per text that ``hash`` ids then mix as they mix integers. Vectorised over the
+    values, one pass per byte position over the values that long, kept first by sorting them by
+    length (so each pass works on a prefix, in place)."""
+    texts = texts.cast(pa.large_binary())  # one offset width; a string's bytes are its UTF-8
+    _, offset_buffer, data_buffer = texts.buffers()
+    offsets = np.frombuffer(offset_buffer, dtype=np.int64)[texts.offset : texts.offset + len(texts) + 1]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    hashes = np.full(len(texts), FNV_OFFSET_BASIS, dtype=np.uint64)
+    if not len(texts):
+        return hashes
+    if lengths.min() == lengths.max():  # one width (hex ids, codes): the bytes are a matrix, in order
+        width = int(lengths[0])
+        matrix = data[offsets[0] : offsets[0] + width * len(texts)].reshape(len(texts), width)
+        return _fnv1a_passes(hashes, lambda position, count: matrix[:, position], np.full(width, len(texts)))
+    by_length = np.argsort(-lengths, kind="stable")
+    longest_first, starts = lengths[by_length], offsets[:-1][by_length]
+    # per position, the values longer than it: a prefix of the values sorted by length
+    counts = np.searchsorted(-longest_first, -np.arange(longest_first[0]), side="left")
+    _fnv1a_passes(hashes, lambda position, count: data[starts[:count] + position], counts)
+    fingerprints = np.empty_like(hashes)
+    fingerprints[by_length] = hashes
+    return fingerprints
+
+
+def _fnv1a_passes(hashes: np.ndarray, byte_at: Callable[[int, int], np.ndarray], counts: np.ndarray) -> np.ndarray:
+    """FNV-1a's step for each byte position p, in place, on the first ``counts[p]`` hashes, whose
+    bytes at p ``byte_at(p, counts[p])`` gives."""
+    prime = np.uint64(FNV_PRIME)
+    for position, count in enumerate(counts.tolist()):
+        active = hashes[:count]
+        active ^= byte_at(position, count)
+        active *= prime
+    return hashes
