@@ -3,9 +3,10 @@
 :class:`Features` is the input side of a trained model: which columns feed it (the training run's
 ``--dense_columns`` and ``--sparse_columns``, patterns matched in natural order as training
 matched them), how a sparse value becomes a table row (``--categorical_ids``: hash or as_is) and
-how dense values are read (``--dense_transform``: as they are, or log(1 + max(x, 0))). A model trained on Criteo or synthetic data reads the columns that
-``python -m apps.dlrm.preprocess --output_format parquet`` writes (``int_0`` ..., ``cat_0`` ...),
-its ids as they are (preprocessed ids are table rows).
+how dense values are read (``--dense_transform``: as they are, or log(1 + max(x, 0))). A model
+trained on Criteo or synthetic data reads the columns that ``python -m apps.dlrm.preprocess
+--output_format parquet`` writes (``int_0`` ..., ``cat_0`` ...), its ids as they are
+(preprocessed ids are table rows).
 
 :class:`RowScorer` scores rows decoded by the Parquet training reader's own decoder
 (:class:`~apps.dlrm.data.parquet.read.RowDecoder`) in batches assembled by its own

@@ -53,8 +53,8 @@ class SequenceMetrics:
         self.retrieval = RetrievalMetrics(K, device) if cfg.model.objective == "retrieval" else None
         ranking = cfg.model.objective == "ranking"
         self.actions = ActionAUROC(cfg.model.num_actions) if ranking else None
-        self.action_oracle = action_oracle if ranking else None
-        self.oracle_actions = ActionAUROC(cfg.model.num_actions) if self.action_oracle is not None else None
+        # The oracle's scores of the same targets, and their AUROC.
+        self.oracle = (action_oracle, ActionAUROC(cfg.model.num_actions)) if ranking and action_oracle else None
 
     def update(self, batch: SequenceBatch, outputs: EvalOutput) -> None:
         if self.retrieval is not None:
@@ -63,19 +63,20 @@ class SequenceMetrics:
         if self.actions is not None:
             assert outputs.action_logits is not None and outputs.action_labels is not None
             self.actions.update(outputs.action_logits, outputs.action_labels)
-        if self.action_oracle is not None and self.oracle_actions is not None:
+        if self.oracle is not None:
+            oracle, oracle_auroc = self.oracle
             assert outputs.target_items is not None and outputs.action_labels is not None
-            self.oracle_actions.update(self.action_oracle(outputs.target_items), outputs.action_labels)
+            oracle_auroc.update(oracle(outputs.target_items), outputs.action_labels)
 
     def compute(self) -> dict[str, float]:
         if self.retrieval is not None:
             results = self.retrieval.compute()
             return {**results, **{f"{name}_ceiling": value for name, value in self.ceiling.items()}}
         assert self.actions is not None
-        results = {**self.actions.compute()}
+        results = self.actions.compute()
         results["auroc"] = _mean_auroc(results)
-        if self.oracle_actions is not None:
-            results["auroc_ceiling"] = _mean_auroc(self.oracle_actions.compute())
+        if self.oracle is not None:
+            results["auroc_ceiling"] = _mean_auroc(self.oracle[1].compute())
         return results
 
 

@@ -36,6 +36,7 @@ bags anyway.
 import fnmatch
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
 import fsspec
 import pyarrow as pa
@@ -346,24 +347,18 @@ def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[
         if multi_hot:
             del nulls[name]
     ranges = dict(zip(spec.sparse, table_sizes)) if table_sizes is not None else {}
-    for file in files:
-        metadata = file.metadata
-        leaves = leaf_columns(metadata)
-        for g in range(metadata.num_row_groups):
-            group = metadata.row_group(g)
-            for name in spec.names:
-                stats = group.column(leaves[name][0]).statistics  # a column we read has one leaf
-                count = stats.null_count if stats is not None and stats.has_null_count else None
-                if name == spec.label and count:
-                    raise null_label_error(file.url, name, g, count)
-                if name == spec.label and stats is not None and stats.has_min_max:
-                    for value in (stats.min, stats.max):
-                        check_label(value, file.url, name, g)
-                if name in nulls:
-                    nulls[name] = None if nulls[name] is None or count is None else nulls[name] + count
-                if name in ranges and stats is not None and stats.has_min_max:
-                    for value in (stats.min, stats.max):
-                        check_id(value, ranges[name], file.url, name, g)
+    for file, g, name, stats in _statistics(files, spec.names):
+        count = stats.null_count if stats is not None and stats.has_null_count else None
+        if name == spec.label and count:
+            raise null_label_error(file.url, name, g, count)
+        if name == spec.label and stats is not None and stats.has_min_max:
+            for value in (stats.min, stats.max):
+                check_label(value, file.url, name, g)
+        if name in nulls:
+            nulls[name] = None if nulls[name] is None or count is None else nulls[name] + count
+        if name in ranges and stats is not None and stats.has_min_max:
+            for value in (stats.min, stats.max):
+                check_id(value, ranges[name], file.url, name, g)
     return nulls
 
 
@@ -371,19 +366,25 @@ def dense_ranges(files: list[DataFile], spec: ColumnSpec) -> dict[str, tuple[flo
     """Per dense column, the smallest and largest finite values the files' statistics record
     (columns without statistics in any file are left out: they are not judged)."""
     ranges: dict[str, tuple[float, float]] = {}
+    for _, _, name, stats in _statistics(files, spec.dense):
+        if stats is None or not stats.has_min_max:
+            continue
+        values = [v for v in (float(stats.min), float(stats.max)) if math.isfinite(v)]
+        if values:
+            low, high = ranges.get(name, (math.inf, -math.inf))
+            ranges[name] = (min(low, *values), max(high, *values))
+    return {name: ranges[name] for name in spec.dense if name in ranges}
+
+
+def _statistics(files: list[DataFile], names: list[str]) -> Iterator[tuple[DataFile, int, str, pq.Statistics | None]]:
+    """(file, row group, column, its chunk's statistics or None) of every row group of ``files``,
+    for each of the columns ``names`` (which the reader reads: a column of one leaf each)."""
     for file in files:
         leaves = leaf_columns(file.metadata)
         for g in range(file.metadata.num_row_groups):
             group = file.metadata.row_group(g)
-            for name in spec.dense:
-                stats = group.column(leaves[name][0]).statistics
-                if stats is None or not stats.has_min_max:
-                    continue
-                values = [v for v in (float(stats.min), float(stats.max)) if math.isfinite(v)]
-                if values:
-                    low, high = ranges.get(name, (math.inf, -math.inf))
-                    ranges[name] = (min(low, *values), max(high, *values))
-    return {name: ranges[name] for name in spec.dense if name in ranges}
+            for name in names:
+                yield file, g, name, group.column(leaves[name][0]).statistics
 
 
 def unscaled_dense(ranges: dict[str, tuple[float, float]]) -> dict[str, float]:

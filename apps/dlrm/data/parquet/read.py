@@ -279,12 +279,8 @@ def _common_schema(spec: ColumnSpec) -> pa.Schema:
     """One type per column, that any file's type of it casts to: float32 for the label and dense
     features (what decoding makes of them: a large integer rounds as decoding rounds it), int64 ids
     or lists of them (uint64 ids keep their bits, which is what hashing reads), text as bytes."""
-    ids = [
-        pa.list_(element) if multi_hot else element
-        for multi_hot, element in (
-            (multi_hot, pa.large_binary() if text else pa.int64()) for multi_hot, text in zip(spec.multi_hot, spec.text)
-        )
-    ]
+    elements = [pa.large_binary() if text else pa.int64() for text in spec.text]
+    ids = [pa.list_(element) if multi_hot else element for element, multi_hot in zip(elements, spec.multi_hot)]
     types = [pa.float32()] * (len(spec.names) - len(ids)) + ids
     return pa.schema([pa.field(name, t) for name, t in zip(spec.names, types)])
 
