@@ -363,8 +363,8 @@ def test_unscaled_dense_columns_are_warned_of_and_log1p_reads_the_log_of_their_c
     assert sum(len(rows_of(read)) for read, _ in batches) == 75  # the validation half of the held-out half
     for read, transformed in batches:
         expected = np.log1p(np.maximum(read.dense_features.numpy(), 0))  # int_1 = -r clips to 0
-        # Within float32's rounding: numpy's log1p may take another SIMD path for another layout.
-        np.testing.assert_allclose(transformed.dense_features.numpy(), expected, rtol=1e-6, atol=0)
+        # Bit for bit: numpy picks log1p's kernel by the CPU, and both arrays are contiguous.
+        assert np.array_equal(transformed.dense_features.numpy(), expected)
 
 
 def fnv1a64(data: bytes) -> int:
