@@ -8,6 +8,7 @@ from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from apps.core.common.compile_cache import key_compile_cache_by_cpu
 from apps.core.common.tables import TableModule
 from apps.core.config import LaunchConfig
 from apps.dlrm.config import ModelConfig
@@ -85,6 +86,7 @@ def speed_up_dense(cfg: LaunchConfig, model: DLRMTrain, device: torch.device) ->
         if cfg.dense_precision == "bf16":
             part.forward = _in_bf16(part.forward, device.type)
         if cfg.compile_dense != "none":
+            key_compile_cache_by_cpu()
             part.compile(mode=cfg.compile_dense)
 
 
