@@ -7,6 +7,10 @@ all (``python: command not found``). Here the folder of torchx's interpreter com
 PATH (TorchX's ``extra_paths``), so the trainers run with the interpreter that loaded the component,
 which imports torch itself: where it cannot, ``torchx run`` fails before launching anything.
 
+TorchX keeps a local app only in the memory of the ``torchx run`` that started it, so no other
+command can list it: ``torchx list -s local_cwd`` says so in one line, and where the runs' results
+are, instead of raising a bare ``Exception``.
+
 Registered in ``torchx_plugins/schedulers/dlrm_0_local_cwd.py`` under TorchX's own name, which it replaces.
 """
 
@@ -14,11 +18,22 @@ import os
 import sys
 from typing import Any
 
+from torchx.schedulers.api import ListAppResponse
 from torchx.schedulers.local_scheduler import CWDImageProvider, LocalScheduler
+
+from schedulers.setup_checks import SetupError
+
+#: Where a local app's results and logs are, for the one-line answers about local apps.
+RUN_FOLDERS = "each run's folder (outputs/<app id>/ by default, outputs/latest the newest) holds its results and logs"
+
+
+class _LocalCwdScheduler(LocalScheduler):
+    def list(self, cfg: Any = None) -> list[ListAppResponse]:
+        raise SetupError(f"-s local_cwd keeps no list of its apps (each lives in its `torchx run`): {RUN_FOLDERS}")
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> LocalScheduler:
-    return LocalScheduler(
+    return _LocalCwdScheduler(
         session_name=session_name,
         image_provider_class=CWDImageProvider,
         cache_size=kwargs.get("cache_size", 100),

@@ -203,8 +203,22 @@ SLURM_FIX = "run torchx on a Slurm login node, or install Slurm's client command
             f"torchx status: squeue is not on PATH (-s slurm reads jobs' states with it): {SLURM_FIX}",
         ),
         (["list", "-s", "slurm"], f"torchx list: squeue is not on PATH (-s slurm lists jobs with it): {SLURM_FIX}"),
+        (
+            ["log", "local_cwd://torchx/dlrm-x1/train/0"],
+            "torchx log: local_cwd://torchx/dlrm-x1 is not running in this process: a local app is known only to "
+            "its `torchx run`; each run's folder (outputs/<app id>/ by default",
+        ),
+        (["list", "-s", "local_cwd"], "torchx list: -s local_cwd keeps no list of its apps"),
     ],
-    ids=["not-a-handle", "no-such-scheduler", "not-a-kubeflow-id", "slurm-status", "slurm-list"],
+    ids=[
+        "not-a-handle",
+        "no-such-scheduler",
+        "not-a-kubeflow-id",
+        "slurm-status",
+        "slurm-list",
+        "local-log",
+        "local-list",
+    ],
 )
 def test_reading_a_job_with_a_wrong_handle_or_on_a_machine_without_the_scheduler(tmp_path, args, message):
     # PATH: this environment's torchx and Python only, as on a machine without Slurm's commands.
