@@ -426,6 +426,8 @@ def test_text_ids_are_hashed_alike_in_any_file_nulls_are_no_id_and_lists_are_bag
         (dict(label=pa.array([None] + [1] * 299, pa.int8())), {}, "label column 'label' has 1 null values"),
         (dict(label=pa.array([0] * 299 + [2], pa.int8())), {}, "label column 'label' holds 2 (row group 0)"),
         (dict(label=pa.array([-1.0] + [1.0] * 299)), {}, "label column 'label' holds -1 (row group 0)"),
+        (dict(label=pa.array([0] * 300, pa.int8())), {}, "label column 'label' holds only 0 in "),
+        (dict(label=pa.array([True] * 300)), {}, "label column 'label' holds only 1 in "),
         ({}, dict(dense_columns=["int_*"], num_dense_features=2), "--dense_columns int_* matches 3 columns"),
         ({}, dict(sparse_columns=["nope_*"]), "--sparse_columns nope_* matches no column"),
         (
@@ -456,7 +458,7 @@ def test_bad_inputs_are_refused_at_start_naming_file_and_column(tmp_path, change
     [
         (dict(cat_0=pa.array(np.r_[np.zeros(299, np.int64), -4])), False, "column 'cat_0' holds id -4 (row group 0)"),
         (dict(label=pa.array([1.0] * 299 + [0.5])), False, "label column 'label' holds 0.5 (row group 0)"),
-        (dict(label=pa.array([1.0] * 299 + [np.nan])), True, "label column 'label' holds nan (row group 0)"),
+        (dict(label=pa.array([0.0, 1.0] * 149 + [1.0, np.nan])), True, "label column 'label' holds nan (row group 0)"),
     ],
 )
 def test_bad_values_that_statistics_do_not_show_stop_reading_naming_the_file(tmp_path, change, statistics, fragment):

@@ -1,7 +1,10 @@
 """How long a run trains, when it validates and when it stops early: epochs of finite data,
 --steps as a cap, learning-rate shapes as fractions of the run, and the validations' record."""
 
+import math
+
 import pytest
+import torch
 
 from apps.core.common.errors import ConfigError
 from apps.core.training.optim import LRShape, lr_scale
@@ -78,3 +81,25 @@ def test_log_loss_improves_downwards():
     assert validations.add(1, {"auroc": 0.7, "log_loss": 0.5})
     assert not validations.add(2, {"auroc": 0.8, "log_loss": 0.6})
     assert validations.add(3, {"auroc": 0.6, "log_loss": 0.4}) and validations.best_step == 3
+
+
+def test_an_undefined_metric_is_never_best_nor_counted_against_the_patience():
+    """AUROC on a validation split of one class is NaN (ClickMetrics): not a best, not a miss."""
+    validations = Validations.of(train_config(**PARQUET, early_stopping_patience=1).evaluation)
+    for step in (1, 2, 3):
+        assert not validations.add(step, {"auroc": math.nan, "log_loss": 0.5})
+    assert validations.best_step is None and not validations.stopped_early
+
+
+def test_auroc_of_a_split_of_one_class_is_undefined():
+    from torchrec.datasets.utils import Batch
+
+    from apps.dlrm.training.metrics import ClickMetrics
+
+    logits = torch.linspace(-2, 2, 8)
+    for labels, defined in ((torch.zeros(8), False), (torch.ones(8), False), (torch.tensor([0.0, 1.0] * 4), True)):
+        metrics = ClickMetrics(torch.device("cpu"), teacher=lambda batch: logits)
+        metrics.update(Batch(torch.zeros(8, 1), None, labels), (None, logits, labels))  # type: ignore[arg-type]
+        results = metrics.compute()
+        assert math.isnan(results["auroc"]) != defined and math.isnan(results["auroc_ceiling"]) != defined
+        assert results["log_loss"] > 0

@@ -6,6 +6,7 @@ test with metrics synced across ranks, checkpoint on the way, and write summary.
 """
 
 import contextlib
+import math
 from typing import Any, Generator, Generic, Iterator, NoReturn
 
 import torch
@@ -342,6 +343,11 @@ class Trainer(Generic[C]):
         reporter.record("val", step, val)
         if best:
             verdict = "the best so far"
+        elif math.isnan(val[validations.metric]):
+            verdict = (
+                f"{validations.metric} is undefined on this split, which holds one class: hold out more rows "
+                "(--eval_fraction, --eval_days), or follow another --early_stopping_metric"
+            )
         else:
             verdict = f"no better than step {validations.best_step}'s ({validations.since_best}"
             verdict += f" of {validations.patience})" if validations.patience else ")"

@@ -3,9 +3,11 @@
 A validation improves when its ``--early_stopping_metric`` beats the best so far by at least
 ``--early_stopping_min_delta`` (AUROC up, a loss down); after ``--early_stopping_patience``
 validations in a row that do not, training stops. The record travels in every checkpoint's
-manifest (JSON), so a resumed run keeps its best and its count.
+manifest (JSON), so a resumed run keeps its best and its count. A metric the split cannot define
+(NaN: AUROC on a split of one class) neither improves nor counts against the patience.
 """
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -36,6 +38,8 @@ class Validations:
 
     def add(self, step: int, metrics: dict[str, float]) -> bool:
         """Takes the validation after ``step``; returns whether it is the best so far."""
+        if math.isnan(metrics[self.metric]):
+            return False
         if self.best is None or self._improves(metrics[self.metric], self.best[self.metric]):
             self.best_step, self.best, self.since_best = step, dict(metrics), 0
             return True

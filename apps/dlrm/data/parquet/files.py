@@ -339,10 +339,11 @@ def _listing(names: list[str], shown: int = 12) -> str:
 
 
 def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[int] | None) -> dict[str, int | None]:
-    """Refuses null labels and (with ``table_sizes``, --categorical_ids as_is) ids outside their
-    tables, as far as the files' statistics tell; returns the null count of every flat column
-    (None where a file recorded none)."""
+    """Refuses null labels, labels of one class only and (with ``table_sizes``, --categorical_ids
+    as_is) ids outside their tables, as far as the files' statistics tell; returns the null count
+    of every flat column (None where a file recorded none)."""
     nulls: dict[str, int | None] = {name: 0 for name in spec.names}
+    labels: set[float] | None = set()  # the labels' minima and maxima; None: a row group without them
     for name, multi_hot in zip(spec.sparse, spec.multi_hot):
         if multi_hot:
             del nulls[name]
@@ -354,11 +355,20 @@ def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[
         if name == spec.label and stats is not None and stats.has_min_max:
             for value in (stats.min, stats.max):
                 check_label(value, file.url, name, g)
+            labels = None if labels is None else labels | {stats.min, stats.max}
+        elif name == spec.label and file.metadata.row_group(g).num_rows:
+            labels = None
         if name in nulls:
             nulls[name] = None if nulls[name] is None or count is None else nulls[name] + count
         if name in ranges and stats is not None and stats.has_min_max:
             for value in (stats.min, stats.max):
                 check_id(value, ranges[name], file.url, name, g)
+    if labels is not None and len(labels) == 1:
+        raise ConfigError(
+            f"label column {spec.label!r} holds only {labels.pop():g} in {_listing([f.url for f in files], 3)} "
+            "(their statistics say so): a model learns nothing from one class; check --label_column, or add "
+            "the rows of the other class"
+        )
     return nulls
 
 
