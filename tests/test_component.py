@@ -194,7 +194,7 @@ def test_local_parquet_data_that_cannot_serve_the_options_is_refused_at_submissi
     folder.mkdir()
     columns = {"label": [0, 1] * 8, "int_0": [0.5] * 16, "cat_0": list(range(16))}
     pq.write_table(pa.table(columns), folder / "part-0.parquet")
-    data = dict(data="parquet", data_path=str(folder), dense_columns="int_0", sparse_columns="cat_0")
+    data = dict(data="parquet", data_path=str(folder), dense_columns="int_0", sparse_columns="cat_0", eval_fraction=0.5)
     dlrm.train(**data)
     with pytest.raises(InvalidComponentArgument, match="part-0.parquet has no column 'click'"):
         dlrm.train(**data, label_column="click")
@@ -202,6 +202,10 @@ def test_local_parquet_data_that_cannot_serve_the_options_is_refused_at_submissi
         InvalidComponentArgument, match="column 'cat_0' holds id 15 .*outside its embedding table of 10 rows"
     ):
         dlrm.train(**data, categorical_ids="as_is", num_embeddings=10)
+    with pytest.raises(
+        InvalidComponentArgument, match="hold out 16 rows, which leaves no training rows: hold out fewer"
+    ):
+        dlrm.train(**{**data, "eval_fraction": 1.0})
     # Data that is not on this machine is the job's to read.
     dlrm.train(**{**data, "data_path": str(tmp_path / "on_the_cluster")}, label_column="click")
     dlrm.train(**{**data, "data_path": "s3://bucket/clicks"}, label_column="click")

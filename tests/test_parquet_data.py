@@ -22,6 +22,7 @@ import torch
 
 from apps.core.common.errors import ConfigError
 from apps.core.common.hashing import mix64_int
+from apps.core.common.splits import held_out_split
 from apps.dlrm.config import train_config
 from apps.dlrm.data.parquet.loader import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
 from apps.dlrm.data.parquet.order import Pieces, block_permutation, eval_runs
@@ -595,3 +596,22 @@ def test_training_from_s3_resumes_exactly_where_it_stopped(aws, tmp_path):
     assert stopped["steps"] == 12 and resumed["resumed_from_step"] == 12 and resumed["steps"] == 24
     assert resumed["final_train_loss"] == reference["final_train_loss"]  # bit for bit
     assert resumed["val_auroc"] == reference["val_auroc"]
+
+
+@pytest.mark.unit
+def test_empty_files_are_not_days_of_the_held_out_split():
+    """Spark writes empty part files: one last in name order held out nothing before."""
+    assert held_out_split([2000, 2000, 0], 1, 0.5, "d") == held_out_split([2000, 2000], 1, 0.5, "d")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "file_rows, eval_fraction, fix",
+    [
+        ([2000], 0.0005, "hold out more: raise --eval_fraction or --eval_days"),
+        ([2000], 1.0, "hold out fewer: lower --eval_fraction below 1 or --eval_days, or add files"),
+    ],
+)
+def test_a_split_without_rows_names_the_options_that_fix_it(file_rows, eval_fraction, fix):
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        held_out_split(file_rows, 1, eval_fraction, "d", files="files", more="add files")

@@ -19,15 +19,20 @@ def held_out_split(
 ) -> dict[str, Range]:
     """The MLPerf-style splits of rows in file order (see :mod:`apps.dlrm.data.criteo.loader`): of the last
     ``eval_days`` files' rows, the last ``eval_fraction`` are held out, the first half (rounded
-    up) validating and the rest testing. Shared with the Parquet source, whose files are days."""
+    up) validating and the rest testing. Shared with the Parquet source, whose files are days.
+    Files without rows (Spark writes empty part files) are not days: they hold nothing out."""
     total = sum(file_rows)
-    held = int(sum(file_rows[-eval_days:]) * eval_fraction)
+    held = int(sum([rows for rows in file_rows if rows][-eval_days:]) * eval_fraction)
     if held < 2 or held >= total:
+        fix = (
+            "hold out more: raise --eval_fraction or --eval_days"
+            if held < 2
+            else f"hold out fewer: lower --eval_fraction below 1 or --eval_days, or {more}"
+        )
         raise ConfigError(
             f"{where} has {len(file_rows)} {files} ({total:,} rows): --eval_days {eval_days} "
             f"--eval_fraction {eval_fraction} hold out {held:,} rows, which leaves "
-            f"{'no validation or test rows' if held < 2 else 'no training rows'}: "
-            f"hold out fewer {files} (or a fraction of them) or {more}"
+            f"{'no validation or test rows' if held < 2 else 'no training rows'}: {fix}"
         )
     val_start = total - held
     test_start = val_start + math.ceil(held / 2)

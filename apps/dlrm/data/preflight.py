@@ -5,8 +5,8 @@ on a laptop, a queue's wait on a cluster. Data that cannot serve the options (a 
 preprocessed for larger tables, a Parquet column that is not there, ids out of range) is then
 refused late and far from the command. Where ``--data_path`` is on the submitting machine (always
 under ``-s local_cwd``; on a shared filesystem under Slurm), the loaders' own checks read the same
-facts now: a Criteo folder's manifest and arrays, the Parquet files' footers (schemas and column
-statistics, not their data). A path that is not here (it may exist only on the cluster) and URLs
+facts now: a Criteo folder's manifest and arrays, the Parquet files' footers (schemas, column
+statistics and row counts, not their data). A path that is not here (it may exist only on the cluster) and URLs
 (an object store may need credentials that only the cluster has) are left to the job.
 """
 
@@ -34,4 +34,4 @@ def check_local_data(cfg: TrainConfig) -> None:
     else:
         from apps.dlrm.data.parquet.files import CheckedFiles
 
-        CheckedFiles.open(cfg)
+        CheckedFiles.open(cfg).splits(cfg)

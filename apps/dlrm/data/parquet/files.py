@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from apps.core.common.errors import ConfigError
+from apps.core.common.splits import Range, held_out_split
 from apps.core.urls import is_url, reaching
 from apps.dlrm.config import TrainConfig, is_pattern
 from apps.dlrm.data.criteo.sources import natural_key
@@ -124,6 +125,17 @@ class CheckedFiles:
         spec = resolve_columns(cfg, [(file.url, file.metadata.schema.to_arrow_schema()) for file in files], labelled)
         as_is = cfg.data.categorical_ids == "as_is"
         return cls(fs, files, spec, check_statistics(files, spec, cfg.model.table_sizes if as_is else None))
+
+    def splits(self, cfg: TrainConfig) -> dict[str, Range]:
+        """The rows of training, validation and test (:func:`held_out_split`, the files as days)."""
+        return held_out_split(
+            [file.rows for file in self.files],
+            cfg.data.eval_days,
+            cfg.data.eval_fraction,
+            cfg.data.data_path,
+            files="files",
+            more="add files",
+        )
 
 
 def _list(fs: fsspec.AbstractFileSystem, root: str, data_path: str) -> list[tuple[str, int]]:

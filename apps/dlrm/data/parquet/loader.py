@@ -38,7 +38,6 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.common.errors import ConfigError
-from apps.core.common.splits import held_out_split
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, dense_ranges, null_report, unscaled_dense
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs, run_rows
@@ -81,14 +80,7 @@ class ParquetClickLogs:
         if rank == 0:
             self._warn_of_dense_scale(log1p)
         self._reader = RowGroupReader(fs, self.files, decoder)
-        self.splits = held_out_split(
-            [file.rows for file in self.files],
-            cfg.data.eval_days,
-            cfg.data.eval_fraction,
-            cfg.data.data_path,
-            files="files",
-            more="add files",
-        )
+        self.splits = checked.splits(cfg)
         self._groups = Pieces.of_groups([file.group_rows() for file in self.files])
         train_rows = self.splits["train"][1]
         self._order = TrainOrder(
