@@ -227,6 +227,7 @@ def test_unwritable_local_directory_is_refused_at_start(tmp_path):
     )
     assert result.returncode == 2
     assert f"--checkpoint_dir {tmp_path / 'file' / 'ckpt'} is not writable" in result.stderr
+    assert "Give --checkpoint_dir a folder (new or one of checkpoints), not a file." in result.stderr
     assert not (tmp_path / "out" / "summary.json").exists()
 
 

@@ -268,3 +268,22 @@ def test_per_user_lists_of_a_row_must_agree_in_length(tmp_path):
 def test_a_missing_data_path_is_refused():
     with pytest.raises(ConfigError, match="^--data_path /nonexistent/x does not exist"):
         parquet("/nonexistent/x", "per_user")
+
+
+@pytest.mark.parametrize("written, read", [("per_event", "per_user"), ("per_user", "per_event")])
+def test_a_file_of_the_other_layout_is_refused_naming_it(tmp_path, written, read):
+    events = {"item_id": [1, 2, 3], "event_type": [0, 1, 2], "timestamp": [1, 2, 3]}
+    if written == "per_user":
+        table = pa.table({name: [values] for name, values in events.items()})
+    else:
+        table = pa.table({"uid": [7, 7, 7], **events})
+    pq.write_table(table, tmp_path / "u.parquet")
+    with pytest.raises(ConfigError, match=f"^--item_column 'item_id' of .*: give --layout {written} "):
+        parquet(
+            tmp_path,
+            read,
+            user_column="uid",
+            item_column="item_id",
+            action_column="event_type",
+            timestamp_column="timestamp",
+        )

@@ -80,7 +80,7 @@ def _describe_resharding(checkpoint: Checkpoint, plan: dict[str, dict[str, Any]]
     for table, exact in converted.items():
         change = (saved_plan.get(table, {}).get("type"), plan.get(table, {}).get("type"), exact)
         changes.setdefault(change, []).append(table)
-    return "optimizer state converted from the checkpoint's sharding (README: Checkpoints and resuming):\n" + "\n".join(
+    return "optimizer state converted from the checkpoint's sharding (docs/checkpoints.md):\n" + "\n".join(
         f"  {before} -> {after}: {'exact' if exact else 'estimated'} for {', '.join(tables)}"
         for (before, after, exact), tables in changes.items()
     )

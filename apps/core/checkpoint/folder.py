@@ -54,7 +54,7 @@ from apps.core.checkpoint.storage import (
 )
 from apps.core.common.distributed import DistEnv, decided_by_main
 from apps.core.common.errors import ConfigError
-from apps.core.urls import reaching
+from apps.core.urls import is_url, reaching
 
 logger = logging.getLogger(__name__)
 
@@ -377,4 +377,6 @@ def _storage_hint(url: str, error: Exception) -> str:
             return "Grant these credentials write access to the bucket, or choose another one."
     if isinstance(error, PermissionError):
         return "Choose a directory this user can write to."
-    return "Check the URL and the storage's credentials (see README: Checkpoints)."
+    if isinstance(error, (FileExistsError, NotADirectoryError)) and not is_url(url):
+        return "Give --checkpoint_dir a folder (new or one of checkpoints), not a file."
+    return "Check the URL and the storage's credentials (docs/checkpoints.md)."

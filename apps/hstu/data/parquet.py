@@ -91,10 +91,12 @@ class _Columns:
         else:
             ok = _is_integer(arrow_type, option)
         if not ok:
-            raise ConfigError(
-                f"--{option} {name!r} of {url} is {arrow_type}, not {wanted}: convert it "
-                f"({_WHAT[option]}{', seconds' if option == 'timestamp_column' else ''})"
-            )
+            other_layout = "per_event" if self.per_user else "per_user"
+            if (element is None) == self.per_user and _is_integer(element or arrow_type, option):
+                fix = f"give --layout {other_layout} ({_LAYOUTS[other_layout]})"
+            else:
+                fix = f"convert it ({_WHAT[option]}{', seconds' if option == 'timestamp_column' else ''})"
+            raise ConfigError(f"--{option} {name!r} of {url} is {arrow_type}, not {wanted}: {fix}")
 
 
 _WHAT = {
@@ -102,6 +104,12 @@ _WHAT = {
     "action_column": "the events' action (event type) ids",
     "timestamp_column": "the events' times",
     "user_column": "the events' user ids",
+}
+
+
+_LAYOUTS = {
+    "per_user": "one row per user, list columns of its events",
+    "per_event": "one row per event, with --user_column",
 }
 
 
