@@ -125,7 +125,16 @@ def test_many_epochs_stop_early_on_data_they_overfit_and_a_rerun_has_nothing_lef
     again = train(out, clicks, *args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "nothing left to do" in again.stderr and "stopped early" in again.stderr
+    assert "read other data" not in again.stderr
     assert ((out / "summary.json").read_bytes(), sorted(os.listdir(checkpoints))) == before
+    # Other data in the same --checkpoint_dir: still nothing to do, but said, with the fix.
+    elsewhere = train(tmp_path / "elsewhere", clicks + "/day_[0-3].parquet", *args, "--batch_size", "64")
+    assert elsewhere.returncode == 0 and "nothing left to do" in elsewhere.stderr, elsewhere.stderr[-3000:]
+    assert (
+        f"was written by a run that read other data: --data_path {clicks} (now {clicks}/day_[0-3].parquet); "
+        "--batch_size 128 (now 64); this run goes on from its step"
+    ) in elsewhere.stderr
+    assert "give a new --checkpoint_dir" in elsewhere.stderr
 
 
 def test_a_checkpoint_is_evaluated_without_training_and_bad_requests_are_one_line(clicks, tmp_path):

@@ -20,6 +20,7 @@ from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv, all_reduce_mean
 from apps.core.common.errors import ConfigError
 from apps.core.config import LaunchConfig
+from apps.core.options import option_values
 from apps.core.training.app import C, EvalMetrics, TrainingApp
 from apps.core.training.device_support import check_device_support
 from apps.core.training.metrics import Stopwatch, Throughput
@@ -171,6 +172,15 @@ class Trainer(Generic[C]):
         if resumed is not None:
             self.validations = Validations.of(self.cfg.evaluation, self.state.validations)
             self.reporter.log("resumed from %s (step %d)", resumed.url, self.state.step)
+            changed = changed_data_options(resumed.manifest.get("config", {}), self.cfg)
+            if changed:
+                self.reporter.log(
+                    "%s was written by a run that read other data: %s; this run goes on from its step %d with "
+                    "this command's (to train on these data from the start, give a new --checkpoint_dir)",
+                    resumed.url,
+                    "; ".join(changed),
+                    self.state.step,
+                )
         return resumed
 
     def train_step(self, batches: Iterator[Any]) -> torch.Tensor:
@@ -439,6 +449,26 @@ def peak_hbm_bytes(env: DistEnv) -> int | None:
     peak = torch.tensor([torch.cuda.max_memory_allocated(env.device)], dtype=torch.int64, device=env.device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     return int(peak.item())
+
+
+def changed_data_options(saved: dict[str, Any], cfg: Any) -> list[str]:
+    """The options of what a run reads (its data section, the batch size) whose values differ
+    from ``saved``, a checkpoint's record of its run's options, as ``--name old (now new)``.
+    Resuming with them is allowed (a run may go on with more data, or on more ranks) but must
+    not pass unnoticed: a finished run resumed on new data trains nothing on them."""
+    now = config_record(cfg)
+    names = [*option_values(cfg.data), "batch_size"]
+    return [
+        f"--{name} {saved[name]} (now {now[name]})"
+        for name in names
+        if name in saved and _differ(saved[name], now[name])
+    ]
+
+
+def _differ(saved: Any, now: Any) -> bool:
+    if isinstance(saved, str) and isinstance(now, str):  # a folder with or without its last "/"
+        return saved.rstrip("/") != now.rstrip("/")
+    return saved != now
 
 
 def _fmt_metrics(values: dict[str, float]) -> str:
