@@ -15,7 +15,7 @@ from torchx.specs.builders import materialize_appdef
 from apps.core.launch.job_shape import parse_job_size
 from apps.core.options import options_of
 from apps.dlrm.config import TrainConfig, train_config
-from components import dlrm
+from components import dlrm, hstu
 from components.launch import DEFAULT_ENV
 from components.signature import InvalidComponentArgument
 
@@ -187,6 +187,14 @@ def test_gpu_only_options_on_a_job_without_gpus_are_refused_at_submission(kwargs
     # Asking for GPU nodes, they are the job's to use.
     dlrm.train(j="2", h="aws_p4d.24xlarge", **kwargs)
     dlrm.train(j="1x2", gpu=2, **kwargs)
+
+
+def test_an_apps_own_gpu_only_option_is_refused_at_submission():
+    """HSTU's fused attention kernel is CUDA only: refused before the job starts, not in it."""
+    with pytest.raises(InvalidComponentArgument, match="^--attention_kernel fused needs a CUDA GPU") as error:
+        hstu.train(attention_kernel="fused")
+    assert str(error.value).endswith("(this job asks for no GPUs: for GPU nodes give -h or --gpu)")
+    hstu.train(j="1x2", gpu=2, attention_kernel="fused")
 
 
 def test_local_parquet_data_that_cannot_serve_the_options_is_refused_at_submission(tmp_path):

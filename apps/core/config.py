@@ -8,7 +8,7 @@ global (the command line is flat), so an app's own sections must not reuse these
 """
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Iterator, Protocol
 
 from apps.core.common.errors import ConfigError
 from apps.core.options import option
@@ -287,6 +287,11 @@ class RunConfig(Protocol):
     def evaluation(self) -> EvaluationConfig: ...
     @property
     def checkpoint(self) -> CheckpointConfig: ...
+
+    def app_gpu_only_options(self) -> Iterator[str]:
+        """The app's own options that ranks without GPUs cannot run, each as its one-line refusal
+        (the shared ones are :mod:`apps.core.training.device_support`'s)."""
+        ...
 
     def model_signature(self) -> dict[str, Any]:
         """The options that fix the shapes of a checkpoint's tensors (the model's and the

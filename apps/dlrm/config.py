@@ -7,7 +7,7 @@ with the sections every app shares (:mod:`apps.core.config`).
 """
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import (
@@ -355,6 +355,9 @@ class TrainConfig(Options):
         self.evaluation.check()
         self.checkpoint.check()
         check_evaluation_only(self.evaluation, self.checkpoint)
+
+    def app_gpu_only_options(self) -> Iterator[str]:
+        return iter(())  # the DLRM's GPU-only options are all shared ones
 
     def model_signature(self) -> dict[str, Any]:
         """The options that fix the shapes of the saved tensors (and of the optimizer states)."""

@@ -7,7 +7,7 @@ the option and the fix.
 """
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterator, Mapping
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import (
@@ -24,6 +24,9 @@ from apps.core.options import Options, check_choices, option, options_of, parse_
 
 OBJECTIVES = ("retrieval", "ranking")
 ATTENTION_KERNELS = ("pytorch", "fused")
+FUSED_NEEDS_CUDA = (
+    "--attention_kernel fused needs a CUDA GPU (FBGEMM's HSTU kernel is CUDA only): use --attention_kernel pytorch"
+)
 SEQUENCE_DATASETS = ("synthetic", "parquet")
 LAYOUTS = ("per_user", "per_event")
 
@@ -271,6 +274,10 @@ class TrainConfig(Options):
                 f"--sharding_type {kind} cannot shard the HSTU's tables: {UNSHARDABLE[kind]}; "
                 "give auto, table_wise, row_wise or column_wise"
             )
+
+    def app_gpu_only_options(self) -> Iterator[str]:
+        if self.model.attention_kernel == "fused":
+            yield FUSED_NEEDS_CUDA
 
     def model_signature(self) -> dict[str, Any]:
         """The options that fix the shapes of the saved tensors (and of the optimizer states)."""

@@ -47,3 +47,4 @@ def _gpu_only_options(cfg: RunConfig, device_type: str) -> Iterator[str]:
         )
     if cfg.launch.compile_dense == "reduce-overhead":
         yield "--compile_dense reduce-overhead replays CUDA graphs, which needs GPUs: use default or none on CPU"
+    yield from cfg.app_gpu_only_options()

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from apps.core.common.errors import ConfigError
+from apps.hstu.config import FUSED_NEEDS_CUDA
 from apps.hstu.modules.jagged import JaggedLayout
 
 
@@ -55,10 +56,7 @@ def padded_attention(
 def fused_attention() -> Attention:
     """FBGEMM's HSTU kernel, or a ConfigError that says why it cannot run here."""
     if not torch.cuda.is_available():
-        raise ConfigError(
-            "--attention_kernel fused needs a CUDA GPU (FBGEMM's HSTU kernel is CUDA only): use "
-            "--attention_kernel pytorch"
-        )
+        raise ConfigError(FUSED_NEEDS_CUDA)
     try:
         varlen = importlib.import_module("hstu").hstu_attn_varlen_func
     except (ImportError, AttributeError):
