@@ -368,6 +368,21 @@ def test_unscaled_dense_columns_are_warned_of_and_log1p_reads_the_log_of_their_c
         assert np.array_equal(transformed.dense_features.numpy(), expected)
 
 
+@pytest.mark.unit
+def test_columns_null_in_every_row_are_warned_of(tmp_path, caplog):
+    nothing = dict(int_2=pa.array([None] * 300, pa.float32()), cat_1=pa.array([None] * 300, pa.int64()))
+    with caplog.at_level(logging.WARNING, logger="apps.dlrm.data"):
+        dataset(write_one(tmp_path, "nulls", table(0, 300, **nothing)), eval_fraction=0.5)
+    assert (
+        "columns null in all 300 rows, which train as constants (dense 0, sparse no id): int_2, cat_1; check the "
+        "columns' names, or where the files are written"
+    ) in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="apps.dlrm.data"):
+        dataset(write_one(tmp_path, "some", table(0, 300, int_2=pa.array([None] * 299 + [1.0]))), eval_fraction=0.5)
+    assert "null in all" not in caplog.text
+
+
 def fnv1a64(data: bytes) -> int:
     """FNV-1a 64, byte by byte, as its authors define it."""
     h = 0xCBF29CE484222325

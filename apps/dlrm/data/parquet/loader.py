@@ -79,6 +79,7 @@ class ParquetClickLogs:
         decoder = RowDecoder(self.spec, cfg.model.table_sizes, cfg.data.categorical_ids, id_dtype, log1p)
         if rank == 0:
             self._warn_of_dense_scale(log1p)
+            self._warn_of_empty_columns()
         self._reader = RowGroupReader(fs, self.files, decoder)
         self.splits = checked.splits(cfg)
         self._groups = Pieces.of_groups([file.group_rows() for file in self.files])
@@ -136,6 +137,20 @@ class ParquetClickLogs:
                 "written and train with --dense_transform none",
                 self.cfg.data.data_path,
                 ", ".join(f"{name} (down to {value:.3g})" for name, value in negative.items()),
+            )
+
+    def _warn_of_empty_columns(self) -> None:
+        """Names the feature columns that hold no value at all (every row null, as the statistics
+        count): they train as constants, most often a column name or a writer gone wrong."""
+        rows = sum(file.rows for file in self.files)
+        empty = [name for name, count in self.null_counts.items() if name != self.spec.label and count == rows]
+        if empty and rows:
+            logger.warning(
+                "parquet %s: columns null in all %s rows, which train as constants (dense 0, sparse no id): %s; "
+                "check the columns' names, or where the files are written",
+                self.cfg.data.data_path,
+                f"{rows:,}",
+                ", ".join(empty),
             )
 
     # --- iteration -----------------------------------------------------------------------------
