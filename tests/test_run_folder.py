@@ -1,6 +1,7 @@
 """One folder per run (apps/core/training/run_folder.py): the default --output_dir gives every run
-a folder of its own under outputs/, ``outputs/latest`` points at the newest, Slurm writes the
-job's logs into it, and no run writes into another run's folder.
+a folder of its own under outputs/, ``outputs/latest`` points at the newest that trains or
+evaluates, Slurm writes the job's logs into it, and no run writes into another run's folder or
+over a user's files.
 """
 
 import datetime
@@ -16,7 +17,13 @@ from torchx.schedulers.api import Stream
 from torchx.specs.builders import materialize_appdef
 
 from apps.core.common.errors import ConfigError
-from apps.core.training.run_folder import TORCHRUN_LOGS, make_run_folder, output_folder, torchrun_log_dir
+from apps.core.training.run_folder import (
+    TORCHRUN_LOGS,
+    make_run_folder,
+    output_folder,
+    point_latest_at,
+    torchrun_log_dir,
+)
 from apps.dlrm.config import train_config
 from components import dlrm
 from schedulers.slurm import SlurmScheduler
@@ -36,6 +43,11 @@ def files(folder) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def entries(folder) -> list[str]:
+    """Everything under ``folder``, empty folders too (torchrun makes one per attempt and rank)."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
 @pytest.mark.unit
 def test_runs_started_in_the_same_second_get_folders_of_their_own_and_latest_the_newest(tmp_path):
     out = str(tmp_path / "outputs" / "{run}")
@@ -43,6 +55,9 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own_and_latest_the
     second = make_run_folder(out, "run-b", False, {}, NOON)
     assert first == str(tmp_path / "outputs" / "dlrm-20250601-120000")
     assert second == first + "-2"
+    assert not os.path.lexists(tmp_path / "outputs" / "latest")  # not before a run trains or evaluates
+    point_latest_at(out, first)
+    point_latest_at(out, second)
     assert os.readlink(tmp_path / "outputs" / "latest") == "dlrm-20250601-120000-2"  # relative: the folder can move
     assert (tmp_path / "outputs" / "dlrm-20250601-120000" / "RUN").read_text() == "run-a\n"
 
@@ -112,17 +127,66 @@ def test_a_folder_of_another_run_is_refused_and_left_as_it_was(tmp_path, owner, 
 
 
 @pytest.mark.unit
-def test_a_given_folder_works_as_before_and_a_latest_that_is_no_link_is_the_users(tmp_path):
-    # A folder of the user's, with files of theirs: the run writes beside them, and no link is made.
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "notes.txt").write_text("keep")
-    assert make_run_folder(str(tmp_path / "mine"), "run-a", False, {}, NOON) == str(tmp_path / "mine")
-    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep" and not (tmp_path / "latest").exists()
+def test_a_given_folder_new_or_empty_is_taken_and_a_latest_that_is_no_link_is_the_users(tmp_path):
+    # A new folder, an empty one, and one holding only what the job wrote before its trainers
+    # (torchrun's logs, Slurm's of this job) are the run's; no link is made beside them.
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "launched" / "torchrun").mkdir(parents=True)
+    (tmp_path / "launched" / "slurm-42.out").write_text("")
+    (tmp_path / "launched" / "slurm-42-train-0.err").write_text("")
+    for name in ("new", "empty", "launched"):
+        folder = str(tmp_path / name)
+        assert make_run_folder(folder, "run-a", False, {"SLURM_JOB_ID": "42"}, NOON) == folder
+        assert (tmp_path / name / "RUN").read_text() == "run-a\n"
+    assert not (tmp_path / "latest").exists()
     # Something of the user's named latest is never replaced by the link.
     (tmp_path / "outputs").mkdir()
     (tmp_path / "outputs" / "latest").write_text("mine")
-    make_run_folder(str(tmp_path / "outputs" / "{run}"), "run-b", False, {}, NOON)
+    out = str(tmp_path / "outputs" / "{run}")
+    point_latest_at(out, make_run_folder(out, "run-b", False, {}, NOON))
     assert (tmp_path / "outputs" / "latest").read_text() == "mine"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "theirs",
+    [["notes.txt"], ["metrics.jsonl", "plan.txt"], ["slurm-41.out"], ["a", "b", "c", "d"]],
+    ids=["notes", "a-runs-files", "another-jobs-log", "many"],
+)
+def test_a_folder_of_the_users_files_is_refused_in_one_line_and_left_as_it_was(tmp_path, theirs):
+    """A folder of no run (no RUN file) holding files: the run would write over plan.txt and append
+    to metrics.jsonl. Refused by the launcher, before torchrun writes its logs there, as by the trainer."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for name in theirs:
+        (folder / name).write_text("precious")
+    before = files(tmp_path)
+    shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+    message = f"--output_dir {folder} is not a run's folder (it has no RUN file) and holds files ({shown})"
+    for refuse in (
+        lambda: make_run_folder(str(folder), "run-a", False, {"SLURM_JOB_ID": "42"}, NOON),
+        lambda: torchrun_log_dir(str(folder / TORCHRUN_LOGS), LOCAL_CWD | {"SLURM_JOB_ID": "42"}, "dlrm-k3x9f2"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            refuse()
+        assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+        assert "give a new or empty folder, or leave --output_dir at its default" in str(refused.value)
+    assert files(tmp_path) == before and sorted(os.listdir(folder)) == sorted(theirs)
+
+
+@pytest.mark.unit
+def test_torchrun_never_logs_into_a_folder_of_another_run(tmp_path):
+    """The launcher cannot tell a run resuming a folder's run (from its checkpoint) from another
+    run, which its trainers refuse: torchrun's logs go into a folder of another run's only once
+    it is this job's (a requeued job's), else to torchrun's own temporary folder."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "RUN").write_text("run-a\n")
+    logs = str(folder / TORCHRUN_LOGS)
+    assert torchrun_log_dir(logs, LOCAL_CWD, "dlrm-k3x9f2") == ""
+    assert torchrun_log_dir(logs, LOCAL_CWD, "run-a") == logs  # this job's first attempt claimed it
+    assert torchrun_log_dir(str(tmp_path / "new" / TORCHRUN_LOGS), LOCAL_CWD, "dlrm-k3x9f2").startswith(str(tmp_path))
+    assert os.listdir(folder) == ["RUN"] and not (tmp_path / "new").exists()
 
 
 @pytest.mark.unit
@@ -230,3 +294,58 @@ def test_two_runs_never_share_a_folder(tmp_path):
     assert f"--output_dir {outputs / names[0]} belongs to run {names[0]}" in line, third.stderr[-3000:]
     assert "training steps" not in third.stderr
     assert files(outputs / names[0]) == first
+
+
+#: One trainer, a few steps: these jobs are about their folders.
+SHORT_JOB = [*LOCAL_TRAIN_1X2[:-1], "1x1", *tiny(steps=5)]
+
+
+def test_a_folder_of_the_users_files_is_refused_before_the_job_writes_anything(tmp_path):
+    """The user's files in a folder given as --output_dir: the job fails in one line naming the
+    folder and the fix, before torchrun or a trainer writes there (it wrote over plan.txt,
+    appended to metrics.jsonl, then failed drawing the curves)."""
+    mine = tmp_path / "myexp"
+    mine.mkdir()
+    (mine / "metrics.jsonl").write_text("precious line\n")
+    (mine / "plan.txt").write_text("precious plan\n")
+    before = files(tmp_path)
+    result = run([*SHORT_JOB, "--output_dir", str(mine)])
+    assert result.returncode != 0 and "FAILED" in result.stderr, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if "not a run's folder" in line]
+    assert f"--output_dir {mine} is not a run's folder (it has no RUN file)" in line
+    assert line.endswith(
+        "give a new or empty folder, or leave --output_dir at its default (a new folder per run under outputs/)"
+    )
+    assert "training steps" not in result.stderr
+    assert files(tmp_path) == before and sorted(os.listdir(mine)) == ["metrics.jsonl", "plan.txt"]
+
+
+def test_runs_without_results_leave_latest_and_the_finished_runs_folder_as_they_were(tmp_path):
+    """After a finished run, a rerun with nothing left to do, a run that fails at start-up and a
+    run pointed at the finished run's folder: latest still leads to the finished run's results,
+    the rerun says where they are, and nothing is written into the finished run's folder."""
+    outputs = tmp_path / "outputs"
+    job = [*SHORT_JOB, "--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(outputs / "{run}")]
+    first = run(job)
+    assert_ok(first)
+    name = os.readlink(outputs / "latest")
+    finished, finished_entries = files(outputs / name), entries(outputs / name)
+    summary = outputs / name / "summary.json"
+
+    again = run(job)
+    assert_ok(again)
+    assert f"its results stay as they are: {summary}" in again.stderr, again.stderr[-3000:]
+    (rerun,) = set(os.listdir(outputs)) - {name, "latest"}
+    assert sorted(os.listdir(outputs / rerun)) == ["RUN", TORCHRUN_LOGS]  # its launcher's logs only
+
+    broken = run(
+        [*SHORT_JOB, "--data", "criteo", "--data_path", str(tmp_path / "none"), "--output_dir", str(outputs / "{run}")]
+    )
+    assert broken.returncode != 0 and "training steps" not in broken.stderr, broken.stderr[-3000:]
+
+    refused = run([*SHORT_JOB, "--output_dir", str(outputs / name)])
+    assert refused.returncode != 0 and f"--output_dir {outputs / name} belongs to run {name}" in refused.stderr
+
+    assert os.readlink(outputs / "latest") == name
+    assert json.loads((outputs / "latest" / "summary.json").read_text())["steps"] == 5
+    assert files(outputs / name) == finished and entries(outputs / name) == finished_entries

@@ -9,7 +9,8 @@ For a job of more than one node it first completes them with how the other hosts
 otherwise guess from the hostname, wrongly wherever it resolves to loopback. What the user set is
 kept. On every job it also sets the trainers' ``OMP_NUM_THREADS`` (this host's cores shared
 among them, :func:`~apps.core.launch.torchrun_args.trainer_threads`), names the run's folder in
-torchrun's ``--log_dir`` (:func:`~apps.core.training.run_folder.torchrun_log_dir`), and says in
+torchrun's ``--log_dir`` and refuses a folder that holds files of no run before torchrun writes
+into it (:func:`~apps.core.training.run_folder.torchrun_log_dir`), and says in
 one line why it restarts the trainers or why the job failed (:mod:`apps.core.launch.agent`), in
 place of torchrun's warnings, tracebacks and failure table. The components run every trainer
 through it (components/launch.py).
@@ -44,10 +45,10 @@ def main(prog: str, argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         args, variables = multi_node_args(args, dict(os.environ))
+        os.environ.update(variables)
+        _prepare_trainers(args)
     except ConfigError as e:
         sys.exit(f"{prog}: {e}")
-    os.environ.update(variables)
-    _prepare_trainers(args)
     report_restarts()
     with tempfile.TemporaryDirectory(prefix="refusals-") as folder:
         os.environ[REFUSALS_FOLDER] = folder  # the trainers leave a refusal there for our line
@@ -71,8 +72,9 @@ def _run_torchrun(prog: str, args: list[str]) -> None:
 
 
 def _prepare_trainers(args: list[str]) -> None:
-    """Sets the trainers' OMP_NUM_THREADS, and names the run's folder in torchrun's log folder
-    (PET_LOG_DIR, which the training component sets; a --log_dir flag would take precedence)."""
+    """Sets the trainers' OMP_NUM_THREADS, and names and checks the run's folder in torchrun's log
+    folder (PET_LOG_DIR, which the training component sets; a --log_dir flag would take
+    precedence) before torchrun writes into it: ConfigError for a folder the trainers would refuse."""
     parsed = parse_args(args)  # torchrun's own reading: its flags, else their PET_ variables
     os.environ.update(trainer_threads(parsed.nproc_per_node, dict(os.environ)))
     if "PET_LOG_DIR" in os.environ:

@@ -89,14 +89,9 @@ class Reporter:
     def __init__(self, output_dir: str, enabled: bool) -> None:
         self.output_dir = output_dir
         self.enabled = enabled
-        self._writer = None
+        self._writer: Any = None  # a SummaryWriter, made on first use (scalars)
         self._bar: _ProgressBar | None = None
         self._noted: set[str] = set()
-        if enabled and output_dir:
-            from torch.utils.tensorboard import SummaryWriter
-
-            os.makedirs(output_dir, exist_ok=True)
-            self._writer = SummaryWriter(log_dir=os.path.join(output_dir, "tensorboard"))
 
     def progress(self, total: int, initial: int) -> None:
         """Starts the training progress bar, on a terminal only. In a log (torchx, a scheduler)
@@ -127,10 +122,17 @@ class Reporter:
             self._bar = None
 
     def scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
-        if self._writer is not None:
-            for name, value in values.items():
-                self._writer.add_scalar(f"{prefix}/{name}", value, step)
-            self._writer.flush()
+        """Adds ``values`` to the TensorBoard event file, which the first call makes: a run that
+        reports nothing (nothing left to do) leaves no tensorboard/ folder."""
+        if not (self.enabled and self.output_dir):
+            return
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=os.path.join(self.output_dir, "tensorboard"))
+        for name, value in values.items():
+            self._writer.add_scalar(f"{prefix}/{name}", value, step)
+        self._writer.flush()
 
     def record(self, kind: str, step: int, values: dict[str, float]) -> None:
         """Appends ``values`` (a training window, a validation, the test) as one JSON line to

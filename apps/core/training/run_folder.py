@@ -4,10 +4,16 @@ Where ``--output_dir``'s last folder is ``{run}`` (the default: ``outputs/{run}`
 a folder of its own, named by :func:`run_folder_name`: the TorchX app id (``dlrm-k3x9f2`` on
 ``local_cwd``; ``dlrm-1234`` on Slurm, whose app ids are job numbers), the same for every
 attempt of the job, else the job's name and start time. ``latest`` beside it links to the
-newest. Any folder, made here or given, records the run that writes it in ``RUN`` (the run id of
+newest run that trains or evaluates, from the moment it starts to (:func:`point_latest_at`): a run
+that fails at start-up, or has nothing left to do, leaves it at the last run with results. Any
+folder, made here or given, records the run that writes it in ``RUN`` (the run id of
 :mod:`apps.core.checkpoint.checkpointer`), and a folder of another run is refused, as is one
-holding the summary.json of a run that ended, unless this run resumes it: two runs never share
-a folder, and no run writes over another's results.
+holding the summary.json of a run that ended, unless this run resumes it, and one holding files
+of no run (the user's): two runs never share a folder, and no run writes over another's results
+or the user's files.
+
+torchrun makes its log folder (:data:`TORCHRUN_LOGS`) in the run's folder before the trainers
+start, so its launcher checks a given folder first (:func:`torchrun_log_dir`).
 
 Only rank 0 writes the folder; every rank learns its name from rank 0.
 """
@@ -17,7 +23,7 @@ import logging
 import os
 import re
 import uuid
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, NoReturn
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import RUN_PLACEHOLDER
@@ -82,20 +88,30 @@ def make_run_folder(
     output_dir: str, run_id: str, resuming: bool, environ: Mapping[str, str], now: datetime.datetime
 ) -> str:
     """Rank 0: the folder ``output_dir`` names, made and claimed for ``run_id``; with ``{run}``, a
-    folder of this run's own (the app id's, else a new one) and ``latest`` pointing at it."""
+    folder of this run's own (the app id's, else a new one). ``latest`` moves later, once the run
+    trains or evaluates (:func:`point_latest_at`)."""
     resuming = resuming or is_restart(environ)
     head, last = os.path.split(output_dir.rstrip("/"))
     if last != RUN_PLACEHOLDER:
-        claim(output_dir, run_id, resuming)
+        claim(output_dir, run_id, resuming, environ)
         return output_dir
     os.makedirs(head or ".", exist_ok=True)
     # Every attempt of a TorchX job: the same folder. Otherwise a new one, named by the time.
     folder = job_folder(output_dir, environ, _torchx_app_id(environ)) or _new_folder(
         head, run_folder_name(_job_name(environ), None, now)
     )
-    claim(folder, run_id, resuming)
-    point_latest(head, os.path.basename(folder))
+    claim(folder, run_id, resuming, environ)
     return folder
+
+
+def point_latest_at(output_dir: str, folder: str) -> None:
+    """Rank 0, when the run in ``folder`` (made from ``output_dir``) starts training or evaluating:
+    ``latest`` beside a ``{run}`` folder points at it. Not sooner, so that ``latest`` always
+    leads to a run with results: one that fails at start-up (its data, its checkpoint) or finds
+    nothing left to do leaves it where it was."""
+    head, last = os.path.split(output_dir.rstrip("/"))
+    if folder and last == RUN_PLACEHOLDER:
+        point_latest(head, os.path.basename(folder))
 
 
 def job_folder(output_dir: str, environ: Mapping[str, str], app_id: str | None) -> str | None:
@@ -108,42 +124,101 @@ def job_folder(output_dir: str, environ: Mapping[str, str], app_id: str | None) 
 
 
 def torchrun_log_dir(log_dir: str, environ: Mapping[str, str], rdzv_id: str) -> str:
-    """torchrun's ``--log_dir`` with its run folder named: the training component gives it as
-    ``<--output_dir>/torchrun`` (TORCHRUN_LOGS), whose ``{run}`` only the job can name, by its app
-    id (torchrun's rendezvous id). Empty (torchrun's temporary folder) where the job cannot."""
+    """torchrun's ``--log_dir``, checked and with its run folder named, before torchrun writes
+    into it. The training component gives it as ``<--output_dir>/torchrun`` (TORCHRUN_LOGS):
+
+    - a ``{run}`` folder, which only the job can name, by its app id (torchrun's rendezvous id);
+      empty (torchrun's temporary folder) where the job cannot;
+    - a folder given: refused (ConfigError) where the trainers would refuse it whatever run they
+      are (:func:`check_unowned`); empty where it belongs to a run other than this job's first
+      one, whose trainers alone can tell whether they resume that run (from its checkpoint) or
+      must refuse its folder: nothing is written into another run's folder meanwhile.
+
+    Any other ``log_dir`` (the user's PET_LOG_DIR) is kept as it is.
+    """
     output_dir, logs = os.path.split(log_dir)
-    if os.path.basename(output_dir) != RUN_PLACEHOLDER:
+    if logs != TORCHRUN_LOGS:
         return log_dir
-    app_id = _torchx_app_id({**environ, "TORCHELASTIC_RUN_ID": rdzv_id})
-    folder = job_folder(output_dir, environ, app_id)
-    return os.path.join(folder, logs) if folder else ""
-
-
-def claim(folder: str, run_id: str, resuming: bool) -> None:
-    """Makes ``folder`` run ``run_id``'s (its RUN file), or refuses it, writing nothing: a folder
-    of another run, and one holding the summary.json of a run that ended, unless ``resuming``
-    that same run."""
-    if os.path.lexists(folder) and not os.path.isdir(folder):
-        raise ConfigError(f"--output_dir {folder} is not a folder: give a folder, or leave --output_dir at its default")
-    owner = _owner(folder)
-    if owner is None or owner == run_id:
-        ended = os.path.exists(os.path.join(folder, SUMMARY_FILE))
-        if ended and not (owner == run_id and resuming):
-            whose = "a run that ended" if owner is None else f"run {owner}, which ended"
-            raise ConfigError(
-                f"--output_dir {folder} holds the summary.json of {whose}: a new run never writes "
-                "over it. Leave --output_dir at its default (a new folder per run under outputs/), "
-                "give another folder, or resume that run from its --checkpoint_dir"
-            )
+    if os.path.basename(output_dir) == RUN_PLACEHOLDER:
+        folder = job_folder(output_dir, environ, _torchx_app_id({**environ, "TORCHELASTIC_RUN_ID": rdzv_id}))
+        return os.path.join(folder, logs) if folder else ""
+    owner = _owner(output_dir) if os.path.isdir(output_dir) else None
     if owner is None:
+        check_unowned(output_dir, environ)
+        return log_dir
+    return log_dir if owner == rdzv_id else ""
+
+
+def claim(folder: str, run_id: str, resuming: bool, environ: Mapping[str, str]) -> None:
+    """Makes ``folder`` run ``run_id``'s (its RUN file), or refuses it, writing nothing: a folder
+    of another run, one holding the summary.json of a run that ended, unless ``resuming`` that
+    same run, and one holding files of no run (:func:`check_unowned`)."""
+    owner = _owner(folder) if os.path.isdir(folder) else None
+    if owner is None:
+        check_unowned(folder, environ)
         os.makedirs(folder, exist_ok=True)
         owner = _write_owner(folder, run_id)  # the first run to write RUN has the folder
+    elif owner == run_id and not resuming and os.path.exists(os.path.join(folder, SUMMARY_FILE)):
+        _refuse_ended(folder, f"run {owner}, which ended")
     if owner != run_id:
         raise ConfigError(
             f"--output_dir {folder} belongs to run {owner} (its {RUN_FILE} file), not to this run "
             f"({run_id}): two runs never share a folder. Leave --output_dir at its default (a new "
             "folder per run under outputs/), give another folder, or delete that one if its run is over"
         )
+
+
+def check_unowned(folder: str, environ: Mapping[str, str]) -> None:
+    """Refuses (ConfigError) a ``folder`` that no run owns (no RUN file) but holds anything other
+    than what this job's launchers wrote before its trainers claim it (:func:`_launcher_files`):
+    the summary.json of a run that ended (before RUN files), or the user's files, which a run
+    would write over (plan.txt) and append to (metrics.jsonl). A new or empty folder is taken."""
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"--output_dir {folder} is not a folder: give a folder, or leave --output_dir at its default")
+    if not os.path.isdir(folder):
+        return
+    if os.path.exists(os.path.join(folder, SUMMARY_FILE)):
+        _refuse_ended(folder, "a run that ended")
+    theirs = sorted(name for name in os.listdir(folder) if not _launcher_files(environ).fullmatch(name))
+    if theirs:
+        shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+        raise ConfigError(
+            f"--output_dir {folder} is not a run's folder (it has no {RUN_FILE} file) and holds files "
+            f"({shown}) that a run would write over: give a new or empty folder, or leave "
+            "--output_dir at its default (a new folder per run under outputs/)"
+        )
+
+
+def _launcher_files(environ: Mapping[str, str]) -> re.Pattern[str]:
+    """The names that a job writes into its run's folder before its trainers claim it: torchrun's
+    logs, Slurm's logs of this job (``slurm-<id>.out``, ``slurm-<id>-<replica>.err``, ...), and
+    the RUN file that a run claiming the folder at the same time is writing."""
+    slurm_job = re.escape(environ.get("SLURM_JOB_ID", ""))
+    slurm_logs = rf"|slurm-{slurm_job}(-.*)?\.(out|err)" if slurm_job else ""
+    return re.compile(rf"{TORCHRUN_LOGS}|\.{RUN_FILE}\..*\.tmp{slurm_logs}")
+
+
+def _refuse_ended(folder: str, whose: str) -> NoReturn:
+    raise ConfigError(
+        f"--output_dir {folder} holds the summary.json of {whose}: a new run never writes "
+        "over it. Leave --output_dir at its default (a new folder per run under outputs/), "
+        "give another folder, or resume that run from its --checkpoint_dir"
+    )
+
+
+def results_of(folder: str, run_id: str) -> str | None:
+    """The summary.json of run ``run_id``, newest first, in ``folder`` or a run folder beside it:
+    where a resumed run that has nothing left to do tells its user to look."""
+    if not folder:
+        return None
+    head = os.path.dirname(folder) or "."
+    beside = [os.path.join(head, name) for name in os.listdir(head)]
+    ended = [
+        os.path.join(other, SUMMARY_FILE)
+        for other in [folder, *beside]
+        if not os.path.islink(other) and os.path.isfile(os.path.join(other, SUMMARY_FILE)) and _owner(other) == run_id
+    ]
+    return max(ended, key=os.path.getmtime) if ended else None
 
 
 def point_latest(head: str, name: str) -> None:

@@ -26,7 +26,7 @@ from apps.core.training.device_support import check_device_support
 from apps.core.training.metrics import Stopwatch, Throughput
 from apps.core.training.optim import LRSchedule, LRShape, training_optimizer
 from apps.core.training.report import PLAN_FILE, Reporter
-from apps.core.training.run_folder import open_output_dir
+from apps.core.training.run_folder import open_output_dir, point_latest_at, results_of
 from apps.core.training.run_length import RunLength
 from apps.core.training.sharding import (
     build_plan,
@@ -113,22 +113,22 @@ class Trainer(Generic[C]):
         validations say so), test, and write summary.json; returns the summary (empty when a
         resumed run had nothing left to train: then nothing is written)."""
         cfg, env, run = self.cfg, self.env, self.run_length
-        if self.reporter.output_dir:
-            self.reporter.log("run %s writes its results to %s", self.run_id, self.reporter.output_dir)
-        self._log_plan()
         if cfg.evaluation.evaluate_checkpoint:
             return self.evaluate_checkpoint(cfg.evaluation.evaluate_checkpoint)
         resumed = self.restore()
         if self.state.step >= run.steps or self.validations.stopped_early:
             assert resumed is not None  # a fresh run has steps to train: RunLength has at least one
+            results = results_of(self.reporter.output_dir, self.run_id) if env.is_main else None
             self.reporter.log(
-                "nothing left to do: %s already trained %d of %d steps%s; its results stay as they are",
+                "nothing left to do: %s already trained %d of %d steps%s; its results stay as they are%s",
                 resumed.url,
                 self.state.step,
                 run.steps,
                 " and stopped early" if self.validations.stopped_early else "",
+                f": {results}" if results else "",
             )
             return {}
+        self._start_results()
         global_batch = cfg.training.batch_size * env.world_size
         self.reporter.log(
             "training steps %d..%d: %s; %d ranks on %s (%s)",
@@ -153,6 +153,16 @@ class Trainer(Generic[C]):
             self.reporter.log_results()
         self.reporter.close()
         return summary
+
+    def _start_results(self) -> None:
+        """The run starts training or evaluating: its folder becomes the newest run's (``latest``)
+        and gets its plan. Not sooner: a run that fails at start-up (its data, its checkpoint) or
+        has nothing left to do leaves ``latest`` at the last run with results."""
+        if self.env.is_main:
+            point_latest_at(self.cfg.evaluation.output_dir, self.reporter.output_dir)
+        if self.reporter.output_dir:
+            self.reporter.log("run %s writes its results to %s", self.run_id, self.reporter.output_dir)
+        self._log_plan()
 
     def _log_plan(self) -> None:
         """The sharding plan in one line, and the whole of it (a line per table) in the run's
@@ -313,6 +323,7 @@ class Trainer(Generic[C]):
         and writes them to summary.json; trains nothing and saves nothing."""
         checkpoint = self.checkpointer.named(which)
         self.checkpointer.restore(TrainState(self.env.rank), checkpoint)
+        self._start_results()
         self.reporter.log("evaluating %s (step %d), trained nothing", checkpoint.url, checkpoint.step)
         val = self.evaluate("val", self.cfg.evaluation.val_batches)
         test = self.evaluate("test", self.cfg.evaluation.test_batches)
@@ -340,6 +351,7 @@ class Trainer(Generic[C]):
             return self.state.step
         checkpoint = self.checkpointer.committed(best)
         self.checkpointer.restore(TrainState(self.env.rank), checkpoint)
+        self._start_results()
         self.reporter.log("loaded the best validation's checkpoint %s (step %d) to test it", checkpoint.url, best)
         return best
 
