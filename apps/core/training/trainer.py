@@ -351,7 +351,6 @@ class Trainer(Generic[C]):
             return self.state.step
         checkpoint = self.checkpointer.committed(best)
         self.checkpointer.restore(TrainState(self.env.rank), checkpoint)
-        self._start_results()
         self.reporter.log("loaded the best validation's checkpoint %s (step %d) to test it", checkpoint.url, best)
         return best
 
