@@ -26,7 +26,7 @@ from components import torchx_logs
 from components.cpu_launch import CpuLaunch
 from components.launch import Launch, plan_preview
 from components.plan_check import PlanCheck
-from components.preflight import check_before_submitting
+from components.preflight import check_before_submitting, needing_here
 from components.signature import component_args, reject_unknown, take
 
 # Before `torchx run` logs them: see components/torchx_logs.py for why here.
@@ -48,8 +48,8 @@ def train(**kwargs: Any) -> specs.AppDef:
     launch = take(Launch, kwargs)
     cfg = take(TrainConfig, kwargs)
     take(PlanCheck, kwargs).run(launch, cfg, "apps.dlrm.plan")
-    check_before_submitting(launch, cfg)
-    return launch.training_app("apps.dlrm.train", cfg)
+    missing = check_before_submitting(launch, cfg)
+    return needing_here(launch.training_app("apps.dlrm.train", cfg), missing)
 
 
 @component_args(PlanTarget, PlanConfig)

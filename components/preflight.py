@@ -2,6 +2,8 @@
 ``--dryrun`` checks too), from the facts at hand: the GPUs the job asks for, and its data where
 that is on this machine (apps/dlrm/data/preflight.py)."""
 
+from torchx.specs import AppDef
+
 from apps.core.common.errors import ConfigError
 from apps.core.config import RunConfig
 from apps.core.training.device_support import check_device_support
@@ -9,16 +11,28 @@ from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.preflight import check_local_data
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
+from schedulers.local import MISSING_HERE
 
 
-def check_before_submitting(launch: Launch, cfg: TrainConfig) -> None:
+def check_before_submitting(launch: Launch, cfg: TrainConfig) -> list[str]:
     """Raises InvalidComponentArgument, in the app's own words, for GPU-only options on a job
-    that asks for no GPUs, and for local data that cannot serve the options."""
+    that asks for no GPUs, and for local data that cannot serve the options. Returns the paths
+    the job reads that are not on this machine (``--data_path PATH``): see :func:`needing_here`."""
     check_devices(launch, cfg)
     try:
-        check_local_data(cfg)
+        return check_local_data(cfg)
     except ConfigError as e:
         raise InvalidComponentArgument(str(e)) from None
+
+
+def needing_here(app: AppDef, missing: list[str]) -> AppDef:
+    """``app`` with ``missing`` (paths it reads that this machine lacks) in its roles' metadata:
+    on a cluster they may be the nodes' own, but ``-s local_cwd`` runs the job here, and refuses
+    it before it starts (schedulers/local.py), where its trainers would refuse it a while later."""
+    if missing:
+        for role in app.roles:
+            role.metadata[MISSING_HERE] = missing
+    return app
 
 
 def check_devices(launch: Launch, cfg: RunConfig) -> None:

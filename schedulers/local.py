@@ -7,6 +7,9 @@ all (``python: command not found``). Here the folder of torchx's interpreter com
 PATH (TorchX's ``extra_paths``), so the trainers run with the interpreter that loaded the component,
 which imports torch itself: where it cannot, ``torchx run`` fails before launching anything.
 
+A job that reads a local path this machine lacks (the components mark it: :data:`MISSING_HERE`) is
+refused before it starts, where its trainers would refuse it seconds later.
+
 TorchX keeps a local app only in the memory of the ``torchx run`` that started it, so no other
 command can list it: ``torchx list -s local_cwd`` says so in one line, and where the runs' results
 are, instead of raising a bare ``Exception``.
@@ -20,6 +23,7 @@ from typing import Any
 
 from torchx.schedulers.api import ListAppResponse
 from torchx.schedulers.local_scheduler import CWDImageProvider, LocalScheduler
+from torchx.specs import AppDef
 
 from schedulers.setup_checks import SetupError
 
@@ -27,9 +31,24 @@ from schedulers.setup_checks import SetupError
 RUN_FOLDERS = "each run's folder (outputs/<app id>/ by default, outputs/latest the newest) holds its results and logs"
 
 
+#: Role metadata the components set: the paths the job reads that the submitting machine lacks.
+MISSING_HERE = "dlrm/missing_here"
+
+
 class _LocalCwdScheduler(LocalScheduler):
     def list(self, cfg: Any = None) -> list[ListAppResponse]:
         raise SetupError(f"-s local_cwd keeps no list of its apps (each lives in its `torchx run`): {RUN_FOLDERS}")
+
+    def _pre_build_validate(self, app: AppDef, scheduler: str, cfg: Any) -> None:
+        """Refuses a job reading a path this machine lacks, which its trainers here would refuse
+        only once started (a cluster's nodes may have it: the components only mark it)."""
+        for role in app.roles:
+            for missing in role.metadata.get(MISSING_HERE, []):
+                raise SetupError(
+                    f"{missing} does not exist on this machine, where -s local_cwd runs the job: fix the path "
+                    "(a folder, file or glob here), or give a URL"
+                )
+        super()._pre_build_validate(app, scheduler, cfg)
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> LocalScheduler:

@@ -230,6 +230,18 @@ def test_torchx_refuses_a_missing_parquet_column_at_submission_in_one_line(tmp_p
     assert "Traceback" not in result.stderr
 
 
+def test_a_local_path_this_machine_lacks_is_refused_where_the_job_would_run_here(tmp_path):
+    args = ["components.dlrm:train", "--data", "parquet", "--data_path", str(tmp_path / "nope")]
+    here = torchx("run", "--dryrun", "-s", "local_cwd", *args, cwd=str(tmp_path))
+    assert here.returncode == 1 and "Traceback" not in here.stderr
+    assert (
+        f"--data_path {tmp_path / 'nope'} does not exist on this machine, where -s local_cwd runs the job: fix "
+        "the path (a folder, file or glob here), or give a URL"
+    ) in here.stderr
+    # A cluster's nodes may have it.
+    assert torchx("run", "--dryrun", "-s", "slurm", *args, cwd=str(tmp_path)).returncode == 0
+
+
 def test_component_resolves_from_any_directory(tmp_path):
     result = torchx(
         "run",

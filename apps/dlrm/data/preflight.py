@@ -16,15 +16,16 @@ from apps.core.urls import is_url
 from apps.dlrm.config import TrainConfig
 
 
-def check_local_data(cfg: TrainConfig) -> None:
+def check_local_data(cfg: TrainConfig) -> list[str]:
     """Raises the loader's ConfigError for local data that ``cfg`` cannot train on; quick
-    (metadata only), and silent for synthetic data, URLs and paths this machine does not have."""
+    (metadata only), and silent for synthetic data and URLs. Returns the paths the job reads
+    that this machine does not have (for a scheduler that runs the job here to refuse)."""
     data_path = cfg.data.data_path
     if cfg.data.data == "synthetic" or is_url(data_path):
-        return
+        return []
     local = data_path.removeprefix("file://")
     if not glob.glob(local):
-        return
+        return [f"--data_path {data_path}"]
     if cfg.data.data == "criteo":
         # Imported on use: the components import this module, and most jobs need neither reader.
         from apps.dlrm.data.criteo.layout import check_table_sizes, open_folder
@@ -35,3 +36,4 @@ def check_local_data(cfg: TrainConfig) -> None:
         from apps.dlrm.data.parquet.files import CheckedFiles
 
         CheckedFiles.open(cfg).splits(cfg)
+    return []
