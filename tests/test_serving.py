@@ -35,10 +35,12 @@ from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.data.criteo.parse import LineCounts
 from apps.dlrm.data.criteo.pipeline import preprocess as preprocess_days
 from apps.dlrm.data.criteo.vocabulary import RARE_ID
+from apps.dlrm.data.parquet.files import ColumnSpec
 from apps.dlrm.serving.api import load_model
 from apps.dlrm.serving.config import ExportConfig
 from apps.dlrm.serving.criteo_tsv import Block, CriteoIds
 from apps.dlrm.serving.export import export
+from apps.dlrm.serving.features import Features
 from apps.dlrm.serving.package import MANIFEST_FILE, PROGRAM_FILE
 from components import dlrm
 from testing.click_parquet import scores_auroc, write_click_parquet
@@ -339,10 +341,120 @@ def test_a_folder_that_is_no_package_nor_checkpoint_of_ours_is_refused(job, tmp_
         load_model(str(foreign), step="latest")
 
 
-def test_columns_missing_from_the_data_are_named(job):
-    rows = pq.read_table(job.data).slice(0, 10)
-    with pytest.raises(ConfigError, match="--dense_columns int_\\* matches 12 columns of the columns given"):
-        load_model(job.fp32)(rows.drop_columns(["int_4"]))
+#: The columns the job's model trained on, as its checkpoint and packages record them.
+TRAINED_COLUMNS = {
+    "dense": [f"int_{j}" for j in range(13)],
+    "sparse": [{"name": f"cat_{k}", "ids": "text" if k == 0 else "integer", "list": False} for k in range(26)],
+}
+
+
+def test_the_columns_training_matched_are_recorded_in_the_checkpoint_and_the_package(job):
+    (step,) = [name for name in os.listdir(job.ckpt) if name.startswith("step_")]
+    assert manifest(os.path.join(job.ckpt, step))["columns"] == TRAINED_COLUMNS
+    assert manifest(job.fp32)["features"]["columns"] == manifest(job.int8)["features"]["columns"] == TRAINED_COLUMNS
+    assert load_model(job.ckpt).manifest["features"]["columns"] == TRAINED_COLUMNS
+
+
+def column_as(name: str, arrow_type: pa.DataType):
+    """A change of a table: its column ``name`` cast to ``arrow_type``."""
+    return lambda rows: rows.set_column(rows.schema.get_field_index(name), name, rows[name].cast(arrow_type))
+
+
+@pytest.mark.parametrize(
+    "change, pieces",
+    [
+        (
+            lambda rows: rows.drop_columns(["cat_5"]),
+            ["the columns given has no column 'cat_5', which the model trained on as sparse feature 6 of 26 (cat_0, "],
+        ),
+        (
+            lambda rows: rows.rename_columns(["int_99" if name == "int_12" else name for name in rows.column_names]),
+            [
+                "has no column 'int_12', which the model trained on as dense feature 13 of 13",
+                "its columns the model does not read: row_id, label, int_99: rename the column that holds it to 'int_12'",
+            ],
+        ),
+        (
+            column_as("cat_3", pa.string()),
+            [
+                "the columns given: sparse column 'cat_3' holds text, but the model trained on integers there",
+                "cast the column to integers, holding the values training read (e.g. CAST(cat_3 AS BIGINT)",
+            ],
+        ),
+        (
+            lambda rows: rows.set_column(rows.schema.get_field_index("cat_0"), "cat_0", pa.array(range(len(rows)))),
+            [
+                "the columns given: sparse column 'cat_0' holds integers, but the model trained on text there",
+                "cast the column to text, holding the values training read (e.g. CAST(cat_0 AS STRING)",
+            ],
+        ),
+    ],
+    ids=["missing", "renamed", "text_for_integers", "integers_for_text"],
+)
+def test_columns_that_differ_from_those_the_model_trained_on_are_refused_naming_them(job, change, pieces):
+    rows = change(pq.read_table(job.data).slice(0, 10))
+    for model in (load_model(job.fp32), load_model(job.ckpt)):
+        with pytest.raises(ConfigError) as refused:
+            model(rows)
+        assert all(piece in str(refused.value) for piece in pieces), str(refused.value)
+        assert "\n" not in str(refused.value)
+
+
+def test_predict_refuses_files_without_a_trained_column_and_ignores_extra_ones(job, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = pq.read_table(job.data).take(TEST_ROWS[:500])
+    pq.write_table(rows.drop_columns(["cat_7"]), data / "day_0.parquet")
+    command = [sys.executable, "-m", "apps.dlrm.predict", "--model", job.fp32, "--data_path", str(data)]
+    result = run([*command, "--output", str(tmp_path / "refused")])
+    assert result.returncode == 2
+    (line,) = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert f"{data / 'day_0.parquet'} has no column 'cat_7', which the model trained on as sparse feature 8" in line
+    assert "--num_sparse_features" not in line and not os.path.exists(tmp_path / "refused")
+
+    pq.write_table(rows.append_column("campaign", pa.array(["x"] * len(rows))), data / "day_0.parquet")
+    assert_ok(run([*command, "--output", str(tmp_path / "scores"), "--passthrough_columns", "row_id,campaign"]))
+    scored = pq.read_table(tmp_path / "scores" / "day_0.parquet")
+    assert scored["campaign"].to_pylist() == ["x"] * len(rows)
+    assert np.array_equal(scored["score"].to_numpy(), load_model(job.fp32)(rows))  # as without the extra column
+
+
+def test_a_package_and_a_checkpoint_from_before_the_columns_record_score_by_their_patterns(job, tmp_path):
+    package = copy_package(job, tmp_path, lambda m: m["features"].pop("columns"))
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(job.ckpt, checkpoint)
+    (step,) = [name for name in os.listdir(checkpoint) if name.startswith("step_")]
+    recorded = manifest(str(checkpoint / step))
+    del recorded["columns"]
+    (checkpoint / step / MANIFEST_FILE).write_text(json.dumps(recorded))
+    old_export = str(tmp_path / "old_export")
+    export(ExportConfig(checkpoint_dir=str(checkpoint), output=old_export))
+    assert manifest(old_export)["features"]["columns"] is None
+    rows = pq.read_table(job.data).take(TEST_ROWS)
+    expected = predictions(job.scores).take(TEST_ROWS)["score"].to_numpy()
+    for old in (package, str(checkpoint), old_export):
+        model = load_model(old)
+        assert np.array_equal(model(rows), expected)
+        with pytest.raises(ConfigError) as refused:  # which column is gone, its patterns cannot tell
+            model(rows.drop_columns(["int_4"]))
+        assert "the model's --dense_columns int_* matches 12 columns of the columns given" in str(refused.value)
+        assert "give the data the columns it trained on" in str(refused.value)
+        assert "--num_dense_features" not in str(refused.value)
+
+
+@pytest.mark.unit
+def test_columns_named_at_predict_feed_the_trained_features_in_order_their_ids_of_the_trained_kind():
+    trained = {"dense": ["f_0"], "sparse": [{"name": "user", "ids": "text", "list": False}]}
+    features = Features("parquet", ["f_*"], ["user"], "hash", [100], 1, columns=ColumnSpec.from_record(trained))
+    schema = pa.schema([("x", pa.float32()), ("member", pa.string()), ("member_id", pa.int64())])
+    spec = features.spec([("new.parquet", schema)], ["x"], ["member"])
+    assert (spec.dense, spec.sparse, spec.text) == (["x"], ["member"], [True])
+    with pytest.raises(ConfigError, match="new.parquet: sparse column 'member_id' holds integers, but the model trained "
+                       "on text there \\(sparse feature 1, column 'user'\\)"):  # fmt: skip
+        features.spec([("new.parquet", schema)], ["x"], ["member_id"])
+    with pytest.raises(ConfigError, match="--sparse_columns member\\* matches 2 columns of new.parquet \\(member, "
+                       "member_id\\), but the model reads 1 sparse features: name 1 columns"):  # fmt: skip
+        features.spec([("new.parquet", schema)], ["x"], ["member*"])
 
 
 class RunsCode:

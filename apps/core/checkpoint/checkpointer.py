@@ -238,12 +238,15 @@ class Checkpointed:
     """What a checkpoint holds beside the run's :class:`TrainState`: the sharded model, its
     optimizers, the plan they are sharded by (per table, as
     :func:`apps.core.training.sharding.plan_tables` gives it; written into the manifest), and
-    where the model's tables are (whose optimizer states a resume under another sharding converts)."""
+    where the model's tables are (whose optimizer states a resume under another sharding converts);
+    and the columns the model reads, as the data source resolved them (written into the manifest;
+    None where the options alone fix them)."""
 
     model: nn.Module
     optimizer: CombinedOptimizer
     plan: dict[str, dict[str, Any]]
     tables: TableModule
+    columns: dict[str, Any] | None = None
 
 
 class Checkpointer:
@@ -431,6 +434,7 @@ class Checkpointer:
             "model": self.cfg.model_signature(),
             "sharding_plan": self.checkpointed.plan,
             "config": config_record(self.cfg),
+            "columns": self.checkpointed.columns,
             "versions": package_versions(),
             "run_id": self._store().run_id,
         }

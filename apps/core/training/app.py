@@ -30,6 +30,13 @@ class DataSource(Protocol):
         """Steps of one pass over the training rows; None for data that never repeats (synthetic)."""
         ...
 
+    @property
+    def columns(self) -> dict[str, Any] | None:
+        """The columns the model reads, as matched in the data (names in feature order, and
+        kinds), which a checkpoint's manifest records for serving to check data against; None
+        where the options alone fix them."""
+        ...
+
     def train_batches(self, start_step: int = 0) -> Generator[Any, None, None]:
         """This rank's training batches from ``start_step`` on, without end."""
         ...

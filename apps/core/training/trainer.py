@@ -106,7 +106,7 @@ class Trainer(Generic[C]):
     @property
     def checkpointed(self) -> Checkpointed:
         """What this run's checkpoints hold."""
-        return Checkpointed(self.model, self.optimizer, plan_tables(self.plan), self.app.tables)
+        return Checkpointed(self.model, self.optimizer, plan_tables(self.plan), self.app.tables, self.data.columns)
 
     def fit(self) -> dict[str, Any]:
         """The whole run: resume or start, train (validating on the way, stopping early if the

@@ -11,7 +11,7 @@ the configuration and the sources only for type checkers and inside :func:`make_
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Generator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Generator, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +28,13 @@ class ClickLogs(Protocol):
     @property
     def steps_per_epoch(self) -> int | None:
         """Steps of one pass over the training rows; None for data that never repeats (synthetic)."""
+        ...
+
+    @property
+    def columns(self) -> dict[str, Any] | None:
+        """The columns the model reads, as matched in the data (names in feature order, and
+        kinds), which a checkpoint's manifest records for serving to check data against; None
+        where the options alone fix them."""
         ...
 
     def train_batches(self, start_step: int = 0) -> Generator[Batch, None, None]:

@@ -92,6 +92,8 @@ class SyntheticClickLogs:
 
     #: Synthetic data never repeats: it has no epochs.
     steps_per_epoch = None
+    #: Its features are the options' (see :class:`~apps.dlrm.data.ClickLogs`).
+    columns: dict[str, Any] | None = None
 
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device = CPU) -> None:
         self.cfg = cfg

@@ -5,9 +5,12 @@
     model = load_model("s3://bucket/dlrm-package")      # or a training run's --checkpoint_dir
     scores = model(table)   # a pyarrow Table, a pandas DataFrame or a dict of columns -> float32 [rows]
 
-The columns are those the model trained on (``model.features``: patterns such as ``int_*`` matched
-as training matched them), read exactly as training read them (:mod:`apps.dlrm.serving.features`),
-the label and any other column ignored.
+The columns are those the model trained on (``model.features.columns``: names in feature order and
+the kind of each sparse column's ids; a model of a checkpoint written before that record: its
+patterns such as ``int_*``, matched as training matched them), read exactly as training read them
+(:mod:`apps.dlrm.serving.features`), the label and any other column ignored. Data that lacks one of
+them (dropped, renamed) or holds a sparse column's ids as text where the model trained on integers
+(or the other way) is refused, naming the column.
 """
 
 from dataclasses import dataclass
@@ -69,7 +72,7 @@ def open_model(url: str, step: str, option: str) -> Model:
             "nor a checkpoint folder (no committed step_NNNNNNNN checkpoint): give the --output of "
             "components.dlrm:export or the --checkpoint_dir of a training run"
         ) from None
-    features = Features.of(trained.cfg)
+    features = Features.of(trained.cfg, trained.columns)
     manifest = {
         "source": trained.source,
         "features": features.record(),

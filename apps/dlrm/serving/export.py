@@ -46,7 +46,7 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     start = time.perf_counter()
     refuse_existing(cfg.output)  # before the minutes of loading; written atomically, checked again then
     trained = load_trained(cfg.checkpoint_dir, cfg.step)
-    features = Features.of(trained.cfg)
+    features = Features.of(trained.cfg, trained.columns)
     trained_bytes = sum(p.numel() * p.element_size() for p in trained.model.sparse_arch.parameters())
     quantize_tables(trained.model, cfg.quantize)
     program = export_program(scorer(trained.model, trained.cfg.model), trained.cfg.model)

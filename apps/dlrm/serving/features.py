@@ -8,6 +8,12 @@ trained on Criteo or synthetic data reads the columns that ``python -m apps.dlrm
 --output_format parquet`` writes (``int_0`` ..., ``cat_0`` ...), its ids as they are
 (preprocessed ids are table rows).
 
+A model trained on Parquet records the columns its patterns matched (``columns``: names in feature
+order, each sparse column's ids integer or text): data to score must hold every one of them under
+its name, sparse ids of the same kind (a hashed integer and a hashed text are other rows), or it
+is refused, naming the column; other columns are ignored. A checkpoint written before the record
+matches the patterns against the data, as its training did.
+
 :class:`RowScorer` scores rows decoded by the Parquet training reader's own decoder
 (:class:`~apps.dlrm.data.parquet.read.RowDecoder`) in batches assembled by its own
 :func:`~apps.dlrm.data.parquet.loader.assemble_batch`, so a row is scored exactly as it was read
@@ -15,8 +21,8 @@ for training and evaluation: a null, NaN or infinite dense value as 0, a null sp
 id, a list column's elements as a multi-hot bag, hashed ids by SplitMix64 modulo the table.
 """
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +32,7 @@ from torch import nn
 from apps.core.common.errors import ConfigError
 from apps.core.common.hashing import GOLDEN_GAMMA
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data.parquet.files import ColumnSpec, resolve_columns
+from apps.dlrm.data.parquet.files import ColumnSpec, column_listing, match_columns, resolve_columns
 from apps.dlrm.data.parquet.loader import assemble_batch
 from apps.dlrm.data.parquet.read import RowDecoder, Rows
 from apps.dlrm.model import feature_names
@@ -66,11 +72,15 @@ class Features:
     table_sizes: list[int]
     num_dense_features: int
     dense_log1p: bool = False  #: dense values through log(1 + max(x, 0)) (--dense_transform log1p)
+    #: The columns the patterns matched in training (:meth:`ColumnSpec.record`); None where the
+    #: options fix them (Criteo, synthetic) or the checkpoint predates the record.
+    columns: ColumnSpec | None = None
 
     @classmethod
-    def of(cls, cfg: TrainConfig) -> "Features":
-        """The features of a model trained with ``cfg``; one whose ids scoring cannot make as
-        training made them is refused: Criteo's multi-hot ids, derived from MLPerf's tables."""
+    def of(cls, cfg: TrainConfig, columns: dict[str, Any] | None = None) -> "Features":
+        """The features of a model trained with ``cfg`` on ``columns`` (what its checkpoint
+        records of them, if anything); one whose ids scoring cannot make as training made them is
+        refused: Criteo's multi-hot ids, derived from MLPerf's tables."""
         if cfg.data.data == "criteo" and cfg.model.multi_hot_sizes:
             raise ConfigError(
                 "the model trained on --data criteo with --multi_hot_sizes, whose ids are derived from "
@@ -82,20 +92,35 @@ class Features:
         ids = cfg.data.categorical_ids if parquet else "as_is"
         log1p = cfg.data.dense_transform == "log1p"
         return cls(
-            cfg.data.data, list(dense), list(sparse), ids, cfg.model.table_sizes, cfg.model.num_dense_features, log1p
+            cfg.data.data,
+            list(dense),
+            list(sparse),
+            ids,
+            cfg.model.table_sizes,
+            cfg.model.num_dense_features,
+            log1p,
+            ColumnSpec.from_record(columns) if columns else None,
         )
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "Features":
         """The features a package's manifest records (:meth:`record`); a package exported before
-        ``--dense_transform`` existed records no ``dense_log1p``: its values were read as they are."""
-        required = {name: record[name] for name in cls.__dataclass_fields__ if name != "dense_log1p"}
-        return cls(**required, dense_log1p=record.get("dense_log1p", False))
+        ``--dense_transform`` existed records no ``dense_log1p`` (its values were read as they
+        are), one exported before the columns were recorded no ``columns``."""
+        optional = ("dense_log1p", "columns")
+        required = {name: record[name] for name in cls.__dataclass_fields__ if name not in optional}
+        columns = record.get("columns")
+        return cls(
+            **required,
+            dense_log1p=record.get("dense_log1p", False),
+            columns=ColumnSpec.from_record(columns) if columns else None,
+        )
 
     def record(self) -> dict[str, Any]:
         """The manifest's ``features``: these fields, the keys, and the transforms in words."""
         return {
-            **{name: getattr(self, name) for name in self.__dataclass_fields__},
+            **{name: getattr(self, name) for name in self.__dataclass_fields__ if name != "columns"},
+            "columns": self.columns.record() if self.columns is not None else None,
             "num_sparse_features": len(self.table_sizes),
             "keys": self.keys,
             "id_transform": _HASH
@@ -108,24 +133,16 @@ class Features:
     def keys(self) -> list[str]:
         return feature_names(len(self.table_sizes))
 
-    def with_columns(self, dense_columns: list[str], sparse_columns: list[str]) -> "Features":
-        """These features read from other columns (given: not empty)."""
-        return replace(
-            self,
-            dense_columns=dense_columns or self.dense_columns,
-            sparse_columns=sparse_columns or self.sparse_columns,
-        )
-
-    def reading(self, data_path: str) -> TrainConfig:
-        """The configuration of Parquet data at ``data_path`` that these features read: what the
-        Parquet reader's checks and column matching take."""
+    def reading(self, data_path: str, dense: list[str], sparse: list[str]) -> TrainConfig:
+        """The configuration of Parquet data at ``data_path`` whose columns ``dense`` and
+        ``sparse`` these features read: what the Parquet reader's checks take."""
         try:
             return TrainConfig.from_options(
                 {
                     "data": "parquet",
                     "data_path": data_path,
-                    "dense_columns": self.dense_columns,
-                    "sparse_columns": self.sparse_columns,
+                    "dense_columns": dense,
+                    "sparse_columns": sparse,
                     "categorical_ids": self.categorical_ids,
                     "dense_transform": "log1p" if self.dense_log1p else "none",
                     "num_dense_features": self.num_dense_features,
@@ -138,9 +155,87 @@ class Features:
                 f"{e} (the model reads {self.num_dense_features} dense and {len(self.table_sizes)} sparse features)"
             ) from None
 
-    def spec(self, schemas: list[tuple[str, pa.Schema]]) -> ColumnSpec:
-        """The columns of ``schemas`` (named by where they come from) that feed the model."""
-        return resolve_columns(self.reading(schemas[0][0]), schemas, labelled=False)
+    def spec(
+        self,
+        schemas: list[tuple[str, pa.Schema]],
+        dense_columns: Sequence[str] = (),
+        sparse_columns: Sequence[str] = (),
+    ) -> ColumnSpec:
+        """The columns of ``schemas`` (named by where they come from) that feed the model: those
+        it trained on, or those that ``dense_columns`` / ``sparse_columns`` (prediction's options:
+        patterns, matched in the first schema) name instead. Refused in one line naming the column
+        and the fix: a column the model trained on that a schema lacks (dropped or renamed), and a
+        sparse column whose ids are of another kind (integer or text) than the model trained on."""
+        url, first = schemas[0]
+        dense = self._names("dense", dense_columns, url, first)
+        sparse = self._names("sparse", sparse_columns, url, first)
+        trained = {"dense": [] if dense_columns else dense, "sparse": [] if sparse_columns else sparse}
+        for where, schema in schemas:
+            _check_trained_columns(trained, [*dense, *sparse], where, schema)
+        spec = resolve_columns(self.reading(url, dense, sparse), schemas, labelled=False)
+        if self.columns is not None:
+            _check_id_kinds(spec, self.columns, url)
+        return spec
+
+    def _names(self, group: str, given: Sequence[str], url: str, schema: pa.Schema) -> list[str]:
+        """The ``group`` (dense or sparse) columns to read: those that ``given`` matches in
+        ``schema`` (of ``url``), else those the model trained on (recorded, or its patterns matched)."""
+        if not given and self.columns is not None:
+            return getattr(self.columns, group)
+        patterns = list(given) or getattr(self, f"{group}_columns")
+        names = match_columns(patterns, schema.names, f"{group}_columns", url)
+        count = self.num_dense_features if group == "dense" else len(self.table_sizes)
+        if len(names) != count:
+            fix = (
+                f"name {count} columns"
+                if given
+                else "the data lacks a column the model trained on, or its pattern matches one more (this model "
+                "predates the record of its columns, so which is not known); give the data the columns it trained "
+                f"on, named as then (predict can instead name {count} columns by --{group}_columns)"
+            )
+            whose = "" if given else "the model's "
+            raise ConfigError(
+                f"{whose}--{group}_columns {','.join(patterns)} matches {len(names)} columns of {url} "
+                f"({column_listing(names)}), but the model reads {count} {group} features: {fix}"
+            )
+        return names
+
+
+def _check_trained_columns(trained: dict[str, list[str]], read: list[str], url: str, schema: pa.Schema) -> None:
+    """Refuses a ``schema`` (of ``url``) without a column of ``trained`` (per group, the columns
+    the model trained on that it reads), naming the columns it holds that the model does not
+    read (``read``): among them, most likely, the one renamed."""
+    for group, names in trained.items():
+        for k, name in enumerate(names):
+            if name not in schema.names:
+                others = [column for column in schema.names if column not in read]
+                raise ConfigError(
+                    f"{url} has no column {name!r}, which the model trained on as {group} feature {k + 1} of "
+                    f"{len(names)} ({column_listing(names)}); its columns the model does not read: "
+                    f"{column_listing(others) or 'none'}: rename the column that holds it to {name!r} (or add it); "
+                    "columns the model does not read are ignored"
+                )
+
+
+#: How to make a column's ids of each kind, in SQL: what the training data held.
+_CAST = {True: ("text", "STRING"), False: ("integers", "BIGINT")}
+
+
+def _check_id_kinds(spec: ColumnSpec, trained: ColumnSpec, url: str) -> None:
+    """Refuses a sparse column of ``spec`` (of ``url``) whose ids are text where the model's
+    column (``trained``, feature for feature) held integers, or the other way: hashed, a value
+    as text and as an integer are other rows, and the model would score ids it never learned."""
+    for k, (name, text, trained_name, trained_text) in enumerate(
+        zip(spec.sparse, spec.text, trained.sparse, trained.text)
+    ):
+        if text != trained_text:
+            held, (wanted, sql) = _CAST[text][0], _CAST[trained_text]
+            raise ConfigError(
+                f"{url}: sparse column {name!r} holds {held}, but the model trained on {wanted} there (sparse "
+                f"feature {k + 1}, column {trained_name!r}): a value hashes to other table rows as {held} than as "
+                f"{wanted}, rows the model never learned; cast the column to {wanted}, holding the values training "
+                f"read (e.g. CAST({name} AS {sql}) where the data is written)"
+            )
 
 
 class RowScorer:

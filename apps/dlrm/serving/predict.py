@@ -115,10 +115,9 @@ def predict(cfg: PredictConfig, env: DistEnv) -> dict[str, Any]:
     start = time.perf_counter()
     decided_by_main(lambda: refuse_existing(cfg.output), env)
     model = open_model(cfg.model, cfg.step, "--model")
-    features = model.features.with_columns(cfg.dense_columns, cfg.sparse_columns)
-    inputs = open_inputs(cfg, model, features, env)
+    inputs = open_inputs(cfg, model, model.features, env)
     mine = deal([file.size for file in inputs.files], env.world_size)[env.rank]
-    scorer = RowScorer(model.module, features, inputs.spec, cfg.batch_size)
+    scorer = RowScorer(model.module, model.features, inputs.spec, cfg.batch_size)
     scoring = time.perf_counter()
     try:
         scored, error = [_score_file(inputs, i, scorer, cfg) for i in mine], None
@@ -256,7 +255,7 @@ class ParquetInputs:
     def __init__(self, cfg: PredictConfig, features: Features) -> None:
         self.fs, self.data_files = open_files(cfg.data_path)
         schemas = [(file.url, file.metadata.schema.to_arrow_schema()) for file in self.data_files]
-        self.spec = features.spec(schemas)
+        self.spec = features.spec(schemas, cfg.dense_columns, cfg.sparse_columns)
         self.table_sizes = features.table_sizes if features.categorical_ids == "as_is" else None
         self.null_counts = check_statistics(self.data_files, self.spec, None)  # refuses nothing without a label
         for url, schema in schemas:
@@ -328,7 +327,7 @@ class _CriteoRows:
                 f"--passthrough_columns {','.join(unknown)}: a Criteo day passes through "
                 f"{' and '.join(CRITEO_PASSTHROUGH)} only"
             )
-        self.spec = features.spec([(where, self.schema)])
+        self.spec = features.spec([(where, self.schema)], cfg.dense_columns, cfg.sparse_columns)
         self.null_counts: dict[str, int | None] = {}  # preprocessing's parser fills them (its report counts them)
 
     def output_schema(self, passthrough: list[str]) -> pa.Schema:

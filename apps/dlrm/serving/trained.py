@@ -45,6 +45,13 @@ class Trained:
     weights_sha256: str  #: of the model's tensors as loaded (see :func:`weights_sha256`)
 
     @property
+    def columns(self) -> dict[str, Any] | None:
+        """The columns the model trained on, as the checkpoint records them (names in feature
+        order, kinds); None for a checkpoint written before the record, or of data whose columns
+        the options fix (Criteo, synthetic)."""
+        return self.checkpoint.manifest.get("columns")
+
+    @property
     def source(self) -> dict[str, Any]:
         """The checkpoint, as a package's manifest and a prediction's report record it: where, which
         step of which run, the SHA-256 of the weights loaded, and of the checkpoint's own checksums

@@ -11,7 +11,7 @@ uninterrupted one reads, and ranks never read the same users at once.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Generator
+from typing import Any, Callable, Generator
 
 import torch
 
@@ -57,6 +57,9 @@ class SequenceSource:
 
     #: Steps of one pass over the training users; None for data that never repeats.
     steps_per_epoch: int | None = None
+    #: What a checkpoint records of the columns read (:class:`~apps.core.training.app.DataSource`):
+    #: nothing, the model's inputs being items and actions.
+    columns: dict[str, Any] | None = None
 
     def __init__(
         self,

@@ -34,7 +34,7 @@ ready, so the training loop does not wait on page faults or disk reads.
 import itertools
 import logging
 import math
-from typing import Generator, Iterator
+from typing import Any, Generator, Iterator
 
 import numpy as np
 import torch
@@ -58,6 +58,9 @@ PREFETCH_THREAD = "criteo-prefetch"
 class CriteoClickLogs:
     """Rank ``rank``'s batches of a preprocessed Criteo folder; ``local_world_size``: the training
     processes on this host, each of which holds the multi-hot tables."""
+
+    #: A preprocessed folder's columns are fixed (see :class:`~apps.dlrm.data.ClickLogs`).
+    columns: dict[str, Any] | None = None
 
     def __init__(
         self, cfg: TrainConfig, folder: str, rank: int, world_size: int, pin_memory: bool, local_world_size: int = 1

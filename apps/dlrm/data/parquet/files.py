@@ -36,7 +36,7 @@ bags anyway.
 import fnmatch
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import fsspec
 import pyarrow as pa
@@ -89,6 +89,31 @@ class ColumnSpec:
     @property
     def names(self) -> list[str]:
         return [*([self.label] if self.label is not None else []), *self.dense, *self.sparse]
+
+    def record(self) -> dict[str, Any]:
+        """The feature columns as a checkpoint's and a package's manifests record them (JSON), in
+        feature order: the dense columns' names and, per sparse column, its name, its ids
+        (``integer`` or ``text``) and whether it is a ``list``. What a model trained on: scoring
+        checks the data against it (a pattern alone cannot tell a renamed or retyped column)."""
+        return {
+            "dense": self.dense,
+            "sparse": [
+                {"name": name, "ids": "text" if text else "integer", "list": multi_hot}
+                for name, text, multi_hot in zip(self.sparse, self.text, self.multi_hot)
+            ],
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "ColumnSpec":
+        """The columns of :meth:`record` (without a label)."""
+        sparse = record["sparse"]
+        return cls(
+            None,
+            list(record["dense"]),
+            [column["name"] for column in sparse],
+            [column["list"] for column in sparse],
+            [column["ids"] == "text" for column in sparse],
+        )
 
 
 def open_files(data_path: str) -> tuple[fsspec.AbstractFileSystem, list[DataFile]]:
@@ -217,8 +242,8 @@ def resolve_columns(cfg: TrainConfig, schemas: list[tuple[str, pa.Schema]], labe
     file's, named by its URL) checked to have them with types we read, alike in all of them.
     ``labelled`` False: no label column (rows to score)."""
     first_url, first = schemas[0]
-    dense = _match(cfg.data.dense_columns, first.names, "dense_columns", first_url)
-    sparse = _match(cfg.data.sparse_columns, first.names, "sparse_columns", first_url)
+    dense = match_columns(cfg.data.dense_columns, first.names, "dense_columns", first_url)
+    sparse = match_columns(cfg.data.sparse_columns, first.names, "sparse_columns", first_url)
     for option, columns, count in (
         ("dense_columns", dense, "num_dense_features"),
         ("sparse_columns", sparse, "num_sparse_features"),
@@ -261,9 +286,10 @@ def resolve_columns(cfg: TrainConfig, schemas: list[tuple[str, pa.Schema]], labe
     )
 
 
-def _match(patterns: list[str], names: list[str], option: str, url: str) -> list[str]:
-    """The columns ``patterns`` name: a pattern's matches in natural order, other names as they are
-    (an absent one is reported with its type check)."""
+def match_columns(patterns: list[str], names: list[str], option: str, url: str) -> list[str]:
+    """The columns ``patterns`` (of ``--option``) name among ``names`` (those of ``url``): a
+    pattern's matches in natural order, other names as they are (an absent one is reported with
+    its type check)."""
     columns = []
     for pattern in patterns:
         if not is_pattern(pattern):
@@ -272,7 +298,7 @@ def _match(patterns: list[str], names: list[str], option: str, url: str) -> list
         matches = sorted((name for name in names if fnmatch.fnmatchcase(name, pattern)), key=natural_key)
         if not matches:
             raise ConfigError(
-                f"--{option} {pattern} matches no column of {url}, whose columns are {_listing(names)}: fix the "
+                f"--{option} {pattern} matches no column of {url}, whose columns are {column_listing(names)}: fix the "
                 f"pattern{_layout_hint(names)}"
             )
         columns += matches
@@ -295,7 +321,7 @@ def _kind(schema: pa.Schema, name: str, option: str, url: str, hashed: bool) -> 
     index = schema.get_field_index(name)
     if index < 0:
         raise ConfigError(
-            f"{url} has no column {name!r} (--{option}); its columns are {_listing(schema.names)}: "
+            f"{url} has no column {name!r} (--{option}); its columns are {column_listing(schema.names)}: "
             f"fix --{option}, or leave this file out of --data_path"
         )
     arrow_type = schema.field(index).type
@@ -346,7 +372,7 @@ def _is_text(arrow_type: pa.DataType) -> bool:
     )
 
 
-def _listing(names: list[str], shown: int = 12) -> str:
+def column_listing(names: list[str], shown: int = 12) -> str:
     return ", ".join(names[:shown]) + (f" ... ({len(names)} in all)" if len(names) > shown else "")
 
 
@@ -463,5 +489,5 @@ def null_report(nulls: dict[str, int | None]) -> str:
     unknown = [name for name, n in nulls.items() if n is None]
     text = ", ".join(f"{name} {n:,}" for name, n in counted.items()) or "none"
     if unknown:
-        text += f"; not recorded in some files' statistics for {_listing(unknown)}"
+        text += f"; not recorded in some files' statistics for {column_listing(unknown)}"
     return text

@@ -30,7 +30,7 @@ window to window (:mod:`apps.dlrm.data.parquet.pool`).
 import itertools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Generator
+from typing import Any, Callable, Generator
 
 import numpy as np
 import torch
@@ -72,6 +72,7 @@ class ParquetClickLogs:
         self.keys = feature_names(cfg.model.num_sparse_features)
         checked = CheckedFiles.open(cfg)
         fs, self.files, self.spec, self.null_counts = checked.fs, checked.files, checked.spec, checked.null_counts
+        self.columns: dict[str, Any] | None = self.spec.record()
         int32_ids = max(cfg.model.table_sizes) <= INT32_IDS
         id_dtype = np.dtype(np.int32 if int32_ids else np.int64)
         self._ids_dtype = torch.int32 if int32_ids else torch.int64
