@@ -403,7 +403,7 @@ def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[
                 check_id(value, ranges[name], file.url, name, g)
     if labels is not None and len(labels) == 1:
         raise ConfigError(
-            f"label column {spec.label!r} holds only {labels.pop():g} in {_listing([f.url for f in files], 3)} "
+            f"label column {spec.label!r} holds only {labels.pop():g} in {column_listing([f.url for f in files], 3)} "
             "(their statistics say so): a model learns nothing from one class; check --label_column, or add "
             "the rows of the other class"
         )
