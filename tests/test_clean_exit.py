@@ -75,9 +75,11 @@ def test_short_jobs_all_end_succeeded(criteo, tmp_path):
 
 
 def test_a_job_that_fails_on_bad_input_says_why_once_without_a_traceback_wall(tmp_path):
-    result = torchx_job(tmp_path, "bad", "--data", "criteo", "--data_path", "/nonexistent")
+    # A URL, which only the job reads (a local path this machine lacks is refused at submission):
+    # an empty fsspec memory filesystem stands in for a bucket without the data.
+    result = torchx_job(tmp_path, "bad", "--data", "parquet", "--data_path", "memory://nonexistent/")
     out = result.stdout + result.stderr
     assert result.returncode != 0 and "job finished: FAILED" in out
-    assert out.count("--data_path /nonexistent is not a folder") == 1, out[-3000:]
+    assert out.count("--data_path memory://nonexistent/ does not exist") == 1, out[-3000:]
     assert "apps.dlrm.torchrun: apps.dlrm.train failed on" in out
     assert "ChildFailedError" not in out and "Traceback" not in out, out[-3000:]
