@@ -179,7 +179,8 @@ def check_unowned(folder: str, environ: Mapping[str, str]) -> None:
         return
     if os.path.exists(os.path.join(folder, SUMMARY_FILE)):
         _refuse_ended(folder, "a run that ended")
-    theirs = sorted(name for name in os.listdir(folder) if not _launcher_files(environ).fullmatch(name))
+    launchers = _launcher_files(environ)
+    theirs = sorted(name for name in os.listdir(folder) if not launchers.fullmatch(name))
     if theirs:
         shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
         raise ConfigError(
