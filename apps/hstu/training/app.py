@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
+from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.training import trainer
@@ -110,7 +111,8 @@ class HSTUApp:
             for table in table_configs(cfg.model)
         }
 
-    def make_data(self, cfg: TrainConfig, env: DistEnv) -> SequenceSource:
+    def make_data(self, cfg: TrainConfig, env: DistEnv, checkpoint: Checkpoint | None = None) -> SequenceSource:
+        """This rank's sequences; a checkpoint records no columns of them (the options fix them)."""
         training = cfg.training
         return make_dataset(
             cfg.model, cfg.data, training.seed, training.batch_size, env.rank, env.world_size, env.device
