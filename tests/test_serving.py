@@ -388,8 +388,18 @@ def column_as(name: str, arrow_type: pa.DataType):
                 "cast the column to text, holding the values training read (e.g. CAST(cat_0 AS STRING)",
             ],
         ),
+        (
+            lambda rows: rows.set_column(
+                rows.schema.get_field_index("cat_4"), "cat_4", pa.array([[v, v + 1] for v in rows["cat_4"].to_pylist()])
+            ),
+            [
+                "the columns given: sparse column 'cat_4' holds lists of ids, but the model trained on single ids there "
+                "(sparse feature 5, column 'cat_4')",
+                "give the column of one id per row that training read",
+            ],
+        ),
     ],
-    ids=["missing", "renamed", "text_for_integers", "integers_for_text"],
+    ids=["missing", "renamed", "text_for_integers", "integers_for_text", "list_for_single_ids"],
 )
 def test_columns_that_differ_from_those_the_model_trained_on_are_refused_naming_them(job, change, pieces):
     rows = change(pq.read_table(job.data).slice(0, 10))
