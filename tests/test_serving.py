@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import pickle
+import shlex
 import shutil
 import subprocess
 import sys
@@ -45,7 +46,7 @@ from apps.dlrm.serving.package import MANIFEST_FILE, PROGRAM_FILE
 from components import dlrm
 from testing.click_parquet import scores_auroc, write_click_parquet
 from testing.criteo_files import generate_day, write_day
-from tests.conftest import BIN, LOCAL_TRAIN_1X2, assert_ok, run
+from tests.conftest import BIN, LOCAL_TRAIN_1X2, REPO, assert_ok, process_env, run
 
 # Tier (tests/conftest.py): real processes; the component dry runs are marked unit.
 TIER = "integration"
@@ -304,6 +305,59 @@ def test_an_output_that_holds_predictions_is_refused_and_left_as_it_was(job):
     assert before == {name: os.path.getmtime(os.path.join(job.scores, name)) for name in os.listdir(job.scores)}
     with pytest.raises(ConfigError, match=f"--output {job.int8} already holds 2 entries"):
         export(ExportConfig(checkpoint_dir=job.ckpt, output=job.int8))
+
+
+def predict_command(job, output, *options: str) -> list[str]:
+    """One process of predict scoring the job's data with its float32 package into ``output``."""
+    return [
+        sys.executable, "-m", "apps.dlrm.predict", "--model", job.fp32, "--data_path", job.data,
+        "--output", str(output), "--passthrough_columns", "row_id,label", *options,
+    ]  # fmt: skip
+
+
+def test_two_predict_jobs_into_one_output_one_is_refused_and_the_other_writes_it_whole(job, tmp_path):
+    """Started at once: the first to claim the folder writes it, the other stops before it reads a row."""
+    output = tmp_path / "scores"
+    jobs = [
+        subprocess.Popen(predict_command(job, output), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=process_env(), cwd=REPO)
+        for _ in range(2)
+    ]  # fmt: skip
+    done = sorted((p.wait(timeout=600), p.communicate()[1]) for p in jobs)
+    (ok, _), (refused, stderr) = done
+    assert (ok, refused) == (0, 2), done
+    (line,) = [line for line in stderr.splitlines() if "ERROR" in line]
+    assert f"--output {output} is the output of job " in line and "two jobs never write one --output" in line
+    assert sorted(os.listdir(output)) == ["day_0.parquet", "day_1.parquet", "day_2.parquet", "day_3.parquet",
+                                          "report.json"]  # fmt: skip
+    assert predictions(str(output))["row_id"].to_numpy().tolist() == list(range(FILES * ROWS_PER_FILE))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@pytest.mark.parametrize("disk", ["full", "read_only"])
+def test_predict_onto_a_full_or_read_only_disk_stops_in_one_line_leaving_no_file_half_written(job, tmp_path, disk):
+    """The disk is a real one: a tmpfs of 120 KiB, which holds two of the four files' predictions
+    (47 KB each), mounted in a mount namespace of the job's own; what is on it is copied out."""
+    mounted, kept = tmp_path / "disk", tmp_path / "kept"
+    mounted.mkdir()
+    output = mounted / "scores"
+    options = "size=120k" if disk == "full" else "size=120k,ro"
+    script = (
+        f"mount -t tmpfs -o {options} tmpfs {mounted} && {{ {shlex.join(predict_command(job, output))}; "
+        f"status=$?; cp -a {mounted} {kept}; exit $status; }}"
+    )
+    result = run(["unshare", "--mount", "sh", "-c", script])
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    if disk == "read_only":
+        assert f"cannot write {output} (Read-only file system): nothing half-written is kept" in line
+        assert os.listdir(kept) == []
+        return
+    assert f"cannot write {output}/day_2.parquet (No space left on device): nothing half-written is kept" in line
+    # The files written before are whole; the output says it is not (no report, the job's claim left).
+    assert sorted(os.listdir(kept / "scores")) == [".JOB", "day_0.parquet", "day_1.parquet"]
+    for name in ("day_0.parquet", "day_1.parquet"):
+        assert pq.read_table(kept / "scores" / name).num_rows == ROWS_PER_FILE
 
 
 def copy_package(job, tmp_path, change) -> str:
