@@ -291,11 +291,15 @@ def id_lists(first: int, rows: int) -> pa.Array:
         ("cat_2", pa.field("cat_2", pa.int64(), nullable=False)),
         ("cat_1", pa.field("cat_1", pa.list_(pa.int32()))),
         ("cat_1", pa.field("cat_1", pa.list_(pa.field("item", pa.int64(), nullable=False)))),
+        ("int_0", pa.field("int_0", pa.decimal128(19, 0))),
+        ("int_1", pa.field("int_1", pa.decimal256(40, 3))),
+        ("label", pa.field("label", pa.decimal128(3, 0))),
     ],
 )
 def test_files_whose_types_differ_only_in_width_or_nullability_read_as_one(tmp_path, name, field):
     """Spark's and BigQuery's exports often differ so from file to file: each column reads as one
-    type, with the values of files that agree (windows of 1000 rows mix both files' rows)."""
+    type, with the values of files that agree (windows of 1000 rows mix both files' rows). Decimal
+    numbers (BigQuery's NUMERIC, Spark's DecimalType) are numbers, read as float32 as a double is."""
     first, second = (table(r, 300, cat_1=id_lists(r, 300)) for r in (0, 300))
     same = write_two(tmp_path / "same", first, second)
     mixed = write_two(tmp_path / "mixed", first, retyped(second, name, field))

@@ -12,6 +12,7 @@ split (its sharded model and evaluation loop: testing/training_scores.py).
 
 import hashlib
 import json
+import logging
 import os
 import pickle
 import shlex
@@ -149,6 +150,23 @@ def test_load_model_scores_columns_in_any_form_as_predict_did(job):
         assert np.array_equal(package(given), expected)
     assert np.array_equal(load_model(job.ckpt, step="best")(rows), expected)  # straight from the checkpoint
     assert np.abs(package(rows.slice(5, 1)) - expected[5:6]).max() <= 1e-6  # one row alone: beside an empty one
+
+
+def test_load_model_scores_an_empty_batch_to_nothing_and_decimal_columns_as_numbers(job, caplog):
+    rows = pq.read_table(job.data).take(TEST_ROWS[:200])
+    package = load_model(job.fp32)
+    expected = package(rows)
+    for empty in (rows.slice(0, 0), pd.DataFrame(columns=rows.column_names), {}):  # an empty frame's types: null
+        scores = package(empty)
+        assert scores.dtype == np.float32 and scores.shape == (0,)
+    numeric = pa.decimal128(38, 6)  # BigQuery's NUMERIC, Spark's DecimalType
+    as_decimal = rows.set_column(rows.schema.get_field_index("int_0"), "int_0", rows["int_0"].cast(numeric, safe=False))
+    assert np.abs(package(as_decimal) - expected).max() <= 1e-6
+    with_nan = rows.set_column(rows.schema.get_field_index("int_1"), "int_1", pa.array([np.nan] * 200))
+    with caplog.at_level(logging.WARNING, logger="apps.dlrm.data"):
+        package(with_nan)
+    assert "dense column 'int_1' holds NaN or infinite values (row group 0): they are scored as 0" in caplog.text
+    assert "train" not in caplog.text  # where they said: they train as 0, ... logged when training ends
 
 
 #: Scores the package with torch (and TorchRec's operators for quantized tables) alone, from the

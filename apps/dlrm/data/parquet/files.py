@@ -9,7 +9,7 @@ train on garbage. Each error is one line naming the file, the column and the fix
 - a file that is not Parquet, or none at all under --data_path; a symlink to nothing or to a folder
   (symlinks to files are followed);
 - a column named by --label_column, --dense_columns or --sparse_columns that a file lacks, or of
-  a type we do not read: numbers (integer, float, boolean) for the label and dense features,
+  a type we do not read: numbers (integer, float, decimal, boolean) for the label and dense features,
   integers, text (strings or bytes, with ``--categorical_ids hash``) or lists of them for sparse
   ones;
 - a null label: such a row cannot train (drop or fill it upstream); a label other than 0 or 1,
@@ -398,8 +398,8 @@ _KIND_TEXT = {
 def _kind_of(arrow_type: pa.DataType) -> str | None:
     if pa.types.is_integer(arrow_type):
         return "int"
-    if pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type):
-        return "number"
+    if pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type) or pa.types.is_decimal(arrow_type):
+        return "number"  # a decimal read as float32, as a double is
     if _is_text(arrow_type):
         return "text"
     if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
