@@ -18,7 +18,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from apps.core.checkpoint.checkpointer import TrainState
 from apps.core.common.distributed import init_distributed
 from apps.core.common.teardown import exit_without_teardown
 from apps.dlrm.config import TrainConfig, parse_train_config
@@ -32,8 +31,7 @@ def evaluation_scores(cfg: TrainConfig, split: str = "test") -> tuple[np.ndarray
     env = init_distributed()
     trainer = Trainer(cfg, env)
     try:
-        checkpoint = trainer.checkpointer.named(cfg.evaluation.evaluate_checkpoint)
-        trainer.checkpointer.restore(TrainState(env.rank), checkpoint)
+        trainer.load(trainer.checkpointer.named(cfg.evaluation.evaluate_checkpoint))
         model = trainer.model.eval()  # the pipeline has not started: the sharded model is as evaluate() runs it
         scores, labels = [], []
         start, cpu = time.perf_counter(), time.process_time()

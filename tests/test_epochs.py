@@ -5,6 +5,7 @@ whose labels a hidden teacher drew, written as a user's click logs would be."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -137,11 +138,19 @@ def test_many_epochs_stop_early_on_data_they_overfit_and_a_rerun_has_nothing_lef
     assert "give a new --checkpoint_dir" in elsewhere.stderr
 
 
-def test_a_checkpoint_is_evaluated_without_training_and_bad_requests_are_one_line(clicks, tmp_path):
-    checkpoints = tmp_path / "ckpt"
-    trained = train(tmp_path / "train", clicks, "--val_every_steps", "40", "--checkpoint_dir", str(checkpoints))
+@pytest.fixture(scope="module")
+def checkpointed(clicks, tmp_path_factory):
+    """A run of one epoch (80 steps) on ``clicks``, validated and checkpointed after steps 40 and 80:
+    its folder (``out``) and its checkpoints (``ckpt``)."""
+    root = tmp_path_factory.mktemp("checkpointed")
+    trained = train(root / "train", clicks, "--val_every_steps", "40", "--checkpoint_dir", str(root / "ckpt"))
     assert trained.returncode == 0, trained.stderr[-3000:]
-    _, metrics = results(tmp_path / "train")
+    return root / "train", root / "ckpt"
+
+
+def test_a_checkpoint_is_evaluated_without_training_and_bad_requests_are_one_line(clicks, checkpointed, tmp_path):
+    out, checkpoints = checkpointed
+    _, metrics = results(out)
     best = max((m for m in metrics if m["kind"] == "val"), key=lambda m: m["auroc"])
     before = sorted(os.listdir(checkpoints))
 
@@ -162,3 +171,45 @@ def test_a_checkpoint_is_evaluated_without_training_and_bad_requests_are_one_lin
         tmp_path / "y", clicks, "--evaluate_checkpoint", "latest", "--checkpoint_dir", str(checkpoints), *other_model
     )
     assert differs.returncode == 2 and "Traceback" not in differs.stderr and "embedding_dim" in differs.stderr
+
+
+#: The columns of ``clicks`` named one by one, in the reverse of the order their patterns match them.
+REVERSED_COLUMNS = [
+    "--dense_columns",
+    ",".join(f"int_{i}" for i in reversed(range(13))),
+    "--sparse_columns",
+    ",".join(f"cat_{i}" for i in reversed(range(26))),
+]
+
+
+def test_columns_listed_in_another_order_feed_a_checkpoints_model_by_name(clicks, checkpointed, tmp_path):
+    out, checkpoints = checkpointed
+    summary, metrics = results(out)
+    best = max((m for m in metrics if m["kind"] == "val"), key=lambda m: m["auroc"])
+    evaluated = train(
+        tmp_path / "eval",
+        clicks,
+        "--evaluate_checkpoint",
+        "best",
+        "--checkpoint_dir",
+        str(checkpoints),
+        *REVERSED_COLUMNS,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    evaluation = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["test_step"] == best["step"]  # the run tested the best validation's model
+    assert (evaluation["val_auroc"], evaluation["test_auroc"]) == (best["auroc"], summary["test_auroc"])
+
+    # Resumed from step 40 with the columns so listed, the run trains and tests as it did uninterrupted.
+    resumed = tmp_path / "ckpt"
+    shutil.copytree(checkpoints, resumed)
+    shutil.rmtree(max(resumed.glob("step_*")))  # step 80's: the run resumes from step 40's
+    again = train(
+        tmp_path / "resumed", clicks, "--val_every_steps", "40", "--checkpoint_dir", str(resumed), *REVERSED_COLUMNS
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed_summary, _ = results(tmp_path / "resumed")
+    assert (resumed_summary["val_auroc"], resumed_summary["test_auroc"]) == (
+        summary["val_auroc"],
+        summary["test_auroc"],
+    )

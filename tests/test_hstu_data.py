@@ -287,3 +287,75 @@ def test_a_file_of_the_other_layout_is_refused_naming_it(tmp_path, written, read
             action_column="event_type",
             timestamp_column="timestamp",
         )
+
+
+@pytest.mark.parametrize("column, option", [("timestamp", "timestamp"), ("item_id", "item"), ("event_type", "action")])
+def test_a_null_event_inside_a_users_lists_is_refused_naming_its_row(tmp_path, column, option):
+    """Read as a number a null was -2**63: a time that moved the event to the user's start, an id."""
+    lists = {
+        "item_id": [[1, 2, 3], [4, 5, 6]],
+        "event_type": [[0, 1, 2], [0, 1, 2]],
+        "timestamp": [[1, 2, 3], [4, 5, 6]],
+    }
+    lists[column][1][1] = None
+    pq.write_table(pa.table(lists), tmp_path / "u.parquet")
+    with pytest.raises(ConfigError) as refused:
+        parquet(tmp_path, "per_user")
+    assert str(refused.value).startswith(
+        f"row 1 of {tmp_path / 'u.parquet'}: --{option}_column {column!r} holds a null (entry 1 of the row's list; 1 in "
+        "all), but every event needs a value there: drop those events, or fill them, where the files are written"
+    )
+
+
+@pytest.mark.parametrize("unit", ["ms", "us"])
+def test_arrow_timestamps_of_any_unit_are_ordered_to_their_unit_and_read_as_seconds(tmp_path, unit):
+    """As Spark writes them: timestamp[us]. Two of user c's events fall within one second, the
+    later first in the file."""
+    per_second = {"ms": 1_000, "us": 1_000_000}[unit]
+    rows = [(user, item, action, time * per_second) for user, item, action, time in EVENTS]
+    rows[6] = ("c", 2, 1, 70 * per_second + per_second // 2)  # 70.5 s, before 70.2 s in the file
+    rows.append(("c", 4, 0, 70 * per_second + per_second // 5))
+    expected = [EXPECTED[0], [(7, 0, 50), (9, 2, 60), (4, 0, 70), (2, 1, 70), (1, 1, 80)]]
+    write_per_event(tmp_path / "events.parquet", rows, ts=pa.timestamp(unit))
+    assert sequences(parquet(tmp_path, "per_event").batch("test", 0)) == expected
+    users = sorted({user for user, *_ in rows})
+    events = [[event for event in rows if event[0] == user] for user in users]
+    table = pa.table(
+        {
+            "item_id": [[e[1] for e in user] for user in events],
+            "event_type": [[e[2] for e in user] for user in events],
+            "timestamp": pa.array([[e[3] for e in user] for user in events], pa.list_(pa.timestamp(unit, tz="UTC"))),
+        }
+    )
+    pq.write_table(table, tmp_path / "events.parquet")
+    assert sequences(parquet(tmp_path, "per_user").batch("test", 0)) == expected
+
+
+def test_user_ids_that_are_integers_in_one_file_and_text_in_another_are_refused_naming_both(tmp_path):
+    write_per_event(tmp_path / "a.parquet", [(1, 5, 1, 100), (1, 3, 0, 40), (1, 8, 2, 300)])
+    write_per_event(tmp_path / "b.parquet", EVENTS)
+    with pytest.raises(ConfigError) as refused:
+        parquet(tmp_path, "per_event")
+    assert str(refused.value).startswith(
+        f"--user_column 'user' holds text in {tmp_path / 'b.parquet'} but integers in {tmp_path / 'a.parquet'}: a "
+        "user's id must be of one type in every file; cast it where the files are written (e.g. CAST(user AS STRING)"
+    )
+
+
+def test_evaluation_reads_each_user_once_in_full_batches_whose_padding_is_marked(tmp_path):
+    """5 users, 2 ranks of 2: two rounds, the second holding one user (rank 0's first) and padding."""
+    rows = [(f"u{u}", u, t % 3, 1000 * u + t) for u in range(5) for t in range(3)]
+    write_per_event(tmp_path / "events.parquet", rows)
+    ranks = [parquet(tmp_path, "per_event", batch_size=2, rank=r, world_size=2) for r in range(2)]
+
+    def counted(num_batches: int) -> list[list[int]]:
+        """Per rank, the users (by item) of each batch that count, and every batch is full."""
+        read = []
+        for source in ranks:
+            batches = list(source.eval_batches("val", num_batches))
+            assert all(batch.num_users == 2 for batch in batches)
+            read.append([user[-1][0] for batch in batches for user in sequences(batch)[: batch.counted]])
+        return read
+
+    assert counted(0) == counted(40) == [[0, 1, 4], [2, 3]]  # all of them, each once
+    assert counted(1) == [[0, 1], [2, 3]]

@@ -124,19 +124,40 @@ def write_users(path, users: int = 600, seed: int = 0) -> None:
     pq.write_table(table, path)
 
 
-def test_a_parquet_file_of_users_trains_epochs(tmp_path):
-    write_users(tmp_path / "users.parquet")
-    out = tmp_path / "out"
+def test_a_parquet_file_of_users_trains_epochs_and_evaluates_each_user_once(tmp_path):
+    write_users(tmp_path / "users.parquet", users=550)
+    out, checkpoints = tmp_path / "out", str(tmp_path / "ckpt")
     options = ["--data", "parquet", "--data_path", str(tmp_path / "users.parquet"), "--num_items", "1000"]
-    options += ["--batch_size", "100", "--epochs", "20", "--val_batches", "3", "--test_batches", "3"]
-    result = torchx_run(tmp_path, "1x2", *options, "--log_every", "10", "--output_dir", str(out))
+    options += ["--val_batches", "0", "--test_batches", "0", "--checkpoint_dir", checkpoints]  # 0: all users
+    result = torchx_run(
+        tmp_path,
+        "1x2",
+        *options,
+        "--batch_size",
+        "100",
+        "--epochs",
+        "30",
+        "--log_every",
+        "10",
+        "--output_dir",
+        str(out),
+    )
     assert_ok(result)
     done = summary(out)
-    # 600 users, 2 x 100 a step: 3 steps an epoch, validated after each (the pipeline paused)
-    assert done["steps"] == 60 and done["epochs"] == 20 and "hr@10_ceiling" not in done
-    assert len([line for line in (out / "metrics.jsonl").read_text().splitlines() if '"val"' in line]) == 20
+    # 550 users, 2 x 100 a step: 2 steps an epoch, validated after each (the pipeline paused)
+    assert done["steps"] == 60 and done["epochs"] == 30 and "hr@10_ceiling" not in done
+    assert len([line for line in (out / "metrics.jsonl").read_text().splitlines() if '"val"' in line]) == 30
     # the next item is the last one plus 1: learnt far above chance (10 of 1,000 items)
     assert done["val_hr@10"] > 0.5, done
+    # Each user once: the 3 rounds of 2 x 100 held 50 users of padding, which count not; so the
+    # figures are those of one batch of all 550 users on one rank.
+    one = tmp_path / "one"
+    evaluation = ["--evaluate_checkpoint", "best", "--batch_size", "550", "--output_dir", str(one)]
+    assert_ok(torchx_run(tmp_path, "1x1", *options, *evaluation))
+    evaluated = summary(one)
+    for metric in ("hr@10", "ndcg@10", "mrr"):  # the run tested its best validation's model
+        assert evaluated[f"val_{metric}"] == pytest.approx(done[f"best_val_{metric}"], abs=1e-9), metric
+        assert evaluated[f"test_{metric}"] == pytest.approx(done[f"test_{metric}"], abs=1e-9), metric
 
 
 def as_dlrm(text: str) -> str:

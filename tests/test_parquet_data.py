@@ -24,6 +24,7 @@ from apps.core.common.errors import ConfigError
 from apps.core.common.hashing import mix64_int
 from apps.core.common.splits import held_out_split
 from apps.dlrm.config import train_config
+from apps.dlrm.data.parquet.files import ColumnSpec
 from apps.dlrm.data.parquet.loader import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
 from apps.dlrm.data.parquet.order import Pieces, block_permutation, eval_runs
 from apps.dlrm.data.parquet.read import text_fingerprints
@@ -290,11 +291,15 @@ def id_lists(first: int, rows: int) -> pa.Array:
         ("cat_2", pa.field("cat_2", pa.int64(), nullable=False)),
         ("cat_1", pa.field("cat_1", pa.list_(pa.int32()))),
         ("cat_1", pa.field("cat_1", pa.list_(pa.field("item", pa.int64(), nullable=False)))),
+        ("int_0", pa.field("int_0", pa.decimal128(19, 0))),
+        ("int_1", pa.field("int_1", pa.decimal256(40, 3))),
+        ("label", pa.field("label", pa.decimal128(3, 0))),
     ],
 )
 def test_files_whose_types_differ_only_in_width_or_nullability_read_as_one(tmp_path, name, field):
     """Spark's and BigQuery's exports often differ so from file to file: each column reads as one
-    type, with the values of files that agree (windows of 1000 rows mix both files' rows)."""
+    type, with the values of files that agree (windows of 1000 rows mix both files' rows). Decimal
+    numbers (BigQuery's NUMERIC, Spark's DecimalType) are numbers, read as float32 as a double is."""
     first, second = (table(r, 300, cat_1=id_lists(r, 300)) for r in (0, 300))
     same = write_two(tmp_path / "same", first, second)
     mixed = write_two(tmp_path / "mixed", first, retyped(second, name, field))
@@ -630,3 +635,22 @@ def test_empty_files_are_not_days_of_the_held_out_split():
 def test_a_split_without_rows_names_the_options_that_fix_it(file_rows, eval_fraction, fix):
     with pytest.raises(ConfigError, match=re.escape(fix)):
         held_out_split(file_rows, 1, eval_fraction, "d", files="files", more="add files")
+
+
+@pytest.mark.unit
+def test_the_columns_a_checkpoints_model_trained_on_are_fed_in_its_order_or_refused_naming_them():
+    def spec(dense, sparse):  # sparse: (name, list, text) each
+        return ColumnSpec("label", dense, [s[0] for s in sparse], [s[1] for s in sparse], [s[2] for s in sparse])
+
+    user, items, hour = ("user", False, True), ("items", True, False), ("hour", False, False)
+    trained = spec(["f_0", "f_1", "f_2"], [user, items, hour])
+    assert spec(["f_2", "f_0", "f_1"], [hour, user, items]).ordered_as(trained, "ckpt/step_8") == trained
+    with pytest.raises(ConfigError) as refused:
+        spec(["f_2", "f_0", "f_9"], [hour, user, items]).ordered_as(trained, "ckpt/step_8")
+    assert str(refused.value).startswith(
+        "the model of ckpt/step_8 trained on the dense columns f_0, f_1, f_2, but --dense_columns f_2, f_0, f_9 name "
+        "other ones (not trained on: f_9; not named: f_1): give the columns it trained on (in any order)"
+    )
+    with pytest.raises(ConfigError, match="sparse column 'items' holds single integer ids here, but the model of "
+                       "ckpt/step_8 trained on lists of integer ids there \\(sparse feature 2\\)"):  # fmt: skip
+        spec(["f_0", "f_1", "f_2"], [hour, user, ("items", False, False)]).ordered_as(trained, "ckpt/step_8")

@@ -12,8 +12,10 @@ split (its sharded model and evaluation loop: testing/training_scores.py).
 
 import hashlib
 import json
+import logging
 import os
 import pickle
+import shlex
 import shutil
 import subprocess
 import sys
@@ -45,7 +47,7 @@ from apps.dlrm.serving.package import MANIFEST_FILE, PROGRAM_FILE
 from components import dlrm
 from testing.click_parquet import scores_auroc, write_click_parquet
 from testing.criteo_files import generate_day, write_day
-from tests.conftest import BIN, LOCAL_TRAIN_1X2, assert_ok, run
+from tests.conftest import BIN, LOCAL_TRAIN_1X2, REPO, assert_ok, process_env, run
 
 # Tier (tests/conftest.py): real processes; the component dry runs are marked unit.
 TIER = "integration"
@@ -148,6 +150,23 @@ def test_load_model_scores_columns_in_any_form_as_predict_did(job):
         assert np.array_equal(package(given), expected)
     assert np.array_equal(load_model(job.ckpt, step="best")(rows), expected)  # straight from the checkpoint
     assert np.abs(package(rows.slice(5, 1)) - expected[5:6]).max() <= 1e-6  # one row alone: beside an empty one
+
+
+def test_load_model_scores_an_empty_batch_to_nothing_and_decimal_columns_as_numbers(job, caplog):
+    rows = pq.read_table(job.data).take(TEST_ROWS[:200])
+    package = load_model(job.fp32)
+    expected = package(rows)
+    for empty in (rows.slice(0, 0), pd.DataFrame(columns=rows.column_names), {}):  # an empty frame's types: null
+        scores = package(empty)
+        assert scores.dtype == np.float32 and scores.shape == (0,)
+    numeric = pa.decimal128(38, 6)  # BigQuery's NUMERIC, Spark's DecimalType
+    as_decimal = rows.set_column(rows.schema.get_field_index("int_0"), "int_0", rows["int_0"].cast(numeric, safe=False))
+    assert np.abs(package(as_decimal) - expected).max() <= 1e-6
+    with_nan = rows.set_column(rows.schema.get_field_index("int_1"), "int_1", pa.array([np.nan] * 200))
+    with caplog.at_level(logging.WARNING, logger="apps.dlrm.data"):
+        package(with_nan)
+    assert "dense column 'int_1' holds NaN or infinite values (row group 0): they are scored as 0" in caplog.text
+    assert "train" not in caplog.text  # where they said: they train as 0, ... logged when training ends
 
 
 #: Scores the package with torch (and TorchRec's operators for quantized tables) alone, from the
@@ -306,6 +325,59 @@ def test_an_output_that_holds_predictions_is_refused_and_left_as_it_was(job):
         export(ExportConfig(checkpoint_dir=job.ckpt, output=job.int8))
 
 
+def predict_command(job, output, *options: str) -> list[str]:
+    """One process of predict scoring the job's data with its float32 package into ``output``."""
+    return [
+        sys.executable, "-m", "apps.dlrm.predict", "--model", job.fp32, "--data_path", job.data,
+        "--output", str(output), "--passthrough_columns", "row_id,label", *options,
+    ]  # fmt: skip
+
+
+def test_two_predict_jobs_into_one_output_one_is_refused_and_the_other_writes_it_whole(job, tmp_path):
+    """Started at once: the first to claim the folder writes it, the other stops before it reads a row."""
+    output = tmp_path / "scores"
+    jobs = [
+        subprocess.Popen(predict_command(job, output), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=process_env(), cwd=REPO)
+        for _ in range(2)
+    ]  # fmt: skip
+    done = sorted((p.wait(timeout=600), p.communicate()[1]) for p in jobs)
+    (ok, _), (refused, stderr) = done
+    assert (ok, refused) == (0, 2), done
+    (line,) = [line for line in stderr.splitlines() if "ERROR" in line]
+    assert f"--output {output} is the output of job " in line and "two jobs never write one --output" in line
+    assert sorted(os.listdir(output)) == ["day_0.parquet", "day_1.parquet", "day_2.parquet", "day_3.parquet",
+                                          "report.json"]  # fmt: skip
+    assert predictions(str(output))["row_id"].to_numpy().tolist() == list(range(FILES * ROWS_PER_FILE))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@pytest.mark.parametrize("disk", ["full", "read_only"])
+def test_predict_onto_a_full_or_read_only_disk_stops_in_one_line_leaving_no_file_half_written(job, tmp_path, disk):
+    """The disk is a real one: a tmpfs of 120 KiB, which holds two of the four files' predictions
+    (47 KB each), mounted in a mount namespace of the job's own; what is on it is copied out."""
+    mounted, kept = tmp_path / "disk", tmp_path / "kept"
+    mounted.mkdir()
+    output = mounted / "scores"
+    options = "size=120k" if disk == "full" else "size=120k,ro"
+    script = (
+        f"mount -t tmpfs -o {options} tmpfs {mounted} && {{ {shlex.join(predict_command(job, output))}; "
+        f"status=$?; cp -a {mounted} {kept}; exit $status; }}"
+    )
+    result = run(["unshare", "--mount", "sh", "-c", script])
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    if disk == "read_only":
+        assert f"cannot write {output} (Read-only file system): nothing half-written is kept" in line
+        assert os.listdir(kept) == []
+        return
+    assert f"cannot write {output}/day_2.parquet (No space left on device): nothing half-written is kept" in line
+    # The files written before are whole; the output says it is not (no report, the job's claim left).
+    assert sorted(os.listdir(kept / "scores")) == [".JOB", "day_0.parquet", "day_1.parquet"]
+    for name in ("day_0.parquet", "day_1.parquet"):
+        assert pq.read_table(kept / "scores" / name).num_rows == ROWS_PER_FILE
+
+
 def copy_package(job, tmp_path, change) -> str:
     """A copy of the float32 package with ``change(manifest)`` applied to its manifest."""
     package = str(tmp_path / "package")
@@ -388,8 +460,18 @@ def column_as(name: str, arrow_type: pa.DataType):
                 "cast the column to text, holding the values training read (e.g. CAST(cat_0 AS STRING)",
             ],
         ),
+        (
+            lambda rows: rows.set_column(
+                rows.schema.get_field_index("cat_4"), "cat_4", pa.array([[v, v + 1] for v in rows["cat_4"].to_pylist()])
+            ),
+            [
+                "the columns given: sparse column 'cat_4' holds lists of ids, but the model trained on single ids there "
+                "(sparse feature 5, column 'cat_4')",
+                "give the column of one id per row that training read",
+            ],
+        ),
     ],
-    ids=["missing", "renamed", "text_for_integers", "integers_for_text"],
+    ids=["missing", "renamed", "text_for_integers", "integers_for_text", "list_for_single_ids"],
 )
 def test_columns_that_differ_from_those_the_model_trained_on_are_refused_naming_them(job, change, pieces):
     rows = change(pq.read_table(job.data).slice(0, 10))

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torchrec.streamable import Pipelineable
 
+from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.config import RunConfig
@@ -81,8 +82,10 @@ class TrainingApp(Protocol[C]):
         estimates of input size, comms and compute scale with it)."""
         ...
 
-    def make_data(self, cfg: C, env: DistEnv) -> DataSource:
-        """This rank's data source."""
+    def make_data(self, cfg: C, env: DistEnv, checkpoint: Checkpoint | None = None) -> DataSource:
+        """This rank's data source; ``checkpoint``: the one whose model it feeds (resumed or
+        evaluated), whose manifest's ``columns`` (what :attr:`DataSource.columns` was when it was
+        written) say by name which column is which feature: the data feeds them so, or refuses."""
         ...
 
     def eval_metrics(self, cfg: C, data: DataSource, split: str, device: torch.device) -> EvalMetrics:

@@ -86,7 +86,7 @@ class Trainer(Generic[C]):
         output_dir = open_output_dir(cfg.evaluation.output_dir, self.run_id, folder.resume_from is not None, env)
         self.reporter = Reporter(output_dir, enabled=env.is_main)
         pipeline_cls = pipeline_class(cfg.launch)
-        self.data = app.make_data(cfg, env)  # so does a bad --data_path
+        self.data = app.make_data(cfg, env, folder.resume_from)  # so does a bad --data_path
         self.run_length = RunLength.of(cfg, self.data.steps_per_epoch)
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = cfg.launch.allow_tf32
@@ -322,7 +322,7 @@ class Trainer(Generic[C]):
         run's sharded model (resharded as a resume is), measures the validation and test splits,
         and writes them to summary.json; trains nothing and saves nothing."""
         checkpoint = self.checkpointer.named(which)
-        self.checkpointer.restore(TrainState(self.env.rank), checkpoint)
+        self.load(checkpoint)
         self._start_results()
         self.reporter.log("evaluating %s (step %d), trained nothing", checkpoint.url, checkpoint.step)
         val = self.evaluate("val", self.cfg.evaluation.val_batches)
@@ -343,6 +343,17 @@ class Trainer(Generic[C]):
         self.reporter.close()
         return summary
 
+    def load(self, checkpoint: Checkpoint) -> None:
+        """Collective. Loads the model of ``checkpoint`` (not the run's state: nothing resumes)
+        and has the data feed it the columns it trained on, by name: the data source is made
+        again where the checkpoint records its columns otherwise than the data source read them
+        (the same columns listed in another order, which fed by place would score garbage)."""
+        trained = checkpoint.manifest.get("columns")
+        if trained is not None and trained != self.data.columns:
+            self.data = self.app.make_data(self.cfg, self.env, checkpoint)
+            self.checkpointer.checkpointed = self.checkpointed
+        self.checkpointer.restore(TrainState(self.env.rank), checkpoint)
+
     def _load_best(self) -> int:
         """Collective. Loads the checkpoint of the best validation, if the run kept one and has
         trained past it; returns the step whose model is now in place."""
@@ -350,7 +361,7 @@ class Trainer(Generic[C]):
         if best is None or best == self.state.step or self.checkpointer.store is None:
             return self.state.step
         checkpoint = self.checkpointer.committed(best)
-        self.checkpointer.restore(TrainState(self.env.rank), checkpoint)
+        self.load(checkpoint)
         self.reporter.log("loaded the best validation's checkpoint %s (step %d) to test it", checkpoint.url, best)
         return best
 

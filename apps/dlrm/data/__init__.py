@@ -11,6 +11,7 @@ the configuration and the sources only for type checkers and inside :func:`make_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generator, Protocol
 
 if TYPE_CHECKING:
@@ -51,7 +52,19 @@ class ClickLogs(Protocol):
         ...
 
 
-def make_dataset(cfg: TrainConfig, env: DistEnv) -> ClickLogs:
+@dataclass(frozen=True)
+class TrainedColumns:
+    """The columns a checkpoint's model trained on, which data read to resume or evaluate it
+    feeds in their order: its manifest's record (``ColumnSpec.record``) and its URL (messages
+    name it)."""
+
+    record: dict[str, Any]
+    checkpoint: str
+
+
+def make_dataset(cfg: TrainConfig, env: DistEnv, trained: TrainedColumns | None = None) -> ClickLogs:
+    """This rank's data source of ``cfg``; ``trained``: the columns of the checkpoint whose model
+    it feeds (Parquet matches the options' columns, then orders them as that model read them)."""
     # Each source is imported only where it is chosen: the Parquet loader's pyarrow alone adds
     # ~0.7 s to the start of every other job.
     pin_memory = env.device.type == "cuda"
@@ -68,7 +81,7 @@ def make_dataset(cfg: TrainConfig, env: DistEnv) -> ClickLogs:
         from apps.dlrm.data.parquet.loader import ParquetClickLogs
 
         # Streamed where the files are: each rank reads only its share of the row groups.
-        return ParquetClickLogs(cfg, rank=env.rank, world_size=env.world_size, pin_memory=pin_memory)
+        return ParquetClickLogs(cfg, rank=env.rank, world_size=env.world_size, pin_memory=pin_memory, trained=trained)
     from apps.dlrm.data.synthetic import SyntheticClickLogs
 
     return SyntheticClickLogs(cfg, rank=env.rank, world_size=env.world_size, device=env.device)

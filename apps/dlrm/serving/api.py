@@ -46,8 +46,11 @@ class Model:
         return self.manifest["training"]["config"].get("data_path", "")
 
     def __call__(self, columns: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
-        """Click probabilities (float32, one per row) of the rows of ``columns``."""
+        """Click probabilities (float32, one per row) of the rows of ``columns``; none of none (an
+        empty batch, whose columns' types may not even be known: an empty DataFrame's are null)."""
         table = as_table(columns)
+        if table.num_rows == 0:
+            return np.empty(0, dtype=np.float32)
         spec = self.features.spec([(GIVEN, table.schema)])
         rows = RowScorer(self.module, self.features, spec, batch_rows)
         return rows.score(rows.decode(table.select(spec.names), GIVEN))

@@ -10,8 +10,9 @@ trained on Criteo or synthetic data reads the columns that ``python -m apps.dlrm
 
 A model trained on Parquet records the columns its patterns matched (``columns``: names in feature
 order, each sparse column's ids integer or text): data to score must hold every one of them under
-its name, sparse ids of the same kind (a hashed integer and a hashed text are other rows), or it
-is refused, naming the column; other columns are ignored. A checkpoint written before the record
+its name, sparse ids of the same kind (a hashed integer and a hashed text are other rows; a list
+where the model read single ids is a bag it never saw), or it is refused, naming the column;
+other columns are ignored. A checkpoint written before the record
 matches the patterns against the data, as its training did.
 
 :class:`RowScorer` scores rows decoded by the Parquet training reader's own decoder
@@ -165,7 +166,8 @@ class Features:
         it trained on, or those that ``dense_columns`` / ``sparse_columns`` (prediction's options:
         patterns, matched in the first schema) name instead. Refused in one line naming the column
         and the fix: a column the model trained on that a schema lacks (dropped or renamed), and a
-        sparse column whose ids are of another kind (integer or text) than the model trained on."""
+        sparse column whose ids are of another kind (integer or text, a list for single ids) than
+        the model trained on."""
         url, first = schemas[0]
         dense = self._names("dense", dense_columns, url, first)
         sparse = self._names("sparse", sparse_columns, url, first)
@@ -224,10 +226,18 @@ _CAST = {True: ("text", "STRING"), False: ("integers", "BIGINT")}
 def _check_id_kinds(spec: ColumnSpec, trained: ColumnSpec, url: str) -> None:
     """Refuses a sparse column of ``spec`` (of ``url``) whose ids are text where the model's
     column (``trained``, feature for feature) held integers, or the other way: hashed, a value
-    as text and as an integer are other rows, and the model would score ids it never learned."""
-    for k, (name, text, trained_name, trained_text) in enumerate(
-        zip(spec.sparse, spec.text, trained.sparse, trained.text)
+    as text and as an integer are other rows, and the model would score ids it never learned.
+    So is a list column where the model's held single ids: a bag of several ids pools rows into
+    an input the model never saw (single ids where it trained lists are bags of one, which it did)."""
+    for k, (name, text, multi_hot, trained_name, trained_text, trained_multi_hot) in enumerate(
+        zip(spec.sparse, spec.text, spec.multi_hot, trained.sparse, trained.text, trained.multi_hot)
     ):
+        if multi_hot and not trained_multi_hot:
+            raise ConfigError(
+                f"{url}: sparse column {name!r} holds lists of ids, but the model trained on single ids there "
+                f"(sparse feature {k + 1}, column {trained_name!r}): a list is scored as the bag of its ids, an "
+                "input the model never learned; give the column of one id per row that training read"
+            )
         if text != trained_text:
             held, (wanted, sql) = _CAST[text][0], _CAST[trained_text]
             raise ConfigError(

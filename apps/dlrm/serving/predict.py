@@ -10,7 +10,10 @@ row id, the label...) and ``score``, row for row in the input's order, written w
 (:func:`apps.dlrm.serving.outputs.write_file`). Once every rank is done, rank 0 writes
 ``report.json``: per file and in all, the rows read, scored, skipped (and why) and repaired (and
 how), the dense values read as 0, the model's source and the throughput. An ``--output`` that holds
-anything is refused before anything is read: nothing is overwritten.
+anything is refused before anything is read: nothing is overwritten. The job holds its
+``--output`` while it writes it (:func:`apps.dlrm.serving.outputs.claim`): a second job into the
+same place is refused, and a place that cannot be written (disk full, read-only) stops the job
+in one line naming the file, no file left half-written.
 
 Rows are read as training read them (:mod:`apps.dlrm.serving.features`). A Parquet row that
 training would refuse is skipped instead, and counted: with ``--categorical_ids as_is``, a row
@@ -25,7 +28,9 @@ import json
 import logging
 import os
 import posixpath
+import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterator, Mapping, Protocol
 
@@ -48,7 +53,7 @@ from apps.dlrm.serving.api import Model, open_model
 from apps.dlrm.serving.config import PredictConfig
 from apps.dlrm.serving.criteo_tsv import NOT_IN_VOCABULARY, PREPROCESSED_OPTION, CriteoIds
 from apps.dlrm.serving.features import Features, RowScorer
-from apps.dlrm.serving.outputs import refuse_existing, write_file
+from apps.dlrm.serving.outputs import claim, release, withdraw, write_file
 
 logger = logging.getLogger("apps.dlrm.serving")
 
@@ -113,9 +118,14 @@ class Inputs(Protocol):
 def predict(cfg: PredictConfig, env: DistEnv) -> dict[str, Any]:
     """Collective: scores this rank's share of ``cfg.data_path``; returns the report (every rank)."""
     start = time.perf_counter()
-    decided_by_main(lambda: refuse_existing(cfg.output), env)
-    model = open_model(cfg.model, cfg.step, "--model")
-    inputs = open_inputs(cfg, model, model.features, env)
+    made = decided_by_main(lambda: claim(cfg.output, _job_id()), env)
+    try:
+        model = open_model(cfg.model, cfg.step, "--model")
+        inputs = open_inputs(cfg, model, model.features, env)
+    except BaseException:  # a refused model or input: nothing was written, nothing is left
+        if env.is_main:
+            withdraw(cfg.output, made)
+        raise
     mine = deal([file.size for file in inputs.files], env.world_size)[env.rank]
     scorer = RowScorer(model.module, model.features, inputs.spec, cfg.batch_size)
     scoring = time.perf_counter()
@@ -135,6 +145,7 @@ def predict(cfg: PredictConfig, env: DistEnv) -> dict[str, Any]:
         fs, root = fsspec.core.url_to_fs(cfg.output)
         text = (json.dumps(report, indent=2, sort_keys=True) + "\n").encode()
         write_file(fs, posixpath.join(root, REPORT_FILE), lambda f: f.write(text))
+        release(cfg.output)
         logger.info(
             "scored %s rows of %d files (%s skipped) in %.1f s, %.0f rows/s on %d ranks; report: %s",
             f"{report['rows_scored']:,}",
@@ -146,6 +157,11 @@ def predict(cfg: PredictConfig, env: DistEnv) -> dict[str, Any]:
             redact_urls(posixpath.join(cfg.output, REPORT_FILE)),
         )
     return report
+
+
+def _job_id() -> str:
+    """What names this job in its --output while it writes it: host, process and a random part."""
+    return f"{socket.gethostname()}/pid {os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
 def deal(sizes: list[int], ranks: int) -> list[list[int]]:

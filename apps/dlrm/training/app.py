@@ -11,12 +11,13 @@ import torch
 from torch import nn
 from torchrec.datasets.utils import Batch
 
+from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.training import trainer
 from apps.core.training.app import DataSource
 from apps.dlrm.config import TrainConfig
-from apps.dlrm.data import ClickLogs, make_dataset
+from apps.dlrm.data import ClickLogs, TrainedColumns, make_dataset
 from apps.dlrm.model import TABLES, build_model, speed_up_dense, table_configs
 from apps.dlrm.training.metrics import ClickMetrics
 
@@ -44,8 +45,10 @@ class DLRMApp:
             return {}
         return {table.name: float(size) for table, size in zip(table_configs(cfg.model), cfg.model.multi_hot_sizes)}
 
-    def make_data(self, cfg: TrainConfig, env: DistEnv) -> ClickLogs:
-        return make_dataset(cfg, env)
+    def make_data(self, cfg: TrainConfig, env: DistEnv, checkpoint: Checkpoint | None = None) -> ClickLogs:
+        columns = checkpoint.manifest.get("columns") if checkpoint is not None else None
+        trained = TrainedColumns(columns, checkpoint.url) if checkpoint is not None and columns else None
+        return make_dataset(cfg, env, trained)
 
     def eval_metrics(self, cfg: TrainConfig, data: DataSource, split: str, device: torch.device) -> ClickMetrics:
         """Click metrics; on validation data with a teacher (synthetic), its AUROC as the ceiling."""

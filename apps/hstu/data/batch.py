@@ -24,6 +24,9 @@ FEATURES = (ITEM, ACTION, NEGATIVE)
 class SequenceBatch(Pipelineable):
     features: KeyedJaggedTensor
     timestamps: torch.Tensor
+    #: The last users that only fill an evaluation batch up (evaluated, not counted): every rank
+    #: evaluates full batches, however few users are left to evaluate.
+    padding: int = 0
 
     @classmethod
     def of(
@@ -33,9 +36,11 @@ class SequenceBatch(Pipelineable):
         timestamps: torch.Tensor,
         lengths: torch.Tensor,
         negatives: torch.Tensor,
+        padding: int = 0,
     ) -> "SequenceBatch":
         """The batch of users whose events are ``items``, ``actions``, ``timestamps`` (jagged
-        values, int64) with ``lengths`` events each, and ``negatives`` [users, n] item ids."""
+        values, int64) with ``lengths`` events each, and ``negatives`` [users, n] item ids; the
+        last ``padding`` users are not counted."""
         users = lengths.numel()
         negative_lengths = torch.full((users,), negatives.shape[1], dtype=torch.int32, device=lengths.device)
         features = KeyedJaggedTensor(
@@ -43,16 +48,22 @@ class SequenceBatch(Pipelineable):
             values=torch.cat([items, actions, negatives.reshape(-1)]),
             lengths=torch.cat([lengths.int(), lengths.int(), negative_lengths]),
         )
-        return cls(features=features, timestamps=timestamps)
+        return cls(features=features, timestamps=timestamps, padding=padding)
 
     @property
     def num_users(self) -> int:
         return self.features.stride()
 
+    @property
+    def counted(self) -> int:
+        """The users whose results count (those before the padding)."""
+        return self.num_users - self.padding
+
     def to(self, device: torch.device, non_blocking: bool = False) -> "SequenceBatch":
         return SequenceBatch(
             features=self.features.to(device=device, non_blocking=non_blocking),
             timestamps=self.timestamps.to(device=device, non_blocking=non_blocking),
+            padding=self.padding,
         )
 
     def record_stream(self, stream: torch.Stream) -> None:
@@ -60,7 +71,7 @@ class SequenceBatch(Pipelineable):
         self.timestamps.record_stream(stream)
 
     def pin_memory(self) -> "SequenceBatch":
-        return SequenceBatch(features=self.features.pin_memory(), timestamps=self.timestamps.pin_memory())
+        return SequenceBatch(self.features.pin_memory(), self.timestamps.pin_memory(), self.padding)
 
 
 def candidate_batch(items: torch.Tensor, num_users: int) -> KeyedJaggedTensor:

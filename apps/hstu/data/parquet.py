@@ -5,13 +5,17 @@
 - ``per_event`` (MovieLens-style ratings.csv as Parquet): one row per event (user, item, action,
   timestamp), grouped here per user.
 
-Either way each user's events are sorted by timestamp (stably: events at the same second keep
+Either way each user's events are sorted by timestamp (stably: events at the same time keep
 their file order), and users with fewer than three events (one to train on and the two
-leave-last-out targets) are left out. Every rank reads every file: a user's events may be
-anywhere in per-event files, and the users are split among the ranks by batch, not by file.
+leave-last-out targets) are left out. Timestamps are integers (seconds) or Arrow timestamps of
+any unit (Spark writes ``timestamp[us]``), which are ordered to their unit and read as seconds
+(floored). Every rank reads every file: a user's events may be anywhere in per-event files, and
+the users are split among the ranks by batch, not by file.
 
 Each refused input is one line naming the file, the column and the fix: a missing column, a
-column of another type, a null, lists of a row that disagree in length, an id outside its table.
+column of another type, a null (a null event inside a list names its row), lists of a row that
+disagree in length, an id outside its table, user ids that are integers in one file and text in
+another.
 """
 
 import logging
@@ -128,13 +132,13 @@ def read_events(model: HSTUModelConfig, data: SequenceDataConfig) -> Events:
             parquet = pq.ParquetFile(f)
             columns.check(parquet.schema_arrow, url)
             parts.append((url, parquet.read(columns=list(columns.names.values()))))
-    users, items, actions, times = _events(parts, columns, data)
+    users, items, actions, (times, fractions) = _events(parts, columns, data)
     for option, ids, size, size_option in (
         ("item_column", items, model.num_items, "num_items"),
         ("action_column", actions, model.num_actions, "num_actions"),
     ):
         _check_range(option, columns.names.get(option, ""), ids, size, size_option, data.data_path)
-    order = np.lexsort((times, users))  # per user, by time; stable
+    order = np.lexsort((fractions, times, users))  # per user, by time; stable
     _, lengths = np.unique(users[order], return_counts=True)
     item_ids, action_ids, seconds = (torch.from_numpy(a[order]) for a in (items, actions, times))
     events = Events(item_ids, action_ids, seconds, torch.from_numpy(lengths))
@@ -143,10 +147,12 @@ def read_events(model: HSTUModelConfig, data: SequenceDataConfig) -> Events:
 
 def _events(
     parts: list[tuple[str, pa.Table]], columns: _Columns, data: SequenceDataConfig
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The user index, item, action and time (seconds) of every event, in file order."""
-    users, items, actions, times = [], [], [], []
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """The user index, item, action and time of every event, in file order; the time as whole
+    seconds and the nanoseconds past them (what orders events within a second)."""
+    users, items, actions, times, fractions = [], [], [], [], []
     first_user = 0
+    user_ids = _UserIds(columns.names.get("user_column", ""))
     for url, table in parts:
         for option, name in columns.names.items():
             if table[name].null_count:
@@ -157,18 +163,62 @@ def _events(
             lengths = _list_lengths(table, columns, url)
             users.append(first_user + np.repeat(np.arange(len(lengths)), lengths))
             first_user += len(lengths)
-            flat = {option: pc.list_flatten(table[name]) for option, name in columns.names.items()}
+            flat = {option: _flat_events(table[name], option, name, url) for option, name in columns.names.items()}
         else:
             flat = {option: table[name] for option, name in columns.names.items()}
         items.append(_int64(flat["item_column"]))
-        times.append(_int64(flat["timestamp_column"]))
+        second, fraction = _seconds(flat["timestamp_column"])
+        times.append(second)
+        fractions.append(fraction)
         actions.append(_int64(flat["action_column"]) if "action_column" in flat else np.zeros(len(items[-1]), np.int64))
         if not columns.per_user:
-            users.append(flat["user_column"].to_numpy())
+            users.append(user_ids.of(flat["user_column"], url))
+    when = np.concatenate(times), np.concatenate(fractions)
     if columns.per_user:
-        return np.concatenate(users), np.concatenate(items), np.concatenate(actions), np.concatenate(times)
+        return np.concatenate(users), np.concatenate(items), np.concatenate(actions), when
     _, user_index = np.unique(np.concatenate(users), return_inverse=True)
-    return user_index.astype(np.int64), np.concatenate(items), np.concatenate(actions), np.concatenate(times)
+    return user_index.astype(np.int64), np.concatenate(items), np.concatenate(actions), when
+
+
+class _UserIds:
+    """Per-event files' user ids, all integers or all text: 7 and "7" would be other users, and
+    numpy cannot order the two together, so a file of the other kind is refused, naming both files."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.first: tuple[bool, str] | None = None  # (text, the first file's URL)
+
+    def of(self, ids: pa.ChunkedArray, url: str) -> np.ndarray:
+        text = not pa.types.is_integer(ids.type)
+        if self.first is None:
+            self.first = text, url
+        first_text, first_url = self.first
+        if text != first_text:
+            kinds = {True: "text", False: "integers"}
+            raise ConfigError(
+                f"--user_column {self.name!r} holds {kinds[text]} in {url} but {kinds[first_text]} in {first_url}: a "
+                f"user's id must be of one type in every file; cast it where the files are written (e.g. "
+                f"CAST({self.name} AS STRING) in each)"
+            )
+        return ids.to_numpy()
+
+
+def _flat_events(lists: pa.ChunkedArray, option: str, name: str, url: str) -> pa.Array:
+    """The entries of a per-user list column, one per event, row after row; a null entry is
+    refused naming its row (read as a number it would be -2**63: an id, or a time that moves
+    the event to the user's start)."""
+    combined = lists.combine_chunks()
+    flat = pc.list_flatten(combined)
+    if flat.null_count:
+        entry = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
+        row = int(pc.list_parent_indices(combined)[entry].as_py())
+        position = entry - int(combined.offsets[row].as_py())
+        raise ConfigError(
+            f"row {row} of {url}: --{option} {name!r} holds a null (entry {position} of the row's list; "
+            f"{flat.null_count} in all), but every event needs a value there: drop those events, or fill them, "
+            "where the files are written"
+        )
+    return flat
 
 
 def _list_lengths(table: pa.Table, columns: _Columns, url: str) -> np.ndarray:
@@ -187,9 +237,22 @@ def _list_lengths(table: pa.Table, columns: _Columns, url: str) -> np.ndarray:
 
 
 def _int64(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    if pa.types.is_timestamp(array.type):
-        array = pc.cast(pc.cast(array, pa.timestamp("s")), pa.int64())
     return np.asarray(array.to_numpy(), dtype=np.int64)
+
+
+#: Nanoseconds per unit of an Arrow timestamp.
+_UNIT_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+
+
+def _seconds(times: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Whole seconds (floored: before 1970 too) of ``times``, integers taken as seconds or
+    Arrow timestamps of any unit, and the nanoseconds past them."""
+    if not pa.types.is_timestamp(times.type):
+        seconds = _int64(times)
+        return seconds, np.zeros_like(seconds)
+    per_second = _UNIT_NS["s"] // _UNIT_NS[times.type.unit]
+    seconds, rest = np.divmod(_int64(times.cast(pa.int64())), per_second)
+    return seconds, rest * _UNIT_NS[times.type.unit]
 
 
 def _check_range(option: str, name: str, ids: np.ndarray, size: int, size_option: str, data_path: str) -> None:
@@ -224,6 +287,8 @@ def _enough(events: Events, data_path: str) -> Events:
 class ParquetSequences(SequenceSource):
     """The users of Parquet files, each epoch in a new order (a pure function of seed and epoch)."""
 
+    num_users: int
+
     def __init__(
         self,
         model: HSTUModelConfig,
@@ -249,7 +314,8 @@ class ParquetSequences(SequenceSource):
         return self._epoch_order(epoch)[(position * self.batch_size + torch.arange(self.batch_size)) % self.num_users]
 
     def eval_users(self, block: int) -> torch.Tensor:
-        """The users in file order; a pass longer than the population wraps around."""
+        """The users in file order; past the population's end (the padding of the last batches,
+        :meth:`SequenceSource.eval_batches`) from its start again."""
         return super().eval_users(block) % self.num_users
 
     def _epoch_order(self, epoch: int) -> torch.Tensor:

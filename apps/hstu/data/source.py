@@ -8,6 +8,12 @@ before it), with random negative items per user. Training step ``s`` on rank ``r
 reads block ``s * W + r`` of users, evaluation batch ``i`` block ``i * W + r``: every batch is a
 pure function of (seed, step or batch, rank), so a resumed run reads exactly the batches an
 uninterrupted one reads, and ranks never read the same users at once.
+
+A population of known size (Parquet's users) is evaluated user by user once: ``--val_batches``
+and ``--test_batches`` 0 mean all of it, and more batches than it fills are not read. The last
+round's batches hold the users left; every rank still evaluates full batches (the sharded
+model's collectives need every rank at each), filled up with users marked as padding
+(``SequenceBatch.padding``), whose results the metrics leave out.
 """
 
 from dataclasses import dataclass
@@ -57,6 +63,9 @@ class SequenceSource:
 
     #: Steps of one pass over the training users; None for data that never repeats.
     steps_per_epoch: int | None = None
+    #: The users evaluation reads, each once; None: a population without end (synthetic), whose
+    #: evaluation reads as many batches as asked.
+    num_users: int | None = None
     #: What a checkpoint records of the columns read (:class:`~apps.core.training.app.DataSource`):
     #: nothing, the model's inputs being items and actions.
     columns: dict[str, Any] | None = None
@@ -104,7 +113,11 @@ class SequenceSource:
             step += 1
 
     def eval_batches(self, split: str, num_batches: int) -> Generator[SequenceBatch, None, None]:
-        """This rank's ``num_batches`` batches of ``split`` ("val" or "test"), as many on every rank."""
+        """This rank's ``num_batches`` batches of ``split`` ("val" or "test"), as many on every
+        rank; of a population of ``num_users``, at most those that hold each user once (0: all)."""
+        if self.num_users is not None:
+            rounds = -(-self.num_users // (self.batch_size * self.world_size))
+            num_batches = min(num_batches, rounds) if num_batches else rounds
         for i in range(num_batches):
             yield self.batch(split, i * self.world_size + self.rank)
 
@@ -113,9 +126,22 @@ class SequenceSource:
         events = self.events(users).window(
             torch.arange(users.numel()), drop_last=HELD_OUT[split], keep=self.model.max_seq_len
         )
+        padding = 0 if split == "train" else self._padding(block)
         return SequenceBatch.of(
-            events.items, events.actions, events.timestamps, events.lengths, self._negatives(split, block, events)
+            events.items,
+            events.actions,
+            events.timestamps,
+            events.lengths,
+            self._negatives(split, block, events),
+            padding,
         )
+
+    def _padding(self, block: int) -> int:
+        """The last users of evaluation block ``block`` that lie past the population (its users
+        from the start again): evaluated, so that every rank's batch is full, but not counted."""
+        if self.num_users is None:
+            return 0
+        return min(self.batch_size, max(0, (block + 1) * self.batch_size - self.num_users))
 
     def _negatives(self, split: str, block: int, events: Events) -> torch.Tensor:
         """[users, n] random items: --num_negatives for training; --eval_negatives for

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
+from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.training import trainer
@@ -57,16 +58,18 @@ class SequenceMetrics:
         self.oracle = (action_oracle, ActionAUROC(cfg.model.num_actions)) if ranking and action_oracle else None
 
     def update(self, batch: SequenceBatch, outputs: EvalOutput) -> None:
+        """Takes the results of ``batch``'s users but its padding (per user, in batch order)."""
+        counted = batch.counted
         if self.retrieval is not None:
             assert outputs.ranks is not None
-            self.retrieval.update(outputs.ranks)
+            self.retrieval.update(outputs.ranks[:counted])
         if self.actions is not None:
             assert outputs.action_logits is not None and outputs.action_labels is not None
-            self.actions.update(outputs.action_logits, outputs.action_labels)
+            self.actions.update(outputs.action_logits[:counted], outputs.action_labels[:counted])
         if self.oracle is not None:
             oracle, oracle_auroc = self.oracle
             assert outputs.target_items is not None and outputs.action_labels is not None
-            oracle_auroc.update(oracle(outputs.target_items), outputs.action_labels)
+            oracle_auroc.update(oracle(outputs.target_items[:counted]), outputs.action_labels[:counted])
 
     def compute(self) -> dict[str, float]:
         if self.retrieval is not None:
@@ -110,7 +113,8 @@ class HSTUApp:
             for table in table_configs(cfg.model)
         }
 
-    def make_data(self, cfg: TrainConfig, env: DistEnv) -> SequenceSource:
+    def make_data(self, cfg: TrainConfig, env: DistEnv, checkpoint: Checkpoint | None = None) -> SequenceSource:
+        """This rank's sequences; a checkpoint records no columns of them (the options fix them)."""
         training = cfg.training
         return make_dataset(
             cfg.model, cfg.data, training.seed, training.batch_size, env.rank, env.world_size, env.device

@@ -9,7 +9,7 @@ train on garbage. Each error is one line naming the file, the column and the fix
 - a file that is not Parquet, or none at all under --data_path; a symlink to nothing or to a folder
   (symlinks to files are followed);
 - a column named by --label_column, --dense_columns or --sparse_columns that a file lacks, or of
-  a type we do not read: numbers (integer, float, boolean) for the label and dense features,
+  a type we do not read: numbers (integer, float, decimal, boolean) for the label and dense features,
   integers, text (strings or bytes, with ``--categorical_ids hash``) or lists of them for sparse
   ones;
 - a null label: such a row cannot train (drop or fill it upstream); a label other than 0 or 1,
@@ -46,6 +46,7 @@ from apps.core.common.errors import ConfigError
 from apps.core.common.splits import Range, held_out_split
 from apps.core.urls import is_url, reaching
 from apps.dlrm.config import TrainConfig, is_pattern
+from apps.dlrm.data import TrainedColumns
 from apps.dlrm.data.criteo.sources import natural_key
 
 SUFFIXES = (".parquet", ".parq")
@@ -115,6 +116,47 @@ class ColumnSpec:
             [column["ids"] == "text" for column in sparse],
         )
 
+    def ordered_as(self, trained: "ColumnSpec", checkpoint: str) -> "ColumnSpec":
+        """These columns (matched from the options) in the feature order of ``trained``, the
+        columns the model of ``checkpoint`` trained on (its manifest's record): a model's feature
+        k is the k-th column it trained on, so the same columns listed in another order must feed
+        it by name, not by place. Refused in one line: other columns than it trained on, or a
+        sparse column whose ids are of another kind (a list for single ids, text for integers)."""
+        for group in ("dense", "sparse"):
+            given, wanted = getattr(self, group), getattr(trained, group)
+            if sorted(given) != sorted(wanted):
+                other = [name for name in given if name not in wanted]
+                lacking = [name for name in wanted if name not in given]
+                raise ConfigError(
+                    f"the model of {checkpoint} trained on the {group} columns {column_listing(wanted)}, but "
+                    f"--{group}_columns {column_listing(given)} name other ones (not trained on: "
+                    f"{column_listing(other) or 'none'}; not named: {column_listing(lacking) or 'none'}): give the "
+                    f"columns it trained on (in any order), or a new --checkpoint_dir to train on these"
+                )
+        at = {name: k for k, name in enumerate(self.sparse)}
+        order = [at[name] for name in trained.sparse]
+        spec = ColumnSpec(
+            self.label,
+            list(trained.dense),
+            list(trained.sparse),
+            [self.multi_hot[k] for k in order],
+            [self.text[k] for k in order],
+        )
+        for k, (read, then) in enumerate(zip(spec.record()["sparse"], trained.record()["sparse"])):
+            if read != then:
+                raise ConfigError(
+                    f"sparse column {read['name']!r} holds {_id_kind(read)} here, but the model of {checkpoint} "
+                    f"trained on {_id_kind(then)} there (sparse feature {k + 1}): ids of another kind are other "
+                    "table rows; give the column the type it had in training (e.g. CAST where the files are written)"
+                )
+        return spec
+
+
+def _id_kind(column: dict[str, Any]) -> str:
+    """A sparse column's record (:meth:`ColumnSpec.record`) in words: "lists of text ids"."""
+    ids = f"{column['ids']} ids"
+    return f"lists of {ids}" if column["list"] else f"single {ids}"
+
 
 def open_files(data_path: str) -> tuple[fsspec.AbstractFileSystem, list[DataFile]]:
     """The filesystem and the Parquet files of ``data_path``, in natural name order, footers read."""
@@ -144,10 +186,13 @@ class CheckedFiles:
     null_counts: dict[str, int | None]  # per flat column: nulls counted by the statistics (None: unknown)
 
     @classmethod
-    def open(cls, cfg: TrainConfig, labelled: bool = True) -> "CheckedFiles":
-        """The files of ``cfg``; ``labelled`` False: rows to score, whose label is not read."""
+    def open(cls, cfg: TrainConfig, labelled: bool = True, trained: TrainedColumns | None = None) -> "CheckedFiles":
+        """The files of ``cfg``; ``labelled`` False: rows to score, whose label is not read;
+        ``trained``: the columns a checkpoint's model read, in whose order they are fed."""
         fs, files = open_files(cfg.data.data_path)
         spec = resolve_columns(cfg, [(file.url, file.metadata.schema.to_arrow_schema()) for file in files], labelled)
+        if trained is not None:
+            spec = spec.ordered_as(ColumnSpec.from_record(trained.record), trained.checkpoint)
         as_is = cfg.data.categorical_ids == "as_is"
         return cls(fs, files, spec, check_statistics(files, spec, cfg.model.table_sizes if as_is else None))
 
@@ -353,8 +398,8 @@ _KIND_TEXT = {
 def _kind_of(arrow_type: pa.DataType) -> str | None:
     if pa.types.is_integer(arrow_type):
         return "int"
-    if pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type):
-        return "number"
+    if pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type) or pa.types.is_decimal(arrow_type):
+        return "number"  # a decimal read as float32, as a double is
     if _is_text(arrow_type):
         return "text"
     if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):

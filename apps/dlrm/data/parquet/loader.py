@@ -39,6 +39,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.common.errors import ConfigError
 from apps.dlrm.config import TrainConfig
+from apps.dlrm.data import TrainedColumns
 from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, dense_ranges, null_report, unscaled_dense
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs, run_rows
 from apps.dlrm.data.parquet.read import RowDecoder, RowGroupReader, Rows
@@ -62,15 +63,18 @@ INT32_IDS = 2**31
 
 
 class ParquetClickLogs:
-    """Rank ``rank``'s batches of the Parquet files of ``cfg.data.data_path``."""
+    """Rank ``rank``'s batches of the Parquet files of ``cfg.data.data_path``; with ``trained``,
+    the columns the options match fed in the order a checkpoint's model read them."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, pin_memory: bool) -> None:
+    def __init__(
+        self, cfg: TrainConfig, rank: int, world_size: int, pin_memory: bool, trained: TrainedColumns | None = None
+    ) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
         self.pin_memory = pin_memory
         self.keys = feature_names(cfg.model.num_sparse_features)
-        checked = CheckedFiles.open(cfg)
+        checked = CheckedFiles.open(cfg, trained=trained)
         fs, self.files, self.spec, self.null_counts = checked.fs, checked.files, checked.spec, checked.null_counts
         self.columns: dict[str, Any] | None = self.spec.record()
         int32_ids = max(cfg.model.table_sizes) <= INT32_IDS

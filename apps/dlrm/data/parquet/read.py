@@ -16,9 +16,10 @@ one decoding makes anyway, so a row reads the same whichever rows it is read wit
 
 Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no loop over rows):
 
-- the label and dense columns become float32; a null dense value is 0, a null label or one other
-  than 0 and 1 an error (:func:`apps.dlrm.data.parquet.files.null_label_error`, ``check_label``);
-  rows read to be scored (a spec without a label column) have NaN labels;
+- the label and dense columns become float32 (a decimal through float64); a null dense value is
+  0, a null label or one other than 0 and 1 an error
+  (:func:`apps.dlrm.data.parquet.files.null_label_error`, ``check_label``); rows read to be
+  scored (a spec without a label column) have NaN labels;
 - a NaN or infinite dense value is 0 too, as a null is (it would train the model to NaN): counted
   per column as read (:attr:`RowGroupReader.nonfinite`), a column's first ones logged naming the
   file and row group. Statistics cannot count them (they leave NaN out), so they are found on the
@@ -155,6 +156,14 @@ class RowGroupReader:
         return self.decoder.decode(table, where, self._pool)
 
 
+#: What becomes of NaN and infinite dense values, as the warning of their first says: in rows read
+#: to train, or to score (a spec without a label).
+_NONFINITE_FATE = {
+    "trained": "they train as 0, as nulls do; their count is logged when training ends",
+    "scored": "they are scored as 0, as nulls are; predict counts them in its report.json",
+}
+
+
 class RowDecoder:
     """Decodes tables of the columns of ``spec`` into :class:`Rows` (see the module docstring): ids
     made as ``categorical_ids`` says for tables of ``table_sizes``, as ``id_dtype``; dense values
@@ -245,11 +254,12 @@ class RowDecoder:
                 if name not in self.nonfinite:
                     url, g = where(int(np.argmax(bad[j])))
                     logger.warning(
-                        "%s: dense column %r holds NaN or infinite values (row group %d): they train as 0, as "
-                        "nulls do; their count is logged when training ends (fix them where the files are written)",
+                        "%s: dense column %r holds NaN or infinite values (row group %d): %s (fix them where the "
+                        "files are written)",
                         url,
                         name,
                         g,
+                        _NONFINITE_FATE["scored" if self.spec.label is None else "trained"],
                     )
                 self.nonfinite[name] = self.nonfinite.get(name, 0) + int(counts[j])
 
@@ -292,7 +302,17 @@ def _concat(tables: list[pa.Table], spec: ColumnSpec) -> pa.Table:
     if all(table.schema.equals(first) for table in tables[1:]):
         return pa.concat_tables(tables)
     schema = _common_schema(spec)
-    return pa.concat_tables([table.cast(schema, safe=False) for table in tables])
+    return pa.concat_tables([_decimals_as_doubles(table).cast(schema, safe=False) for table in tables])
+
+
+def _decimals_as_doubles(table: pa.Table) -> pa.Table:
+    """``table`` with its decimal columns as float64, which casts to float32 exactly as a double
+    does: pyarrow casts a decimal straight to float32 in float32 arithmetic (-360.000 became
+    -360.00003)."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_decimal(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(pa.float64()))
+    return table
 
 
 def _after(where: Callable[[int], tuple[str, int]], at: int) -> Callable[[int], tuple[str, int]]:
@@ -306,6 +326,8 @@ def _floats_into(column: pa.ChunkedArray, out: np.ndarray) -> None:
     at = 0
     for chunk in column.chunks:
         # Each step only where it changes something: each would be a pass over a fresh copy.
+        if pa.types.is_decimal(chunk.type):  # via a double: see _decimals_as_doubles
+            chunk = chunk.cast(pa.float64())
         values = chunk if chunk.type == pa.float32() else chunk.cast(pa.float32(), safe=False)
         if values.null_count:
             values = pc.fill_null(values, 0.0)
