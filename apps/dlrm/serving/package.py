@@ -18,13 +18,16 @@ torch's own loader (``torch.export.load``, torch 2.13): it ``torch.load``s with
 ``weights_only=False`` any weight or constant whose entry says ``use_pickle``, unpickles TorchBind
 and opaque constants, and retries the sample inputs with ``weights_only=False`` when they fail
 with ``weights_only=True``; it resolves a graph node's target as any attribute path under
-``torch`` (``torch.os.system``); and ``ExportedProgram.module()`` ``exec``s the archive's guards
-as Python source. :func:`check_archive` therefore refuses, before torch reads a byte, an archive
-with a pickled weight or constant, TorchBind or opaque objects, a legacy pickled state dict,
-sample inputs that ``weights_only=True`` cannot load, a graph node calling anything but an
-operator of the aten, prims or fbgemm namespace or of a few arithmetic functions, a guard that is
-not arithmetic on input sizes, or any file a program does not have; torch then loads the very
-bytes that were checked. (TorchScript, the alternative, compiles Python-like source from its
+``torch`` (``torch.os.system``); it hands every symbolic size (``expr_str``) to
+``sympy.sympify``, which evaluates it as Python; it reads the first zip entry of a name and finds
+names ignoring case (where ``zipfile`` reads the last); and ``ExportedProgram.module()`` ``exec``s
+the archive's guards as Python source. :func:`check_archive` therefore refuses, before torch reads
+a byte, an archive with two entries of one name (or of names equal but for case), a pickled weight
+or constant, TorchBind or opaque objects, a legacy pickled state dict, sample inputs that
+``weights_only=True`` cannot load, a graph node calling anything but an operator of the aten,
+prims or fbgemm namespace or of a few arithmetic functions, a symbolic size or range constraint's
+name that is not the integer arithmetic torch writes, a guard that is not arithmetic on input
+sizes, or any file a program does not have; torch then loads the very bytes that were checked. (TorchScript, the alternative, compiles Python-like source from its
 archive, and its constants are pickles too.)
 """
 
@@ -82,6 +85,24 @@ _GUARD_NODES = (
 )
 _GUARD_FUNCTIONS = ("max", "min", "abs")
 _INPUT_SIZE = re.compile(r"L\['(?:dense|values|lengths)'\]\.size\(\)\[\d+\]")
+#: What a symbolic size may call (see :func:`_is_size_expression`): sympy's classes that ``srepr``
+#: writes for integer arithmetic, comparisons and logic, and torch's integer functions on sizes
+#: (torch.utils._sympy.functions, as torch's deserializer names them to sympify). Left out: powers
+#: and shifts (numbers of any size from a few characters), and whatever works on floats.
+_SIZE_EXPRESSION_CALLS = frozenset(
+    (
+        *("Integer", "Add", "Mul", "Max", "Min", "And", "Or", "Not"),
+        *("Equality", "Unequality", "StrictLessThan", "LessThan", "StrictGreaterThan", "GreaterThan"),
+        *("FloorDiv", "Mod", "PythonMod", "ModularIndexing", "CleanDiv", "CeilDiv", "Where", "Identity"),
+        *("CeilToInt", "FloorToInt", "TruncToInt", "RoundToInt"),
+    )
+)
+#: A size's symbol as torch names it: ``s`` (an input's size) or ``u`` (a size found while running,
+#: as the ids' counts), and a number (torch.utils._sympy.symbol.prefix_str).
+_SIZE_SYMBOL = re.compile(r"[su][0-9]+")
+_SYMBOL_ASSUMPTIONS = frozenset(("integer", "positive", "nonnegative", "negative", "nonpositive", "real", "finite"))
+#: The infix operators of a size's ``str`` (``26*s37``, ``s37 + 1``, ``s37//2``).
+_SIZE_OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)
 #: The files of a torch.export archive besides its folders' (text: versions, byte order, ids).
 _ARCHIVE_TEXT_FILES = ("archive_format", "archive_version", "byteorder", ".data/version", ".data/serialization_id")
 _RAW_TENSOR_FILE = re.compile(r"data/(weights/weight_|constants/tensor_)\d+")
@@ -222,32 +243,47 @@ def check_archive(file: IO[bytes], name: str) -> None:
     except zipfile.BadZipFile:
         raise PackageError(f"{redact_urls(name)} is not a torch.export archive: export the package again") from None
     with archive:
-        for entry in archive.namelist():
+        _refuse_twins(archive.namelist(), name)
+        for entry in archive.infolist():
             _check_entry(archive, entry, name)
 
 
-def _check_entry(archive: zipfile.ZipFile, entry: str, name: str) -> None:
-    _, _, inner = entry.partition("/")  # below the archive's root folder
+def _refuse_twins(entries: list[str], name: str) -> None:
+    """Refuses two entries of one name, or of names equal but for case: torch's reader (miniz)
+    takes the first entry of a name and finds names ignoring case, where ``zipfile`` reads the last
+    of a name, so a check by name could pass one entry and torch load the other."""
+    seen: dict[str, str] = {}
+    for entry in entries:
+        twin = seen.setdefault(entry.lower(), entry)
+        if twin is not entry:
+            raise _planted(name, entry, f"a second entry of the name {twin!r} (torch would read one, a check another)")
+
+
+def _check_entry(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, name: str) -> None:
+    _, _, inner = entry.filename.partition("/")  # below the archive's root folder
+    where = f"{name}:{entry.filename}"
     if inner in _ARCHIVE_TEXT_FILES or _RAW_TENSOR_FILE.fullmatch(inner):
         return
     if inner.startswith("models/") and inner.endswith(".json"):
-        _check_graph(_json_entry(archive, entry, name), f"{name}:{entry}")
+        _check_graph(_json_entry(archive, entry, name), where)
     elif re.fullmatch(r"data/(weights|constants)/[^/]+_config\.json", inner):
-        _check_payloads(_json_entry(archive, entry, name), f"{name}:{entry}")
+        _check_payloads(_json_entry(archive, entry, name), where)
     elif re.fullmatch(r"data/sample_inputs/[^/]+\.pt", inner):
         try:
             torch.load(io.BytesIO(archive.read(entry)), weights_only=True)
         except Exception as e:  # noqa: BLE001 - whatever weights_only refuses, torch would unpickle freely
-            raise _planted(name, entry, f"sample inputs that are not plain tensors ({type(e).__name__})") from None
+            raise _planted(
+                name, entry.filename, f"sample inputs that are not plain tensors ({type(e).__name__})"
+            ) from None
     else:
-        raise _planted(name, entry, "a file that no torch.export program of ours has")
+        raise _planted(name, entry.filename, "a file that no torch.export program of ours has")
 
 
-def _json_entry(archive: zipfile.ZipFile, entry: str, name: str) -> Any:
+def _json_entry(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, name: str) -> Any:
     try:
         return json.loads(archive.read(entry))
     except (ValueError, UnicodeDecodeError):
-        raise _planted(name, entry, "a file that should be JSON and is not") from None
+        raise _planted(name, entry.filename, "a file that should be JSON and is not") from None
 
 
 def _check_payloads(config: Any, where: str) -> None:
@@ -268,6 +304,78 @@ def _check_graph(program: Any, where: str) -> None:
     for guard in program.get("guards_code", []) if isinstance(program, dict) else []:
         if not _is_size_guard(str(guard)):
             raise _planted(where, guard, "a guard that is not arithmetic on the inputs' sizes")
+    for field, expression in _size_expressions(program):
+        if not _is_size_expression(str(expression)):
+            raise _planted(f"{where} ({field})", expression, "a symbolic size that is not arithmetic on sizes")
+
+
+def _size_expressions(program: Any) -> Iterator[tuple[str, Any]]:
+    """Every symbolic size of a serialized program, with where it is: each ``expr_str`` (of a
+    sym_int, sym_bool or sym_float, a tensor's sizes, strides or offset), which torch's
+    deserializer hands to ``sympy.sympify`` (torch/_export/serde/serialize.py, ``_parse_sym_expr``:
+    that evaluates it as Python), and the names of the range constraints (which torch reads as a
+    symbol's)."""
+    ranges = program.get("range_constraints") if isinstance(program, dict) else None
+    for key in ranges if isinstance(ranges, dict) else ():
+        yield "range_constraints", key
+    yield from _expr_strs(program, "")
+
+
+def _expr_strs(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            field = f"{path}.{key}" if path else str(key)
+            if key == "expr_str":
+                yield field, item
+            else:
+                yield from _expr_strs(item, field)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _expr_strs(item, f"{path}.{i}")
+
+
+def _is_size_expression(expression: str) -> bool:
+    """Whether ``expression`` is what torch writes for a symbolic size: sympy's ``srepr`` of
+    integer arithmetic, comparisons and logic on size symbols (``Add(Mul(Integer(26),
+    Symbol('s37', positive=True, integer=True)), Integer(1))``; torch 2.11 and 2.13), or its
+    infix ``str`` (``26*s37``, the range constraints' names). Nothing else reaches sympify: no
+    attribute, subscript, string but a symbol's name, nor call but of :data:`_SIZE_EXPRESSION_CALLS`."""
+    try:
+        return _is_size_term(ast.parse(expression, mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):  # not Python, a NUL byte, nested past reason
+        return False
+
+
+def _is_size_term(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return type(node.value) is int
+    if isinstance(node, ast.Name):
+        return bool(_SIZE_SYMBOL.fullmatch(node.id))
+    if isinstance(node, ast.UnaryOp):
+        return isinstance(node.op, ast.USub) and _is_size_term(node.operand)
+    if isinstance(node, ast.BinOp):
+        return isinstance(node.op, _SIZE_OPERATORS) and _is_size_term(node.left) and _is_size_term(node.right)
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return False
+    if node.func.id == "Symbol":
+        return _is_size_symbol(node)
+    return node.func.id in _SIZE_EXPRESSION_CALLS and not node.keywords and all(map(_is_size_term, node.args))
+
+
+def _is_size_symbol(call: ast.Call) -> bool:
+    """``Symbol('s37', positive=True, integer=True)``: a size's name and its assumptions."""
+    name = call.args[0] if len(call.args) == 1 else None
+    return (
+        isinstance(name, ast.Constant)
+        and isinstance(name.value, str)
+        and bool(_SIZE_SYMBOL.fullmatch(name.value))
+        and all(
+            keyword.arg in _SYMBOL_ASSUMPTIONS
+            and isinstance(keyword.value, ast.Constant)
+            and type(keyword.value.value) is bool
+            for keyword in call.keywords
+        )
+    )
 
 
 def _graph_nodes(value: Any) -> Iterator[dict[str, Any]]:
