@@ -1,6 +1,8 @@
-"""Hostile inference packages: nothing planted in a package's program runs when ``load_model``,
-``predict`` or ``check_archive`` reads it (pickles, guards, symbolic sizes that torch hands to
-``sympy.sympify``, a second zip entry of one name).
+"""Hostile inference packages and export's output place: nothing planted in a package's program
+runs when ``load_model``, ``predict`` or ``check_archive`` reads it (pickles, guards, symbolic
+sizes that torch hands to ``sympy.sympify``, a second zip entry of one name), and ``export``
+writes a whole package or nothing, saying in one line why not (a read-only or full disk, a place
+it cannot write), into the folder an ``--output`` link points to.
 
 Once per module: a small Parquet run trained by one process, and its float32 package."""
 
@@ -8,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import sys
 import zipfile
 from types import SimpleNamespace
@@ -28,6 +31,8 @@ from tests.test_security_checkpoint import RunsCode
 
 # Tier (tests/conftest.py): real processes (training, predict, export in a mount namespace).
 TIER = "integration"
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +193,61 @@ def test_entries_whose_names_differ_only_in_case_are_refused(job, tmp_path):
     said = str(refused.value)
     assert "weights/model_weights_config.json', a second entry of the name" in said
     assert "weights/MODEL_weights_config.json'" in said and "refused unread" in said
+
+
+# --- export's output place -------------------------------------------------------------------------
+
+
+def test_an_output_that_is_a_link_to_an_empty_folder_receives_the_package(job, tmp_path):
+    """As ``cp -r`` or ``torch.save`` into a linked folder would: the link is kept, the package is
+    in the folder it points to."""
+    target, link = tmp_path / "elsewhere", tmp_path / "link"
+    target.mkdir()
+    link.symlink_to(target)
+    export(ExportConfig(checkpoint_dir=job.ckpt, output=str(link)))
+    assert link.is_symlink() and sorted(os.listdir(target)) == [MANIFEST_FILE, PROGRAM_FILE]
+    rows = pq.read_table(job.data).slice(0, 5)
+    assert np.array_equal(load_model(str(link))(rows), load_model(job.package)(rows))
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_checkpoint_is_read(job, tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError) as refused:
+        export(ExportConfig(checkpoint_dir=job.ckpt, output=str(blocker / "package")))
+    said = str(refused.value)
+    assert f"--output {blocker / 'package'} cannot be written" in said and "give an --output" in said, said
+    assert not any("whole into this process" in record.getMessage() for record in caplog.records)
+
+
+def export_on_a_disk(job, tmp_path, mount_options: str) -> SimpleNamespace:
+    """``python -m apps.dlrm.export`` into a tmpfs mounted with ``mount_options`` in a mount
+    namespace of its own: its --output, its ERROR line, its log, and what it left on the disk."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    output = disk / "package"
+    command = [sys.executable, "-m", "apps.dlrm.export", "--checkpoint_dir", job.ckpt, "--output", str(output)]
+    script = f"mount -t tmpfs -o {mount_options} tmpfs {disk} && {shlex.join(command)}; echo left: $(ls -A {disk})"
+    result = run(["unshare", "--mount", "sh", "-c", script])
+    log = result.stdout + result.stderr
+    assert "Traceback" not in log and "Aborted" not in log and "terminate" not in log, log[-3000:]
+    (left,) = [line for line in result.stdout.splitlines() if line.startswith("left:")]
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, log[-3000:]
+    return SimpleNamespace(output=str(output), error=errors[0], log=log, left=left.split()[1:])
+
+
+@needs_root
+def test_a_full_disk_during_export_is_said_in_one_line_and_leaves_nothing(job, tmp_path):
+    # 512 KiB: the checkpoint loads and exports; the 1.6 MB program does not fit.
+    exported = export_on_a_disk(job, tmp_path, "size=512k")
+    assert f"--output {exported.output}: the package could not be written" in exported.error, exported.error
+    assert "No space left on device" in exported.error and exported.left == []
+
+
+@needs_root
+def test_a_read_only_disk_is_refused_before_the_checkpoint_is_read(job, tmp_path):
+    exported = export_on_a_disk(job, tmp_path, "ro,size=512k")
+    assert f"--output {exported.output} cannot be written" in exported.error, exported.error
+    assert "Read-only file system" in exported.error and exported.left == []
+    assert "whole into this process" not in exported.log

@@ -8,10 +8,13 @@ A folder (local or any fsspec URL) of two files::
                    model's options, the training run's metrics, the source checkpoint, the
                    program's SHA-256), written last: a folder without it is no package
 
-Written atomically: a local package is made in a temporary folder beside its place and renamed
-into it; on an object store the program is uploaded first and the manifest last (each upload
-appears whole or not at all), so a package counts only once complete. A place that already holds
-a package, or anything else, is refused: nothing is overwritten.
+Written atomically: a local package is made in a temporary folder beside its place (the folder a
+link points to, for a linked place) and renamed into it; on an object store the program is
+uploaded first and the manifest last (each upload appears whole or not at all), so a package
+counts only once complete. A place that already holds a package, or anything else, is refused:
+nothing is overwritten; so is a local place where no folder can be made (a read-only disk), before
+export's work. A write that fails (a full disk) is one line naming the place, the temporary folder
+removed.
 
 Nothing from a package is unpickled beyond tensors, and nothing in it runs as Python. Found in
 torch's own loader (``torch.export.load``, torch 2.13): it ``torch.load``s with
@@ -42,7 +45,7 @@ import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, cast
 
 import fsspec
 import torch
@@ -124,19 +127,40 @@ class Package:
 # --- writing -----------------------------------------------------------------------------------
 
 
-def write_package(url: str, program: ExportedProgram, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Writes the package of ``program`` and ``manifest`` (completed with the program's file, size
-    and SHA-256) to ``url``, atomically; returns the manifest written."""
+def check_place(url: str) -> None:
+    """Refuses, in one line, a place for a package that holds anything (nothing is overwritten) or
+    where none can be written: a local one whose nearest existing folder no folder can be made in
+    (a read-only disk, a folder not ours, a file). Export calls it before the minutes of loading,
+    :func:`write_package` again when it writes."""
     refuse_existing(url)
     fs, root = fsspec.core.url_to_fs(url)
+    if isinstance(fs, LocalFileSystem):
+        folder = _nearest_folder(os.path.dirname(_local_place(root)))
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".package-check-", dir=folder))
+        except OSError as e:
+            raise PackageError(
+                f"--output {redact_urls(url)} cannot be written: no folder can be made in {folder} ({e.strerror or e}): "
+                "give an --output you can write to"
+            ) from None
+
+
+def write_package(url: str, program: ExportedProgram, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Writes the package of ``program`` and ``manifest`` (completed with the program's file, size
+    and SHA-256) to ``url``, atomically; returns the manifest written. A write that fails (a full
+    or read-only disk) is one :class:`PackageError` naming ``url``, and leaves nothing there."""
+    check_place(url)
+    fs, root = fsspec.core.url_to_fs(url)
     local = isinstance(fs, LocalFileSystem)
-    parent = os.path.dirname(os.path.abspath(root)) if local else None
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(root.rstrip('/'))}.tmp-", dir=parent)
+    place = _local_place(root) if local else root
+    parent = os.path.dirname(place) if local else None
+    staging = None
     try:
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(place.rstrip('/'))}.tmp-", dir=parent)
         program_path = os.path.join(staging, PROGRAM_FILE)
-        torch.export.save(program, program_path)
+        _save_program(program, program_path)
         with open(program_path, "rb") as f:
             check_archive(f, program_path)  # what we write is what our reader takes
         manifest = {**manifest, "program": {**manifest.get("program", {}), **_file_record(program_path)}}
@@ -144,13 +168,78 @@ def write_package(url: str, program: ExportedProgram, manifest: dict[str, Any]) 
         if local:
             with open(os.path.join(staging, MANIFEST_FILE), "wb") as f:
                 f.write(manifest_bytes)
-            _rename_into(staging, root, url)
+                f.flush()
+                os.fsync(f.fileno())
+            _rename_into(staging, place, url)
         else:
             fs.put_file(program_path, posixpath.join(root, PROGRAM_FILE))
             fs.pipe_file(posixpath.join(root, MANIFEST_FILE), manifest_bytes)  # last: the package counts
+    except OSError as e:
+        where = f" in {parent}" if parent else ""
+        raise PackageError(
+            f"--output {redact_urls(url)}: the package could not be written{where} ({e.strerror or e}); nothing "
+            "was left there: free space (the package is about the size of its tables) or give another --output"
+        ) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
     return manifest
+
+
+def _local_place(root: str) -> str:
+    """Where a local package goes: ``root`` with its links resolved, so that an --output linked to
+    an empty folder receives the package in that folder (and the link stays)."""
+    return os.path.realpath(root)
+
+
+def _nearest_folder(path: str) -> str:
+    """``path`` or its nearest ancestor that exists (the folder a package's folders are made in)."""
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _save_program(program: ExportedProgram, path: str) -> None:
+    """``torch.export.save`` into the file ``path``, raising the OSError of a failed write (a full
+    disk): torch's archive writer (C++) aborts the whole process when a write fails under it
+    (SIGABRT, torch 2.13), so it writes through :class:`_KeptErrors`, which it never sees fail."""
+    with open(path, "wb") as f:
+        sink = _KeptErrors(f)
+        torch.export.save(program, cast(IO[bytes], sink))  # a binary file as torch takes one
+        if sink.error is not None:
+            raise sink.error
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class _KeptErrors(io.RawIOBase):
+    """A file's writes and seeks that keep the first OSError instead of raising it, dropping what
+    follows: the caller raises it once the writer is done."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        super().__init__()
+        self.file = file
+        self.error: OSError | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if self.error is None:
+            try:
+                self.file.write(data)
+            except OSError as e:
+                self.error = e
+        return memoryview(data).nbytes
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
 
 
 def _rename_into(staging: str, root: str, url: str) -> None:
