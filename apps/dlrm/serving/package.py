@@ -30,8 +30,9 @@ or constant, TorchBind or opaque objects, a legacy pickled state dict, sample in
 ``weights_only=True`` cannot load, a graph node calling anything but an operator of the aten,
 prims or fbgemm namespace or of a few arithmetic functions, a symbolic size or range constraint's
 name that is not the integer arithmetic torch writes, a guard that is not arithmetic on input
-sizes, or any file a program does not have; torch then loads the very bytes that were checked. (TorchScript, the alternative, compiles Python-like source from its
-archive, and its constants are pickles too.)
+sizes, or any file a program does not have; torch then loads the very bytes that were checked.
+(TorchScript, the alternative, compiles Python-like source from its archive, and its constants
+are pickles too.)
 """
 
 import ast
