@@ -9,6 +9,7 @@ Once per module: a small Parquet run trained by one process, and its float32 pac
 import hashlib
 import io
 import json
+import logging
 import os
 import shlex
 import sys
@@ -211,6 +212,7 @@ def test_an_output_that_is_a_link_to_an_empty_folder_receives_the_package(job, t
 
 
 def test_an_output_that_cannot_be_written_is_refused_before_the_checkpoint_is_read(job, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     with pytest.raises(ConfigError) as refused:
