@@ -10,17 +10,14 @@ two ranks (``components.dlrm:predict``), and the training job's own per-row scor
 split (its sharded model and evaluation loop: testing/training_scores.py).
 """
 
-import hashlib
 import json
 import logging
 import os
-import pickle
 import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
-import zipfile
 from collections import Counter
 from types import SimpleNamespace
 
@@ -43,7 +40,7 @@ from apps.dlrm.serving.config import ExportConfig
 from apps.dlrm.serving.criteo_tsv import Block, CriteoIds
 from apps.dlrm.serving.export import export
 from apps.dlrm.serving.features import Features
-from apps.dlrm.serving.package import MANIFEST_FILE, PROGRAM_FILE
+from apps.dlrm.serving.package import MANIFEST_FILE
 from components import dlrm
 from testing.click_parquet import scores_auroc, write_click_parquet
 from testing.criteo_files import generate_day, write_day
@@ -537,57 +534,6 @@ def test_columns_named_at_predict_feed_the_trained_features_in_order_their_ids_o
     with pytest.raises(ConfigError, match="--sparse_columns member\\* matches 2 columns of new.parquet \\(member, "
                        "member_id\\), but the model reads 1 sparse features: name 1 columns"):  # fmt: skip
         features.spec([("new.parquet", schema)], ["x"], ["member*"])
-
-
-class RunsCode:
-    """Unpickles as ``touch MARKER``: what an attacker would plant."""
-
-    def __init__(self, marker) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
-
-
-def plant_pickled_weight(entries: dict[str, bytes], marker) -> None:
-    """Makes an archive's first weight a pickle that runs ``touch marker`` when torch loads it."""
-    (name,) = [name for name in entries if name.endswith("weights_config.json")]
-    config = json.loads(entries[name])
-    first = next(iter(config["config"].values()))
-    first["use_pickle"] = True
-    entries[name] = json.dumps(config).encode()
-    entries[name.rsplit("/", 1)[0] + "/" + first["path_name"]] = pickle.dumps(RunsCode(marker))
-
-
-def plant_guard(entries: dict[str, bytes], marker) -> None:
-    """Makes an archive's guard Python code that runs ``touch marker`` when the program is built."""
-    (name,) = [name for name in entries if name.endswith("models/model.json")]
-    program = json.loads(entries[name])
-    program["guards_code"] = [f"__import__('os').system('touch {marker}') == 0"]
-    entries[name] = json.dumps(program).encode()
-
-
-@pytest.mark.parametrize("plant", [plant_pickled_weight, plant_guard])
-def test_a_planted_program_is_refused_unread_and_runs_nothing(job, tmp_path, plant):
-    marker = tmp_path / "ran"
-    package = str(tmp_path / "package")
-    shutil.copytree(job.fp32, package)
-    program = os.path.join(package, PROGRAM_FILE)
-    with zipfile.ZipFile(program) as archive:
-        entries = {name: archive.read(name) for name in archive.namelist()}
-    plant(entries, marker)
-    with zipfile.ZipFile(program, "w") as archive:
-        for name, data in entries.items():
-            archive.writestr(name, data)
-    with open(program, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    copy = manifest(package)
-    copy["program"]["sha256"] = digest  # as a planter would make it
-    with open(os.path.join(package, MANIFEST_FILE), "w") as f:
-        json.dump(copy, f)
-    with pytest.raises(ConfigError, match="refused unread, nothing in it ran"):
-        load_model(package)
-    assert not marker.exists()
 
 
 # --- the components, on every scheduler ----------------------------------------------------------

@@ -20,8 +20,7 @@ from apps.core.options import option_values
 from apps.core.urls import redact_urls
 from apps.dlrm.serving.config import ExportConfig
 from apps.dlrm.serving.features import Features
-from apps.dlrm.serving.outputs import refuse_existing
-from apps.dlrm.serving.package import manifest_record, write_package
+from apps.dlrm.serving.package import check_place, manifest_record, write_package
 from apps.dlrm.serving.program import export_program, quantize_tables, scorer, table_bytes
 from apps.dlrm.serving.trained import Trained, load_trained
 
@@ -44,7 +43,7 @@ PROGRAM_SIGNATURE = {
 def export(cfg: ExportConfig) -> dict[str, Any]:
     """Writes the package of the checkpoint ``cfg`` names; returns its manifest."""
     start = time.perf_counter()
-    refuse_existing(cfg.output)  # before the minutes of loading; written atomically, checked again then
+    check_place(cfg.output)  # before the minutes of loading; written atomically, checked again then
     trained = load_trained(cfg.checkpoint_dir, cfg.step)
     features = Features.of(trained.cfg, trained.columns)
     trained_bytes = sum(p.numel() * p.element_size() for p in trained.model.sparse_arch.parameters())
