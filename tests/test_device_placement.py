@@ -3,11 +3,12 @@
 What a GPU job runs, run here on a second device (tests/other_device.py) on which a tensor left
 on the CPU fails as on a GPU: an HSTU job on an H200 died at its first step so, in its synthetic
 source, while every CPU test passed. Each app's sources (synthetic and Parquet) and model go
-through the Trainer's own steps: ``make_data`` and ``model_to_shard`` for the rank's device,
+through the Trainer's own steps: ``make_data`` and ``build_model`` for the rank's device,
 each batch moved there as the train pipeline moves it, a training step with the fused and the
 dense optimizers, and ``evaluate`` with the app's metrics (the synthetic data's ceiling among
 them). Sharding aside: DistributedModelParallel would put the tables on the device, which here
-is done in place (TorchRec's sharded kernels are FBGEMM's, not the app's code).
+is done in place before their optimizer is fused (TorchRec's sharded kernels are FBGEMM's, not
+the app's code).
 """
 
 import math
