@@ -2,14 +2,19 @@
 CPU with gloo; the GPU-only ones are refused there before training."""
 
 import json
+import math
 import sys
 
 import pytest
+import torch
 
 from apps.core.common.errors import ConfigError
 from apps.core.training.device_support import check_device_support
-from apps.dlrm.config import parse_train_config
-from tests.conftest import TINY, assert_ok, run, tiny, torchrun
+from apps.dlrm.config import parse_train_config, train_config
+from apps.dlrm.data.synthetic import SyntheticClickLogs
+from apps.dlrm.model import build_model, speed_up_dense
+from apps.dlrm.training.app import DLRM
+from tests.conftest import LOCAL_TRAIN_1X2, TINY, assert_ok, run, tiny, torchrun
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
@@ -151,3 +156,66 @@ def test_compiled_bf16_dense_part_learns_and_its_checkpoint_resumes_without_them
     assert_ok(result)
     resumed = json.loads((tmp_path / "plain" / "summary.json").read_text())
     assert resumed["resumed_from_step"] == 40 and resumed["steps"] == 60
+
+
+def test_each_forward_of_a_compiled_dense_part_is_one_cuda_graph_iteration(monkeypatch):
+    """What lets CUDA graphs (--compile_dense reduce-overhead) through an evaluation (the GPU
+    test below; on CPU the same path runs, compiled without graphs): each forward of the model,
+    a training step or an evaluation batch, marks one iteration of CUDA graph trees, so that the
+    three compiled parts of a forward are one (unmarked, each part of an evaluation batch began
+    an iteration and freed the last part's output); evaluation hands its metrics copies."""
+    marks = []
+    mark = torch.compiler.cudagraph_mark_step_begin
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: (marks.append(1), mark()))
+    cfg = train_config(compile_dense="default", num_embeddings=100, batch_size=16)
+    cpu = torch.device("cpu")
+    model = build_model(cfg.model, cpu, table_device=cpu)
+    speed_up_dense(cfg.launch, model, cpu)
+    data = SyntheticClickLogs(cfg, rank=0, world_size=1)
+    loss, _ = model(next(data.train_batches()))
+    loss.backward()
+    assert len(marks) == 1
+    model.eval()
+    with torch.no_grad():
+        first, second = (DLRM.eval_outputs(cfg, model, batch) for batch in data.eval_batches("val", 2))
+    assert len(marks) == 3
+    assert first[1].shape == (16,) and torch.isfinite(first[1]).all() and not torch.equal(first[1], second[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="--compile_dense reduce-overhead replays CUDA graphs: it needs a GPU"
+)
+def test_cuda_graphs_train_validate_test_and_checkpoint_on_one_gpu(tmp_path):
+    """--compile_dense reduce-overhead on one GPU through validations between training steps (where
+    it died on an H200: "accessing tensor output of CUDAGraphs that has been overwritten by a
+    subsequent run"), checkpoints, and the test of the best validation's checkpoint."""
+    out, ckpt = tmp_path / "outputs", tmp_path / "ckpt"
+    args = ["--steps", "300", "--val_every_steps", "100", "--checkpoint_every", "100", "--val_batches", "8"]
+    result = run(
+        [
+            *LOCAL_TRAIN_1X2[:-1],
+            "1x1",
+            "--gpu",
+            "1",
+            "--compile_dense",
+            "reduce-overhead",
+            *args,
+            "--output_dir",
+            str(out),
+            "--checkpoint_dir",
+            str(ckpt),
+        ],
+        cwd=str(tmp_path),
+        timeout=1200,
+    )
+    assert_ok(result)
+    assert "job finished: SUCCEEDED" in result.stdout + result.stderr, result.stderr[-5000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["device"] == "cuda" and summary["config"]["compile_dense"] == "reduce-overhead"
+    assert summary["steps"] == 300
+    figures = ("val_auroc", "val_log_loss", "test_auroc", "test_log_loss", "best_val_auroc", "final_train_loss")
+    assert all(math.isfinite(summary[name]) for name in figures), summary
+    assert summary["val_auroc"] > 0.6 and summary["test_auroc"] > 0.6
+    assert summary["test_step"] == summary["best_step"]  # the best validation's checkpoint, tested
+    assert (ckpt / "step_00000300" / "COMMITTED").is_file()

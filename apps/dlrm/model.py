@@ -1,7 +1,7 @@
 """The DLRM: TorchRec's ``DLRM`` family with one embedding table per sparse feature."""
 
 import functools
-from typing import Callable, ParamSpec
+from typing import Callable, ParamSpec, TypeVar
 
 import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
@@ -80,6 +80,11 @@ def speed_up_dense(cfg: LaunchConfig, model: DLRMTrain, device: torch.device) ->
     Each part keeps its module and parameter names (its ``forward`` is wrapped, and
     ``nn.Module.compile`` compiles in place), so checkpoints and sharding plans are the same
     with or without. Outputs stay float32, as the loss and the next part expect.
+
+    Compiled, each forward of ``model`` (a training step, or an evaluation batch) is one
+    iteration of torch's CUDA graph trees (:func:`_one_iteration`); evaluation, under
+    ``no_grad``, gets graphs of its own (torch.compile guards on the grad mode and compiles it
+    apart). The same path runs in every compile mode, so that CPU runs cover it.
     """
     for name in DENSE_PARTS:
         part = getattr(model.model, name)
@@ -88,9 +93,12 @@ def speed_up_dense(cfg: LaunchConfig, model: DLRMTrain, device: torch.device) ->
         if cfg.compile_dense != "none":
             key_compile_cache_by_cpu()
             part.compile(mode=cfg.compile_dense)
+    if cfg.compile_dense != "none":
+        model.forward = _one_iteration(model.forward)
 
 
 P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _in_bf16(forward: Callable[P, torch.Tensor], device_type: str) -> Callable[P, torch.Tensor]:
@@ -100,3 +108,24 @@ def _in_bf16(forward: Callable[P, torch.Tensor], device_type: str) -> Callable[P
             return forward(*args, **kwargs).float()
 
     return bf16_forward
+
+
+def _one_iteration(forward: Callable[P, R]) -> Callable[P, R]:
+    """``forward``, marking a new iteration of CUDA graph trees first (a no-op without them).
+
+    Without marks, CUDA graph trees (--compile_dense reduce-overhead) start an iteration, and
+    free the last one's outputs for the next replay to overwrite, at each call of a compiled
+    function when no backward is pending: in evaluation, at each of the three parts, so the
+    interaction read the bottom MLP's overwritten output ("accessing tensor output of
+    CUDAGraphs that has been overwritten by a subsequent run", at the first validation on an
+    H200). Once marked, only the marks start iterations: one per training step or evaluation
+    batch, as ``torch.compiler.cudagraph_mark_step_begin`` documents. An iteration's outputs
+    then live until the next one's: who keeps them longer clones them (``eval_outputs``).
+    """
+
+    @functools.wraps(forward)
+    def marked(*args: P.args, **kwargs: P.kwargs) -> R:
+        torch.compiler.cudagraph_mark_step_begin()
+        return forward(*args, **kwargs)
+
+    return marked

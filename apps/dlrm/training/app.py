@@ -56,9 +56,10 @@ class DLRMApp:
         return ClickMetrics(device, clicks.teacher() if split == "val" else None)
 
     def eval_outputs(self, cfg: TrainConfig, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, ...]:
-        """``DLRMTrain``'s outputs: (loss, logits, labels)."""
+        """``DLRMTrain``'s outputs: (loss, logits, labels), copied: with CUDA graphs (--compile_dense
+        reduce-overhead) they are in the graphs' memory, which the next batch overwrites."""
         _, outputs = model(batch)
-        return outputs
+        return tuple(output.clone() for output in outputs)
 
     def summary(self, val: dict[str, float], test: dict[str, float], best: dict[str, float]) -> dict[str, Any]:
         return {

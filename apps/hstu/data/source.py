@@ -30,6 +30,7 @@ SPLITS = {"train": 0, "val": 1, "test": 2}
 HELD_OUT = {"train": 2, "val": 1, "test": 0}
 #: The fewest events a user needs: one to train on and the two targets.
 MIN_EVENTS = 3
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class Events:
 
 class SequenceSource:
     """Batches of a population of users' events, leave-last-out; subclasses say which users a
-    training block holds (:meth:`train_users`) and make their events (:meth:`events`)."""
+    training block holds (:meth:`train_users`) and make their events (:meth:`events`), on
+    ``device``: the batches are made there, and every tensor that meets theirs is put there."""
 
     #: Steps of one pass over the training users; None for data that never repeats.
     steps_per_epoch: int | None = None
@@ -78,10 +80,12 @@ class SequenceSource:
         batch_size: int,
         rank: int,
         world_size: int,
+        device: torch.device = CPU,
     ) -> None:
         self.model, self.data = model, data
         self.seed, self.batch_size = seed, batch_size
         self.rank, self.world_size = rank, world_size
+        self.device = device
 
     def events(self, users: torch.Tensor) -> Events:
         """All events of ``users`` (indices into the population)."""
@@ -93,7 +97,7 @@ class SequenceSource:
 
     def eval_users(self, block: int) -> torch.Tensor:
         """The users of evaluation block ``block``: the population in order."""
-        return block * self.batch_size + torch.arange(self.batch_size)
+        return block * self.batch_size + torch.arange(self.batch_size, device=self.device)
 
     def ceiling(self) -> dict[str, float] | None:
         """The best metrics any model can reach on this data, where known (synthetic data)."""
@@ -124,7 +128,7 @@ class SequenceSource:
     def batch(self, split: str, block: int) -> SequenceBatch:
         users = self.train_users(block) if split == "train" else self.eval_users(block)
         events = self.events(users).window(
-            torch.arange(users.numel()), drop_last=HELD_OUT[split], keep=self.model.max_seq_len
+            torch.arange(users.numel(), device=self.device), drop_last=HELD_OUT[split], keep=self.model.max_seq_len
         )
         padding = 0 if split == "train" else self._padding(block)
         return SequenceBatch.of(
@@ -148,8 +152,9 @@ class SequenceSource:
         evaluation, uniform over the items other than the user's target."""
         users = events.lengths.numel()
         count = self.model.num_negatives if split == "train" else self.data.eval_negatives
-        counters = torch.arange(users * count).view(users, count)
-        draws = random.bits(torch.tensor(random.key(self.seed, 7 + SPLITS[split], block)), counters)
+        counters = torch.arange(users * count, device=self.device).view(users, count)
+        key = torch.tensor(random.key(self.seed, 7 + SPLITS[split], block), device=self.device)
+        draws = random.bits(key, counters)
         if split == "train":
             return random.below(draws, self.model.num_items)
         targets = events.items[events.offsets[1:] - 1][:, None]

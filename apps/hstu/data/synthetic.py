@@ -38,38 +38,50 @@ CPU = torch.device("cpu")
 
 
 class TransitionProcess:
-    """The hidden next-item process: successors, their weights, and the exact ceiling."""
+    """The hidden next-item process: successors, their weights, and the exact ceiling.
 
-    def __init__(self, num_items: int, num_actions: int, branching: int, noise: float, seed: int) -> None:
+    What drawing events reads (the successors, the weights' cumulative sums, the actions' key)
+    is on ``device``, where the users are generated; the ceiling's exact arithmetic is on the CPU.
+    """
+
+    def __init__(
+        self, num_items: int, num_actions: int, branching: int, noise: float, seed: int, device: torch.device = CPU
+    ) -> None:
         self.num_items, self.num_actions, self.branching, self.noise = num_items, num_actions, branching, noise
         self.seed = seed
-        items = torch.arange(num_items)
-        start = random.below(random.bits(torch.tensor(random.key(seed, 1)), items), num_items)
+        items = torch.arange(num_items, device=device)
+        start = random.below(random.bits(torch.tensor(random.key(seed, 1), device=device), items), num_items)
         # successors spaced N // K apart: K distinct items for every K <= N
-        self.successors = (start[:, None] + torch.arange(branching) * (num_items // branching)) % num_items
+        self.successors = (
+            start[:, None] + torch.arange(branching, device=device) * (num_items // branching)
+        ) % num_items
         halving = 0.5 ** torch.arange(branching, dtype=torch.float64)
         self.weights = halving / halving.sum()
-        self._action_key = torch.tensor(random.key(seed, 2))
+        self._cumulative = torch.cumsum(self.weights, 0).to(device)
+        self._action_key = torch.tensor(random.key(seed, 2), device=device)
 
     def next_items(
         self, current: torch.Tensor, follow: torch.Tensor, pick: torch.Tensor, noise: torch.Tensor
     ) -> torch.Tensor:
         """The next item after ``current``, from three random bit tensors of its shape."""
-        cumulative = torch.cumsum(self.weights, 0)
-        m = torch.searchsorted(cumulative, random.uniform(pick)).clamp(max=self.branching - 1)
+        m = torch.searchsorted(self._cumulative, random.uniform(pick)).clamp(max=self.branching - 1)
         followed = self.successors[current, m]
         return torch.where(random.uniform(follow) < 1 - self.noise, followed, random.below(noise, self.num_items))
 
     def transition_probabilities(self, current: torch.Tensor) -> torch.Tensor:
         """[len(current), N] P(next = j | current), float64: what the Bayes-optimal predictor scores."""
-        p = torch.full((current.numel(), self.num_items), self.noise / self.num_items, dtype=torch.float64)
-        p.scatter_add_(1, self.successors[current], ((1 - self.noise) * self.weights).expand(current.numel(), -1))
+        device = self.successors.device
+        p = torch.full(
+            (current.numel(), self.num_items), self.noise / self.num_items, dtype=torch.float64, device=device
+        )
+        successor_p = ((1 - self.noise) * self.weights).to(device).expand(current.numel(), -1)
+        p.scatter_add_(1, self.successors[current], successor_p)
         return p
 
     def action_logits(self, items: torch.Tensor) -> torch.Tensor:
-        """[len(items), A] the logits each event's action is drawn from."""
+        """[len(items), A] the logits each event's action is drawn from (``items`` on the process's device)."""
         counters = items[:, None] * self.num_actions + torch.arange(self.num_actions, device=items.device)
-        return _ACTION_LOGIT_STD * random.normal(random.bits(self._action_key.to(items.device), counters))
+        return _ACTION_LOGIT_STD * random.normal(random.bits(self._action_key, counters))
 
     def ceiling(self, negatives: int, k: int = 10) -> dict[str, float]:
         """The Bayes-optimal predictor's expected HR@k, NDCG@k and MRR, ranking the target among
@@ -155,12 +167,10 @@ class SyntheticSequences(SequenceSource):
         world_size: int,
         device: torch.device = CPU,
     ) -> None:
-        super().__init__(model, data, seed, batch_size, rank, world_size)
-        self.device = device
+        super().__init__(model, data, seed, batch_size, rank, world_size, device)
         self.process = TransitionProcess(
-            model.num_items, model.num_actions, data.synthetic_branching, data.synthetic_noise, seed
+            model.num_items, model.num_actions, data.synthetic_branching, data.synthetic_noise, seed, device
         )
-        self.process.successors = self.process.successors.to(device)
         self._user_key = random.key(seed, 3)
 
     def train_users(self, block: int) -> torch.Tensor:
