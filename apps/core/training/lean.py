@@ -73,7 +73,8 @@ class DirectLookup:
     def __init__(self, tables: nn.Module) -> None:
         self._lookups = [_kernel_of(lookup) for lookup in tables._lookups]
         shardings = tables._embedding_shardings
-        self._feature_names = [name for sharding in shardings for name in sharding.feature_names()]
+        #: The features in the order the lookups take them.
+        self.feature_names = [name for sharding in shardings for name in sharding.feature_names()]
         self._feature_splits = [len(sharding.feature_names()) for sharding in shardings]
         self._embedding_names: list[str] = tables._embedding_names
         self._embedding_dims: list[int] = tables._embedding_dims
@@ -94,10 +95,10 @@ class DirectLookup:
         """``features`` permuted into the lookups' order (as the input distribution does), the
         permutation found once for the batches' order of keys."""
         keys = features.keys()
-        if keys == self._feature_names:
+        if keys == self.feature_names:
             return features
         if self._order is None or self._order[0] != keys:
-            indices = [keys.index(name) for name in self._feature_names]
+            indices = [keys.index(name) for name in self.feature_names]
             self._order = (keys, indices, torch.tensor(indices, dtype=torch.int32, device=features.device()))
         return features.permute(self._order[1], self._order[2])
 
