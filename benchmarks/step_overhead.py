@@ -14,7 +14,8 @@ see the same machine; each side's figure is the median of its runs:
 - lean: the app's Trainer step with --lean_step auto, which must take the lean step
   (apps/core/training/lean.py: the tables' FBGEMM kernels called directly, no all-to-alls, no DDP);
 - sharded: the app's Trainer step with --lean_step false (TorchRec's sharded module in DMP with
-  DDP, TrainPipelineSparseDist), what ``benchmarks/train_throughput.py --nproc 1`` runs;
+  DDP, TrainPipelineSparseDist), what one rank ran before the lean step (``benchmarks/
+  train_throughput.py --nproc 1 --levers sharded_step`` compares the two at any shape);
 - plain: ``benchmarks/plain_torchrec_loop.py``'s pipeline, the same model as users write it.
 
 Each side's batches are a pool made before any step and cycled, so that making batches (the

@@ -134,7 +134,9 @@ class LeanPipeline(TrainPipeline[Pipelineable, Any]):
         self._model, self._optimizer, self._device = model, optimizer, device
 
     def progress(self, dataloader_iter: Iterator[Pipelineable]) -> Any:
-        batch = next(dataloader_iter).to(self._device, non_blocking=True)
+        batch = next(dataloader_iter)
+        if self._device.type != "cpu":  # a CPU rank's batches are made where it computes
+            batch = batch.to(self._device, non_blocking=True)
         self._optimizer.zero_grad()
         loss, outputs = self._model(batch)
         loss.backward()
