@@ -24,6 +24,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from apps.core.common.teardown import exit_without_teardown
+from apps.core.training.precision import set_tf32
 from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.model import table_configs
@@ -39,8 +40,7 @@ def start(cfg: TrainConfig) -> tuple[torch.device, int, int]:
     )
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = cfg.launch.allow_tf32
-        torch.backends.cudnn.allow_tf32 = cfg.launch.allow_tf32
+        set_tf32(cfg.launch.allow_tf32)
     return device, rank, world
 
 

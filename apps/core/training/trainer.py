@@ -26,6 +26,7 @@ from apps.core.training.device_support import check_device_support
 from apps.core.training.lean import LeanPipeline, call_tables_directly, lean_step_refusal, step_kind
 from apps.core.training.metrics import Stopwatch, Throughput
 from apps.core.training.optim import LRSchedule, LRShape, training_optimizer
+from apps.core.training.precision import set_tf32
 from apps.core.training.report import PLAN_FILE, Reporter
 from apps.core.training.run_folder import open_output_dir, point_latest_at, results_of
 from apps.core.training.run_length import RunLength
@@ -90,8 +91,7 @@ class Trainer(Generic[C]):
         self.data = app.make_data(cfg, env)  # so does a bad --data_path
         self.run_length = RunLength.of(cfg, self.data.steps_per_epoch)
         if env.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = cfg.launch.allow_tf32
-            torch.backends.cudnn.allow_tf32 = cfg.launch.allow_tf32
+            set_tf32(cfg.launch.allow_tf32)
         # Same seed on every rank: DDP needs identical dense weights to start from.
         torch.manual_seed(cfg.training.seed)
         model, sharder = model_to_shard(app, cfg, dense_device=env.device)
