@@ -8,9 +8,9 @@ pipeline's rewrite of the model around them. None of it moves or changes a numbe
 table is whole on the only rank. The lean step keeps everything TorchRec built (the plan, the
 sharded table module with its grouped FBGEMM TBE lookups and fused optimizer, the
 ``DistributedModelParallel`` whose state dict checkpoints hold) and skips only that machinery:
-the sharded module's forward becomes its lookups called on the batch's
-``KeyedJaggedTensor``, DMP is built without DDP, and TorchRec's plain pipeline
-(``TrainPipelineBase``: copy, forward, backward, step) drives it. Parameters, optimizer states and
+the sharded module's forward becomes its lookups' kernels called on the batch's
+``KeyedJaggedTensor``, DMP is built without DDP, and a plain loop (:class:`LeanPipeline`:
+forward, backward, step) drives it. Parameters, optimizer states and
 their names are the sharded path's, so a checkpoint of either resumes on the other and reshards to
 any world size; on a CPU every step's loss is the sharded path's to the last bit.
 """
@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.train_pipeline import TrainPipeline
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from torchrec.streamable import Pipelineable
@@ -31,7 +32,7 @@ from apps.core.config import LaunchConfig
 #: The others change ids (row-wise bucketing) or split tables into shards to put together again.
 LEAN_SHARDING_TYPES = ("table_wise", "data_parallel")
 #: --pipeline values whose only work on one rank is what the lean step skips or does itself
-#: (the batch's copy to the device): TrainPipelineBase takes their place.
+#: (the batch's copy to the device): :class:`LeanPipeline` takes their place.
 LEAN_PIPELINES = ("sparse_dist", "sparse_dist_lite", "base")
 
 
@@ -70,7 +71,7 @@ class DirectLookup:
     holds the sharded module's own lookups, nothing of its own.
     """
 
-    def __init__(self, tables: nn.Module) -> None:
+    def __init__(self, tables: ShardedEmbeddingBagCollection) -> None:
         self._lookups = [_kernel_of(lookup) for lookup in tables._lookups]
         shardings = tables._embedding_shardings
         #: The features in the order the lookups take them.
@@ -108,8 +109,8 @@ def _kernel_of(lookup: nn.Module) -> nn.Module:
     an FBGEMM TBE), as the lookup would call it, where it holds one and passes the features on
     unchanged; else the lookup itself (it splits the features among several kernels, or weighs
     or processes them first)."""
-    kernels = getattr(lookup, "_emb_modules", ())
-    configs = getattr(lookup, "grouped_configs", ())
+    kernels: Any = getattr(lookup, "_emb_modules", [])
+    configs: Any = getattr(lookup, "grouped_configs", [])
     if len(kernels) == 1 and not (configs[0].is_weighted or configs[0].has_feature_processor):
         return kernels[0]
     return lookup
