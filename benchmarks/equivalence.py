@@ -99,6 +99,7 @@ class Comparison:
     plan: list[str]  # the sharding type of each table in the plan the ranks used
     sharded: list[float]
     reference: list[float]
+    lean: bool  # whether the sharded side took the lean single-rank step (apps/core/training/lean.py)
 
     @property
     def max_difference(self) -> float:
@@ -195,7 +196,8 @@ def compare_types(
         with torch_threads(threads):  # as many as each rank: the same matmul kernels
             reference = spec.reference(cfg, init, world_size)
             losses = [reference.step(step) for step in range(steps)]
-        comparisons.append(Comparison(kind, world_size, sharded[kind]["plan"], sharded[kind]["losses"], losses))
+        result = sharded[kind]
+        comparisons.append(Comparison(kind, world_size, result["plan"], result["losses"], losses, result["lean"]))
     return comparisons
 
 
@@ -227,7 +229,7 @@ def worker(app: str, init_path: str, out_path: str, steps: str, sharding_types: 
         batches = trainer.data.train_batches()
         losses = [all_reduce_mean(trainer.train_step(batches).item(), env) for _ in range(int(steps))]
         plan = [s.sharding_type for s in trainer.plan.plan[spec.tables.path].values()]
-        results[kind] = {"losses": losses, "plan": plan}
+        results[kind] = {"losses": losses, "plan": plan, "lean": not trainer.not_lean}
         trainer.close()
     if env.is_main:
         with open(out_path, "w") as f:

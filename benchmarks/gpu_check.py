@@ -15,6 +15,8 @@ Runs, on every GPU this process sees (NCCL between them):
   refuse: each a short training job that must learn;
 - throughput: benchmarks/train_throughput.py --preset h100 with every speed lever, against plain
   TorchRec in the same run (target: ratio >= 1.5 and >= 4M samples/s on one H100);
+- step_overhead: one rank's host time and operators per step at tiny shapes, the lean step, the
+  sharded one and plain TorchRec (benchmarks/step_overhead.py; a measurement, no target on GPUs);
 - loader: the Criteo loader's samples/s into the GPU (pinned memory, non-blocking copies),
   which must exceed the best training rate measured above;
 - memory: the largest tables (26 x rows x 128) TorchRec's planner places in one GPU's HBM, and
@@ -252,6 +254,14 @@ def check_throughput(machine: Machine) -> list[Check]:
     ]
 
 
+def check_step_overhead(machine: Machine) -> list[Check]:
+    r = machine.json_of("step_overhead.py")
+    host = ", ".join(
+        f"{side} {m['host_ms_per_step']:.3f} ms ({m['ops_per_step']:.0f} ops)" for side, m in r["medians"].items()
+    )
+    return [Check("step overhead", True, f"host time per step: {host}; lean/plain {r['lean_over_plain']:.2f}", r)]
+
+
 def check_loader(machine: Machine) -> list[Check]:
     r = machine.json_of(
         "criteo_loader.py", "--device", "cuda", "--rows", "8000000", "--batch_size", "16384", "--repeats", "2"
@@ -366,6 +376,7 @@ CHECKS: dict[str, Callable[[Machine], list[Check]]] = {
     "checkpoint": check_checkpoint,
     "precisions": check_precisions,
     "throughput": check_throughput,
+    "step_overhead": check_step_overhead,
     "loader": check_loader,
     "memory": check_memory,
 }

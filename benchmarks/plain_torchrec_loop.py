@@ -24,13 +24,15 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from apps.core.common.teardown import exit_without_teardown
-from apps.dlrm.config import parse_train_config
+from apps.core.training.precision import set_tf32
+from apps.dlrm.config import TrainConfig, parse_train_config
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.model import table_configs
 
 
-def main() -> None:
-    cfg = parse_train_config(sys.argv[1:])
+def start(cfg: TrainConfig) -> tuple[torch.device, int, int]:
+    """Joins torchrun's process group: this rank's device (its GPU, TF32 as the app's
+    --allow_tf32, or the CPU), rank and world size."""
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = (
@@ -38,8 +40,12 @@ def main() -> None:
     )
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = cfg.launch.allow_tf32
-        torch.backends.cudnn.allow_tf32 = cfg.launch.allow_tf32
+        set_tf32(cfg.launch.allow_tf32)
+    return device, rank, world
+
+
+def plain_pipeline(cfg: TrainConfig, device: torch.device) -> TrainPipelineSparseDist:
+    """The loop's model, sharded by TorchRec's default planner, in its train pipeline."""
     torch.manual_seed(cfg.training.seed)
     model = DLRMTrain(
         DLRM(
@@ -60,13 +66,19 @@ def main() -> None:
         dict(in_backward_optimizer_filter(model.named_parameters())),
         lambda params: torch.optim.Adagrad(params, lr=cfg.training.dense_lr),
     )
-    pipeline = TrainPipelineSparseDist(model, optimizer, device)
+    return TrainPipelineSparseDist(model, optimizer, device)
+
+
+def main() -> None:
+    cfg = parse_train_config(sys.argv[1:])
+    device, rank, world = start(cfg)
+    pipeline = plain_pipeline(cfg, device)
     batches = SyntheticClickLogs(cfg, rank, world, device).train_batches()
-    start = time.perf_counter()
+    start_time = time.perf_counter()
     for _ in range(cfg.training.steps):
         loss, _, _ = pipeline.progress(batches)
     loss.item()  # wait for the last step
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start_time
     if rank == 0:
         print(json.dumps({"samples_per_sec": cfg.training.steps * cfg.training.batch_size * world / seconds}))
     dist.destroy_process_group()

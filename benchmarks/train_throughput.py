@@ -78,6 +78,8 @@ LEVERS = {
     "fused_sparse_dist": ["--pipeline", "fused_sparse_dist"],
     "prefetch": ["--pipeline", "prefetch"],
     "bf16_compile": ["--dense_precision", "bf16", "--compile_dense", "default"],
+    # TorchRec's sharded step where the app would take the lean one (one rank: apps/core/training/lean.py).
+    "sharded_step": ["--lean_step", "false"],
     # Twice the preset's batch per rank (the AUROC at a larger batch is the main job's to show).
     "batch_x2": lambda cfg: ["--batch_size", str(2 * cfg.training.batch_size)],
 }

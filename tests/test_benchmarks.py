@@ -18,6 +18,7 @@ PREDICT_THROUGHPUT = f"{REPO}/benchmarks/predict_throughput.py"
 STARTUP = f"{REPO}/benchmarks/startup.py"
 HSTU = f"{REPO}/benchmarks/hstu_throughput.py"
 PARQUET = f"{REPO}/benchmarks/parquet_loader.py"
+STEP_OVERHEAD = f"{REPO}/benchmarks/step_overhead.py"
 RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per_sec", "eval_samples_per_cpu_sec")
 
 
@@ -155,3 +156,20 @@ def test_hstu_throughput_reports_both_sides_computing_the_same_layers(tmp_path):
     rates = [f"{side}_{unit}_per_sec" for side in ("ours", "reference") for unit in ("tokens", "sequences")]
     assert all(figures[name] > 0 for name in rates), figures
     assert figures["ratio"] == figures["ours_tokens_per_sec"] / figures["reference_tokens_per_sec"]
+
+
+def test_step_overhead_measures_the_three_steps_and_ends_with_lean_over_plain(tmp_path):
+    report = tmp_path / "steps.json"
+    counts = ["--steps", "5", "--warmup", "2", "--count_steps", "1", "--repeats", "1"]
+    result = run([sys.executable, STEP_OVERHEAD, *counts, "--json", str(report)])
+    assert_ok(result)
+    figures = json.loads(report.read_text())
+    medians = figures["medians"]
+    assert list(medians) == ["lean", "sharded", "plain"] and figures["repeats"] == 1
+    assert all(side[name] > 0 for side in medians.values() for name in side), medians
+    # Operators are counted, not timed: the lean step dispatches fewer than the sharded one (no
+    # all-to-alls, no DDP).
+    assert medians["lean"]["ops_per_step"] < medians["sharded"]["ops_per_step"], medians
+    ratio = medians["lean"]["host_ms_per_step"] / medians["plain"]["host_ms_per_step"]
+    assert figures["lean_over_plain"] == ratio
+    assert result.stdout.strip().splitlines()[-1] == f"lean/plain host time per step: {ratio:.3f}"

@@ -21,6 +21,7 @@ from apps.core.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointSto
 from apps.core.checkpoint.reshard import column_map
 from apps.core.common.distributed import DistEnv
 from apps.core.config import SHARDING_TYPES
+from apps.core.training.lean import step_kind
 from apps.dlrm.config import train_config
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, REPO, TINY, assert_ok, run, tiny, torchrun, trainer_pids
 from tests.shards import assemble, saved_tensors
@@ -146,6 +147,29 @@ def test_one_rank_checkpoint_resumes_on_two_ranks_table_row_wise(tmp_path):
     result, _ = train_app(tmp_path, "one", "--checkpoint_dir", str(tmp_path / "ckpt"), "--steps", "10", nproc=1)
     assert_ok(result)
     assert_resumes_resharded(tmp_path / "ckpt" / "step_00000010", tmp_path, nproc=2, sharding="table_row_wise", step=10)
+
+
+def test_one_ranks_lean_and_sharded_steps_resume_each_others_checkpoints_exactly(tmp_path):
+    """On one rank the lean step (apps/core/training/lean.py) saves what TorchRec's sharded step
+    saves: each resumes the other's checkpoint and ends where 40 uninterrupted steps end."""
+    whole, reference = train_app(tmp_path, "whole", *RECIPE, "--checkpoint_dir", str(tmp_path / "whole"), nproc=1)
+    assert_ok(whole)
+    for first, then in (("auto", "false"), ("false", "auto")):
+        ckpt = str(tmp_path / f"ckpt-{first}")
+        stopped, _ = train_app(
+            tmp_path, f"{first}-20", *RECIPE, "--checkpoint_dir", ckpt, "--steps", "20", "--lean_step", first, nproc=1
+        )
+        assert_ok(stopped)
+        resumed, summary = train_app(
+            tmp_path, f"{then}-40", *RECIPE, "--checkpoint_dir", ckpt, "--lean_step", then, nproc=1
+        )
+        assert_ok(resumed)
+        said = [line.split("training step: ")[1] for line in resumed.stderr.splitlines() if "training step: " in line]
+        refusal = "" if then == "auto" else "--lean_step false"
+        assert said == [step_kind(refusal, "TrainPipelineSparseDist")], said
+        assert summary["resumed_from_step"] == 20 and summary["steps"] == 40
+        assert summary["final_train_loss"] == reference["final_train_loss"], (first, then)  # bit for bit
+        assert summary["val_auroc"] == reference["val_auroc"]
 
 
 def test_uncommitted_and_damaged_checkpoints_are_skipped(uninterrupted, tmp_path, caplog):

@@ -27,6 +27,7 @@ EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam")
 DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
 DENSE_PRECISIONS = ("fp32", "bf16")
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
+LEAN_STEPS = ("auto", "false")
 PIPELINES = ("sparse_dist", "base", "semi_sync", "fused_sparse_dist", "sparse_dist_lite", "prefetch")
 #: Training steps of synthetic data when --steps is not given: it never repeats, so has no epochs.
 SYNTHETIC_STEPS = 1500
@@ -129,6 +130,15 @@ class LaunchConfig:
         "(TrainPipelineFusedSparseDist: the lookup runs on the input all-to-all's stream) or "
         "prefetch (PrefetchTrainPipelineSparseDist: also prefetches UVM-cached rows).",
         choices=PIPELINES,
+    )
+    lean_step: str = option(
+        "auto",
+        "auto: on one rank, with every table table_wise or data_parallel and --pipeline "
+        "sparse_dist, sparse_dist_lite or base, call the tables' FBGEMM kernels directly, without "
+        "TorchRec's all-to-alls, DDP or pipeline rewrite (the same kernels, fused optimizer, "
+        "losses and checkpoints, less host time per step); false: TorchRec's sharded step always. "
+        "The log says which step runs.",
+        choices=LEAN_STEPS,
     )
     sharding_type: str = option(
         "auto",

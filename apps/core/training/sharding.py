@@ -252,9 +252,14 @@ def shard_model(
     plan: ShardingPlan,
     sharder: Sharder,
     env: DistEnv,
+    data_parallel: bool = True,
 ) -> DistributedModelParallel:
-    """Wraps the model in DMP: tables sharded by ``plan``, dense part replicated with DDP."""
-    return DistributedModelParallel(module=model, device=env.device, plan=plan, sharders=[sharder])
+    """Wraps the model in DMP: tables sharded by ``plan``, the dense part (and data-parallel
+    tables) replicated with DDP, unless ``data_parallel`` is False (one rank: nothing to
+    all-reduce). The state dict is the same either way."""
+    return DistributedModelParallel(
+        module=model, device=env.device, plan=plan, sharders=[sharder], init_data_parallel=data_parallel
+    )
 
 
 def plan_tables(plan: ShardingPlan) -> dict[str, dict]:

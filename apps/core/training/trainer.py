@@ -23,8 +23,10 @@ from apps.core.config import LaunchConfig
 from apps.core.options import option_values
 from apps.core.training.app import C, EvalMetrics, TrainingApp
 from apps.core.training.device_support import check_device_support
+from apps.core.training.lean import LeanPipeline, call_tables_directly, lean_step_refusal, step_kind
 from apps.core.training.metrics import Stopwatch, Throughput
 from apps.core.training.optim import LRSchedule, LRShape, training_optimizer
+from apps.core.training.precision import set_tf32
 from apps.core.training.report import PLAN_FILE, Reporter
 from apps.core.training.run_folder import open_output_dir, point_latest_at, results_of
 from apps.core.training.run_length import RunLength
@@ -89,13 +91,18 @@ class Trainer(Generic[C]):
         self.data = app.make_data(cfg, env, folder.resume_from)  # so does a bad --data_path
         self.run_length = RunLength.of(cfg, self.data.steps_per_epoch)
         if env.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = cfg.launch.allow_tf32
-            torch.backends.cudnn.allow_tf32 = cfg.launch.allow_tf32
+            set_tf32(cfg.launch.allow_tf32)
         # Same seed on every rank: DDP needs identical dense weights to start from.
         torch.manual_seed(cfg.training.seed)
         model, sharder = model_to_shard(app, cfg, dense_device=env.device)
         self.plan = build_plan(app, cfg, model, sharder, env)
-        self.model = shard_model(model, self.plan, sharder, env)
+        sharding_types = [table["type"] for table in plan_tables(self.plan).values()]
+        #: Why the step is TorchRec's sharded one; empty: the lean step (apps/core/training/lean.py).
+        self.not_lean = lean_step_refusal(cfg.launch, app.tables, sharding_types, env.world_size)
+        self.model = shard_model(model, self.plan, sharder, env, data_parallel=bool(self.not_lean))
+        if not self.not_lean:
+            call_tables_directly(self.model.module, app.tables)
+            pipeline_cls = LeanPipeline
         self.optimizer = training_optimizer(cfg.training, self.model, app.tables)
         self.schedule = LRSchedule(LRShape.of(cfg.training, self.run_length.steps), self.optimizer)
         self.pipeline = pipeline_cls(self.model, self.optimizer, env.device)
@@ -139,6 +146,7 @@ class Trainer(Generic[C]):
             env.device.type,
             env.backend,
         )
+        self.reporter.log("training step: %s", step_kind(self.not_lean, type(self.pipeline).__name__))
         throughput, val = self._train()
         tested = self._load_best()
         test = self.evaluate("test", cfg.evaluation.test_batches)
