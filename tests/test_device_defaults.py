@@ -4,6 +4,7 @@ measured with it), says so in one line, and its plan preview and --check_plan pl
 that fits. Runs on CPU: the preview plans for GPUs of a given --hbm_gb."""
 
 import logging
+import re
 import shlex
 
 import pytest
@@ -76,12 +77,15 @@ def test_check_plan_plans_a_gpu_job_with_the_batch_it_will_train_with(caplog):
 def test_check_plan_refuses_a_batch_too_big_for_the_gpu_naming_the_largest_that_fits():
     with pytest.raises(InvalidComponentArgument) as error:
         dlrm.train(check_plan=True, j="1x1", gpu=1, batch_size=1_000_000, **SMALL_GPU)
-    message = str(error.value)
-    assert message.startswith("--check_plan: does not fit: needs 0.22 GiB HBM on rank 0, has 0.01 GiB"), message
-    assert "; --batch_size 38801 is the largest that fits (this is 1000000): give that or less, or use more" in message
-    target = PlanTarget(j="1x1", gpu=1, hbm_gb=SMALL_GPU["hbm_gb"])
-    assert preview(train_config(batch_size=38801, **SMALL_GPU), target.cluster).fits
-    assert not preview(train_config(batch_size=38802, **SMALL_GPU), target.cluster).fits
+    named = re.fullmatch(
+        r"--check_plan: does not fit: needs \d+\.\d\d GiB HBM on rank 0, has 0\.01 GiB .*; --batch_size (\d+) is the "
+        r"largest that fits \(this is 1000000\): give that or less, or use more ranks \(-j\), .*",
+        str(error.value),
+    )
+    assert named, str(error.value)
+    largest, target = int(named[1]), PlanTarget(j="1x1", gpu=1, hbm_gb=SMALL_GPU["hbm_gb"])
+    assert preview(train_config(batch_size=largest, **SMALL_GPU), target.cluster).fits
+    assert not preview(train_config(batch_size=largest + 1, **SMALL_GPU), target.cluster).fits
 
 
 def test_tables_too_big_for_any_batch_are_not_told_to_shrink_the_batch():

@@ -189,8 +189,8 @@ def preview(app: TrainingApp[C], cfg: C, cluster: Cluster) -> Preview:
     """TorchRec's plan for ``app``'s ``cfg`` on ``cluster``, and each rank's memory, without any GPU.
 
     The model is built and its optimizer fused exactly as the training app does, on the meta
-    device, so the planner sees the same tables and estimates the same storage; with the batch and
-    learning rates the job gets on the cluster's device (:func:`with_device_defaults`).
+    device, so the planner sees the same tables and estimates the same storage; with the batch the
+    job gets on the cluster's device (:func:`with_device_defaults`).
     """
     cfg, device_defaults = with_device_defaults(cfg, cluster.device)
     check_device_support(cfg, cluster.device)
@@ -201,13 +201,9 @@ def preview(app: TrainingApp[C], cfg: C, cluster: Cluster) -> Preview:
             "CPU ranks (the app builds that plan itself at start-up), so it cannot estimate this "
             "plan; preview the job on GPUs (-h, or --gpu with --hbm_gb) or use another sharding type"
         )
-    report, error, largest_batch = _PlannerReport(), "", 0
-    try:
-        plan = _offline_plan(app, cfg, model, sharder, _topology(cluster), report)
-    except PlannerError as e:
-        if e.error_type != PlannerErrorType.INSUFFICIENT_STORAGE:
-            raise ConfigError(f"TorchRec's planner found no plan: {_first_line(e)}") from None
-        error = _first_line(e)
+    report, largest_batch = _PlannerReport(), 0
+    plan, error = _plan_within(app, cfg, model, sharder, _topology(cluster), report)
+    if plan is None:
         largest_batch = _largest_fitting_batch(app, cfg, model, sharder, _topology(cluster))
         try:
             plan = _offline_plan(app, cfg, model, sharder, _topology(cluster, unlimited=True), report)
@@ -256,13 +252,8 @@ def _largest_fitting_batch(app: TrainingApp[C], cfg: C, model: nn.Module, sharde
     """
 
     def fits(batch_size: int) -> bool:
-        try:
-            _offline_plan(app, cfg.replace(batch_size=batch_size), model, sharder, topology, _PlannerReport())
-        except PlannerError as e:
-            if e.error_type != PlannerErrorType.INSUFFICIENT_STORAGE:
-                raise ConfigError(f"TorchRec's planner found no plan: {_first_line(e)}") from None
-            return False
-        return True
+        smaller = cfg.replace(batch_size=batch_size)
+        return _plan_within(app, smaller, model, sharder, topology, _PlannerReport())[0] is not None
 
     if not fits(1):
         return 0
@@ -271,6 +262,19 @@ def _largest_fitting_batch(app: TrainingApp[C], cfg: C, model: nn.Module, sharde
         middle = (fitting + too_big) // 2
         fitting, too_big = (middle, too_big) if fits(middle) else (fitting, middle)
     return fitting
+
+
+def _plan_within(
+    app: TrainingApp[C], cfg: C, model: nn.Module, sharder: Sharder, topology: Topology, report: _PlannerReport
+) -> tuple[ShardingPlan | None, str]:
+    """TorchRec's plan within ``topology``'s memory, or None and the planner's reason where no
+    placement fits there; any other failure of the planner is a ConfigError."""
+    try:
+        return _offline_plan(app, cfg, model, sharder, topology, report), ""
+    except PlannerError as e:
+        if e.error_type != PlannerErrorType.INSUFFICIENT_STORAGE:
+            raise ConfigError(f"TorchRec's planner found no plan: {_first_line(e)}") from None
+        return None, _first_line(e)
 
 
 def _topology(cluster: Cluster, unlimited: bool = False) -> Topology:
