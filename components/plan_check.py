@@ -47,10 +47,11 @@ class PlanCheck:
             )
             with _info_logs_off():
                 # Imported only when asked: planning loads torch and torchrec, building a job does not.
-                verdict = importlib.import_module(plan_module).check_plan_fits(cfg, target).verdict()
+                preview = importlib.import_module(plan_module).check_plan_fits(cfg, target)
         except ConfigError as e:
             raise InvalidComponentArgument(str(e)) from None
-        logger.info("--check_plan: %s", verdict)
+        for line in [*preview.notes(), preview.verdict()]:
+            logger.info("--check_plan: %s", line)
 
 
 def _check_hbm_gb(launch: Launch, cfg: RunConfig) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+from types import SimpleNamespace
 
 import pytest
 from torchx import specs
@@ -22,6 +23,7 @@ from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS
 from apps.dlrm.plan import main as plan_app
 from apps.dlrm.plan import preview
+from apps.hstu.plan import main as hstu_plan_app
 from components import dlrm, hstu
 from components.signature import InvalidComponentArgument
 from tests.conftest import BIN, LOCAL_TRAIN_1X2, assert_ok, run
@@ -171,10 +173,51 @@ def test_the_target_has_the_ranks_train_launches(j, h):
         (dict(memMB=0), "--memMB 0 must be positive"),
     ],
 )
-def test_a_bad_target_is_refused_naming_the_value(target, fragment):
+def test_a_bad_target_is_refused_naming_the_value(target, fragment, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # this machine has no GPU to read
     with pytest.raises(ConfigError) as error:
         PlanTarget(**target)
     assert fragment in str(error.value)
+
+
+def h200_here(monkeypatch) -> None:
+    """This machine, as torch would see it with a GPU of the lent machines' name and size (an H200
+    of 143,771 MiB, as nvidia-smi reported it)."""
+    h200 = SimpleNamespace(name="NVIDIA H200", total_memory=143_771 * 1024**2)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.get_device_properties", lambda index: h200 if index == 0 else None)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("plan_main", [plan_app, hstu_plan_app], ids=["dlrm", "hstu"])
+def test_the_preview_of_gpu_ranks_reads_this_machine_s_gpu_memory_when_no_option_gives_it(
+    plan_main, capsys, monkeypatch
+):
+    h200_here(monkeypatch)
+    with pytest.raises(SystemExit) as exit:
+        plan_main(["-j", "1x1", "--gpu", "1", "--memMB", "65536"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:3] == [
+        "per rank: 140.40 GiB HBM (119.34 GiB usable), 64.00 GiB host memory",
+        "GPU memory: 140.40 GiB, read from this machine's GPU 0 (NVIDIA H200)",
+    ]
+    assert out[-1].startswith("fits: ")
+    # --hbm_gb, or -h's instance type, says it instead: nothing is read then
+    monkeypatch.setattr("torch.cuda.get_device_properties", None)
+    assert not PlanTarget(j="1x1", gpu=1, hbm_gb=8).cluster.hbm_source
+    assert not PlanTarget(j="1", h="aws_p4d.24xlarge").cluster.hbm_source
+
+
+@pytest.mark.unit
+def test_the_plan_component_reads_this_machine_s_gpu_memory_where_it_has_one(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(InvalidComponentArgument, match="give it with --hbm_gb"):
+        dlrm.plan(j="1x1", gpu=1)
+    h200_here(monkeypatch)
+    (role,) = dlrm.plan(j="1x1", gpu=1).roles
+    assert role.args == ["-m", "apps.dlrm.plan", "-j", "1x1", "--gpu", "1"]  # the preview reads it too
+    assert hstu.plan(j="1x1", gpu=1).roles[0].args[:2] == ["-m", "apps.hstu.plan"]
 
 
 @pytest.mark.unit

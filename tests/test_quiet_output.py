@@ -8,14 +8,17 @@ import json
 import logging
 import os
 import signal
+import warnings
 
 import pytest
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torchrec.distributed.types import ParameterSharding, ShardingPlan
 
+from apps.core.common import library_warnings
 from apps.core.common.distributed import REFUSALS_FOLDER, DistEnv, exit_refused
 from apps.core.common.errors import ConfigError
+from apps.core.common.library_warnings import filter_known_warnings
 from apps.core.launch import agent
 from apps.core.launch.torchrun_args import available_cores, trainer_threads
 from apps.core.training.report import Reporter
@@ -141,3 +144,42 @@ def test_no_progress_bar_in_a_log_and_a_note_once(tmp_path, caplog, monkeypatch)
     reporter.close()
     assert log.getvalue() == ""
     assert [r.getMessage() for r in caplog.records] == ["auroc_ceiling: what it is"]
+
+
+def test_fbgemm_s_missing_compat_entry_is_filtered_and_its_other_version_warning_still_shows():
+    # Through FBGEMM's own check, as its import runs it for each library it loads: a release its
+    # table lacks (fbgemm-gpu 1.6.0 lacks its own), then one it pairs with another torch.
+    import fbgemm_gpu
+
+    root = logging.getLogger()
+    filter_known_warnings()
+    filter_known_warnings()  # once, however often
+    assert root.filters.count(library_warnings._keep) == 1
+    missing = records_of(root, lambda: fbgemm_gpu._load_library("no_such_library.so", "9.9.0", no_throw=True))
+    assert not [line for line in missing if "_fbgemm_torch_compat_table" in line]
+    assert [line for line in missing if "Could not load the library 'no_such_library.so'" in line]
+    other = records_of(root, lambda: fbgemm_gpu._load_library("no_such_library.so", "1.0.0", no_throw=True))
+    assert [line for line in other if "which is not guaranteed to be" in line]
+
+
+def test_fbgemm_s_b200_debugging_warning_is_filtered_and_its_other_warnings_still_show():
+    # As torch raises FBGEMM 1.6.0's TORCH_WARN_ONCE in the embedding backward: a UserWarning
+    # with the C++ source appended.
+    b200 = (
+        "TBE B200 optimization: device_major=9, feature_enabled=0, segment_length=1024 (Triggered "
+        "internally at fbgemm_gpu/codegen/training/backward/embedding_backward_split_template.cu:1002.)"
+    )
+    # FBGEMM's other warnings, that its embedding kernels failed to load, say (Deprecation here).
+    failed = "Failed to import: fbgemm_gpu.split_embedding_codegen_lookup_invokers.lookup_adagrad"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        filter_known_warnings()
+        warnings.warn(b200, UserWarning, stacklevel=1)
+        warnings.warn(failed, DeprecationWarning, stacklevel=1)
+        warnings.warn(failed, UserWarning, stacklevel=1)
+        warnings.warn(b200, DeprecationWarning, stacklevel=1)  # the text alone is not enough
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (DeprecationWarning, failed),
+        (UserWarning, failed),
+        (DeprecationWarning, b200),
+    ]

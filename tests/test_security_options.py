@@ -14,7 +14,7 @@ from torch.distributed._shard._utils import DEPRECATE_MSG
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchx.specs.builders import materialize_appdef
 
-from apps.core.training.report import filter_library_warnings
+from apps.core.common.library_warnings import filter_known_warnings
 from apps.core.training.sharding import make_planner, make_topology, model_to_shard
 from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.training.app import DLRM
@@ -131,7 +131,7 @@ def test_the_planner_warns_about_nothing_and_reserves_what_torchrec_would(caplog
 def test_dcp_sharded_tensor_deprecation_is_filtered_and_nothing_else():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        filter_library_warnings()
+        filter_known_warnings()
         warnings.warn(DEPRECATE_MSG, FutureWarning, stacklevel=1)
         warnings.warn("another deprecation", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["another deprecation"]

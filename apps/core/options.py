@@ -39,6 +39,7 @@ def section(cls: type) -> Any:
     return dataclasses.field(default_factory=cls, metadata={"section": cls})
 
 
+@dataclasses.dataclass(slots=True)
 class Options:
     """Base of a dataclass of options and sections of options, built from flat option values.
 
@@ -46,7 +47,11 @@ class Options:
     option (``cfg.checkpoint_dir`` for ``cfg.checkpoint.checkpoint_dir``) then fails instead of
     silently adding an attribute nothing reads."""
 
-    __slots__ = ()
+    #: The options (flat names) that were given, or set by a preset, when the configuration was
+    #: built (:meth:`from_options`): what a default of the device the run lands on leaves as it
+    #: is (apps/core/config.py, :func:`~apps.core.config.with_device_defaults`). Not an option,
+    #: and not part of what a configuration is (equality).
+    explicit: frozenset[str] = dataclasses.field(default=frozenset(), compare=False, repr=False, kw_only=True)
 
     #: The options offered (flat names) on the command line and as component arguments; None: all.
     #: A subclass that a tool reads only in part (the plan preview reads the model's) narrows it,
@@ -66,11 +71,22 @@ class Options:
         unknown = sorted(set(given) - {field.name for field in options_of(cls)})
         if unknown:
             raise ConfigError(f"unknown options: {', '.join(unknown)}")
-        return _build(cls, {**cls.preset_defaults(given), **given})
+        preset = cls.preset_defaults(given)
+        config = _build(cls, {**preset, **given})
+        config.explicit = frozenset(preset) | frozenset(given)
+        return config
 
     def replace(self: C, **changes: Any) -> C:
-        """A copy with the options in ``changes`` changed (flat names), validated anew."""
-        return type(self).from_options({**option_values(self), **changes})
+        """A copy with the options in ``changes`` changed (flat names), validated anew; those
+        join the options given (:attr:`explicit`). Any option may change, offered or not
+        (:attr:`OFFERED` narrows what a user gives, not what the configuration holds)."""
+        values = option_values(self)
+        unknown = sorted(set(changes) - set(values))
+        if unknown:
+            raise ConfigError(f"unknown options: {', '.join(unknown)}")
+        config = _build(type(self), {**values, **changes})
+        config.explicit = self.explicit | frozenset(changes)
+        return config
 
 
 def option_values(config: Any) -> dict[str, Any]:

@@ -202,6 +202,10 @@ class SequenceTrainingConfig(TrainingConfig):
     click's sample, and 500 steps of 128 users a rank come within 0.08 of the ceiling."""
 
     synthetic_steps: ClassVar[int] = HSTU_SYNTHETIC_STEPS
+    #: None: 128 users a rank is already the per-GPU batch of the reference HSTU's recipes
+    #: (generative-recommenders' ML-1M configs: local_batch_size 128), each user tens of events
+    #: that its attention steps over together, and the HSTU has not yet been measured on a GPU.
+    gpu_batch_size: ClassVar[int | None] = None
 
     batch_size: int = option(128, "Training users (sequences) per rank per step.")
     steps: int = option(

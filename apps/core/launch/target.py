@@ -4,7 +4,8 @@ A job is described with ``components.dlrm:train``'s own ``-j`` and ``-h`` (or ``
 ``--memMB``), checked by the same launcher code: this module turns them into ranks, ranks per
 node, and each rank's HBM and host memory, resolving ``-j`` exactly as TorchX's
 ``dist.torchrun`` does when it launches the job. It needs neither torch nor a GPU, so
-components can check their arguments with it cheaply.
+components can check their arguments with it cheaply: only a job of ``--gpu`` GPUs whose memory
+no option gives asks torch about this machine's GPU (:func:`local_gpu`).
 """
 
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ class Cluster:
     hbm_per_rank: int  # bytes; 0 on CPU ranks
     ddr_per_rank: int  # bytes: the node's host memory shared by its ranks
     node: str  # what a node is, for people: "aws_p4d.24xlarge", "a node of 8 GPUs and 65536 MB"
+    #: Where hbm_per_rank comes from, when neither -h nor --hbm_gb gave it: this machine's GPU.
+    hbm_source: str = ""
 
     @property
     def world_size(self) -> int:
@@ -98,26 +101,53 @@ class PlanTarget:
             j = str(StructuredJArgument.parse_from(self.h, j))
         min_nodes, _, nproc, _ = parse_nnodes(j)
         check_hbm_gb(self.hbm_gb, resource, self.h)
+        hbm, hbm_source = self._hbm_bytes(resource) if resource.gpu else (0, "")
         return Cluster(
             nodes=min_nodes,
             nproc_per_node=nproc,
             device="cuda" if resource.gpu else "cpu",
-            hbm_per_rank=int(self._hbm_gib(resource) * GiB) if resource.gpu else 0,
+            hbm_per_rank=hbm,
             ddr_per_rank=resource.memMB * MiB // nproc,
             node=self.h or f"a node of {resource.gpu} GPUs and {resource.memMB} MB",
+            hbm_source=hbm_source,
         )
 
-    def _hbm_gib(self, resource: specs.Resource) -> float:
-        """--hbm_gb, else the HBM of the -h type's GPU."""
+    def _hbm_bytes(self, resource: specs.Resource) -> tuple[int, str]:
+        """The HBM per rank: --hbm_gb, else that of the -h type's GPU, else (--gpu without -h)
+        that of this machine's GPU 0, where the training job's planner reads it too
+        (apps/core/training/sharding.py); with where it came from, when read here."""
         hbm_gib = self.hbm_gb or known_hbm_gib(resource)
         if hbm_gib:
-            return hbm_gib
+            return int(hbm_gib * GiB), ""
+        gpu = None if self.h else local_gpu()
+        if gpu is not None:
+            return (
+                gpu.total_bytes,
+                f"GPU memory: {gpu.total_bytes / GiB:.2f} GiB, read from this machine's GPU 0 ({gpu.name})",
+            )
         instance_type = resource.capabilities.get(K8S_ITYPE, "")
         node = f"-h {self.h} ({instance_type or 'no instance type'})" if self.h else f"--gpu {self.gpu}"
         raise ConfigError(
             f"how much memory a GPU of {node} has is not known: give it with --hbm_gb "
             "(e.g. --hbm_gb 79 for an H100 80 GB, which has 79.1 GiB)"
         )
+
+
+@dataclass(frozen=True)
+class LocalGpu:
+    name: str  # as CUDA names it: "NVIDIA H200"
+    total_bytes: int
+
+
+def local_gpu() -> LocalGpu | None:
+    """This machine's first CUDA GPU, as torch sees it (its whole memory, as the training job
+    plans with it); None where torch sees none. Imports torch only when called."""
+    import torch  # here: only a job of --gpu GPUs whose memory no option gives asks
+
+    if not torch.cuda.is_available():
+        return None
+    properties = torch.cuda.get_device_properties(0)
+    return LocalGpu(properties.name, properties.total_memory)
 
 
 def known_hbm_gib(resource: specs.Resource) -> int | None:

@@ -36,7 +36,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingPlan
 
 from apps.core.common.errors import ConfigError
-from apps.core.config import check_int8_comms
+from apps.core.config import check_int8_comms, with_device_defaults
 from apps.core.launch.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 from apps.core.options import Options, add_options, build_parser, options_of
 from apps.core.training.app import C, TrainingApp
@@ -58,7 +58,7 @@ DOES_NOT_FIT = 3
 #: fit would need on each rank.
 UNLIMITED = 2**60
 
-ADVICE = "use more ranks (-j), nodes with more memory (-h, --hbm_gb, --memMB), smaller tables or a smaller --batch_size"
+ADVICE = "use more ranks (-j), nodes with more memory (-h, --hbm_gb, --memMB) or smaller tables"
 
 
 class _PlannerReport(Stats):
@@ -97,6 +97,14 @@ class Preview:
     reserve_percent: float
     fits: bool
     planner_error: str = ""  # why the planner found no plan, when it did not
+    #: When it does not fit: the largest batch per rank whose plan fits (0: not even one sample's).
+    largest_batch: int = 0
+    device_defaults: str = ""  # what the defaults of the ranks' device chose (with_device_defaults)
+
+    def notes(self) -> list[str]:
+        """What the plan was made with that no option gave: this machine's GPU memory, the
+        defaults of the ranks' device."""
+        return [line for line in (self.cluster.hbm_source, self.device_defaults) if line]
 
     def verdict(self) -> str:
         """One line: ``fits: ...`` or ``does not fit: needs X GiB HBM on rank r, has Y ...``."""
@@ -115,7 +123,7 @@ class Preview:
             if used > has
         ]
         if not short:  # the placement without limits happens to fit: say what the planner said
-            return f"does not fit: TorchRec's planner found no placement ({self.planner_error}); {ADVICE}"
+            return f"does not fit: TorchRec's planner found no placement ({self.planner_error}); {self._advice()}"
         _, kind, rank, used, has = max(short, key=lambda s: s[0])  # the first, of equals
         text = f"does not fit: needs {_gib(used)} {kind} on rank {rank}, has {_gib(has)}"
         if kind == "HBM":
@@ -124,7 +132,13 @@ class Preview:
                 "TorchRec's planner keeps free), and no placement fits with tables cached from its "
                 f"{_gib(self.cluster.ddr_per_rank)} of host memory either"
             )
-        return f"{text}; {ADVICE}"
+        return f"{text}; {self._advice()}"
+
+    def _advice(self) -> str:
+        """What would make it fit: the largest batch that does, if a smaller batch does."""
+        if not self.largest_batch:
+            return ADVICE
+        return f"--batch_size {self.largest_batch} is the largest that fits (this is {self.batch_size}): give that or less, or {ADVICE}"
 
     def render(self) -> str:
         """The plan, one line per table and one per rank, then the verdict."""
@@ -158,6 +172,7 @@ class Preview:
             [
                 header,
                 f"per rank: {capacity}",
+                *self.notes(),
                 "",
                 *_columns(tables),
                 "",
@@ -174,8 +189,10 @@ def preview(app: TrainingApp[C], cfg: C, cluster: Cluster) -> Preview:
     """TorchRec's plan for ``app``'s ``cfg`` on ``cluster``, and each rank's memory, without any GPU.
 
     The model is built and its optimizer fused exactly as the training app does, on the meta
-    device, so the planner sees the same tables and estimates the same storage.
+    device, so the planner sees the same tables and estimates the same storage; with the batch the
+    job gets on the cluster's device (:func:`with_device_defaults`).
     """
+    cfg, device_defaults = with_device_defaults(cfg, cluster.device)
     check_device_support(cfg, cluster.device)
     model, sharder = model_to_shard(app, cfg, dense_device=torch.device("meta"))
     if not planner_offers(cfg.launch, sharder, cluster.device):
@@ -184,13 +201,10 @@ def preview(app: TrainingApp[C], cfg: C, cluster: Cluster) -> Preview:
             "CPU ranks (the app builds that plan itself at start-up), so it cannot estimate this "
             "plan; preview the job on GPUs (-h, or --gpu with --hbm_gb) or use another sharding type"
         )
-    report, error = _PlannerReport(), ""
-    try:
-        plan = _offline_plan(app, cfg, model, sharder, _topology(cluster), report)
-    except PlannerError as e:
-        if e.error_type != PlannerErrorType.INSUFFICIENT_STORAGE:
-            raise ConfigError(f"TorchRec's planner found no plan: {_first_line(e)}") from None
-        error = _first_line(e)
+    report, largest_batch = _PlannerReport(), 0
+    plan, error = _plan_within(app, cfg, model, sharder, _topology(cluster), report)
+    if plan is None:
+        largest_batch = _largest_fitting_batch(app, cfg, model, sharder, _topology(cluster))
         try:
             plan = _offline_plan(app, cfg, model, sharder, _topology(cluster, unlimited=True), report)
         except PlannerError as unlimited:
@@ -212,6 +226,8 @@ def preview(app: TrainingApp[C], cfg: C, cluster: Cluster) -> Preview:
         reserve_percent=reserve,
         fits=not error,
         planner_error=error,
+        largest_batch=largest_batch,
+        device_defaults=device_defaults,
     )
 
 
@@ -221,6 +237,44 @@ def check_plan_fits(app: TrainingApp[C], cfg: C, target: PlanTarget) -> Preview:
     if not result.fits:
         raise ConfigError(f"--check_plan: {result.verdict()}")
     return result
+
+
+def _largest_fitting_batch(app: TrainingApp[C], cfg: C, model: nn.Module, sharder: Sharder, topology: Topology) -> int:
+    """The largest batch per rank, below ``cfg``'s (which does not fit), whose plan fits
+    ``topology``; 0 if not even one sample's does.
+
+    TorchRec's planner sizes each shard with the batch (its input ids and pooled outputs, and the
+    input features it keeps room for on each rank: ``calculate_shard_storages``,
+    ``HeuristicalStorageReservation``), so a smaller batch may fit where this one does not. Its
+    placement may change with the batch too, so the question is asked of the planner itself, by
+    bisection (a batch that fits taken to mean that every smaller one does: the estimates only
+    grow with it).
+    """
+
+    def fits(batch_size: int) -> bool:
+        smaller = cfg.replace(batch_size=batch_size)
+        return _plan_within(app, smaller, model, sharder, topology, _PlannerReport())[0] is not None
+
+    if not fits(1):
+        return 0
+    fitting, too_big = 1, cfg.training.batch_size
+    while too_big - fitting > 1:
+        middle = (fitting + too_big) // 2
+        fitting, too_big = (middle, too_big) if fits(middle) else (fitting, middle)
+    return fitting
+
+
+def _plan_within(
+    app: TrainingApp[C], cfg: C, model: nn.Module, sharder: Sharder, topology: Topology, report: _PlannerReport
+) -> tuple[ShardingPlan | None, str]:
+    """TorchRec's plan within ``topology``'s memory, or None and the planner's reason where no
+    placement fits there; any other failure of the planner is a ConfigError."""
+    try:
+        return _offline_plan(app, cfg, model, sharder, topology, report), ""
+    except PlannerError as e:
+        if e.error_type != PlannerErrorType.INSUFFICIENT_STORAGE:
+            raise ConfigError(f"TorchRec's planner found no plan: {_first_line(e)}") from None
+        return None, _first_line(e)
 
 
 def _topology(cluster: Cluster, unlimited: bool = False) -> Topology:

@@ -7,10 +7,8 @@ Only rank 0 reports; the other ranks get a reporter that stays silent.
 import json
 import logging
 import os
-import re
 import sys
 import uuid
-import warnings
 from typing import Any
 
 from tqdm import tqdm
@@ -36,17 +34,8 @@ class _ProgressBar(tqdm):
     monitor_interval = 0
 
 
-# Warnings that libraries raise about their own internals, which a user cannot act on; each by
-# its message, so that any other warning of the same libraries still shows. (Those we can avoid
-# at their cause are avoided there: the planner's storage reservation, sharding.py.)
-_LIBRARY_WARNINGS = (
-    r"`broadcast_buffers` is deprecated",
-    r"`torch.distributed.reduce_scatter_tensor` is deprecated",
-    r"`torch.distributed.all_gather_into_tensor` is deprecated",
-    # TorchRec hands sharded tables to DCP as ShardedTensors, which torch deprecates on each use
-    # while saving and loading a checkpoint, once per call site and rank.
-    re.escape("Please use DTensor instead and we are deprecating ShardedTensor."),
-)
+# Library loggers that speak of their internals at every run (the known-harmless warnings are
+# filtered in apps/core/common/library_warnings.py).
 _LIBRARY_LOGGERS = ("torch.fx._symbolic_trace",)
 
 
@@ -64,15 +53,8 @@ def redacting_handler(fmt: str) -> logging.Handler:
     return handler
 
 
-def filter_library_warnings() -> None:
-    """Hides the known library warnings (above) for the rest of this process."""
-    for pattern in _LIBRARY_WARNINGS:
-        warnings.filterwarnings("ignore", message=pattern)
-
-
 def setup_logging(rank: int) -> None:
     """Our INFO lines on rank 0; only warnings from libraries and other ranks."""
-    filter_library_warnings()
     for name in _LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     logging.basicConfig(

@@ -19,7 +19,7 @@ from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainS
 from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv, all_reduce_mean
 from apps.core.common.errors import ConfigError
-from apps.core.config import LaunchConfig
+from apps.core.config import LaunchConfig, with_device_defaults
 from apps.core.options import option_values
 from apps.core.training.app import C, EvalMetrics, TrainingApp
 from apps.core.training.device_support import check_device_support
@@ -80,6 +80,7 @@ class Trainer(Generic[C]):
     """
 
     def __init__(self, app: TrainingApp[C], cfg: C, env: DistEnv) -> None:
+        cfg, device_defaults = with_device_defaults(cfg, env.device.type)  # what the run trains with
         check_device_support(cfg, env.device.type)
         self.app, self.cfg, self.env = app, cfg, env
         folder = open_checkpoints(cfg, env)  # before the model: a bad --checkpoint_dir fails in seconds
@@ -87,6 +88,8 @@ class Trainer(Generic[C]):
         # So does an --output_dir of another run; a resumed run may write into its own.
         output_dir = open_output_dir(cfg.evaluation.output_dir, self.run_id, folder.resume_from is not None, env)
         self.reporter = Reporter(output_dir, enabled=env.is_main)
+        if device_defaults:
+            self.reporter.log("%s", device_defaults)
         pipeline_cls = pipeline_class(cfg.launch)
         self.data = app.make_data(cfg, env, folder.resume_from)  # so does a bad --data_path
         self.run_length = RunLength.of(cfg, self.data.steps_per_epoch)
