@@ -362,8 +362,7 @@ class Run:
                 if rc is None and time.monotonic() < started + limit:
                     continue
                 if rc is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    end_tree(proc)
                 del running[name]
                 self.finish(step, rc, started, argv, limit)
             time.sleep(0.5)
@@ -378,6 +377,35 @@ class Run:
         self.record(
             "dryrun", not failed, "; ".join(failed) or f"torchx accepts the GPU command lines of {len(jobs)} jobs"
         )
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux's /proc), those in sessions of their own too: torchx's
+    local scheduler starts each job so, out of reach of its launcher's process group."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def end_tree(proc: subprocess.Popen) -> None:
+    """Kills a step that outran its limit, with every process it started."""
+    for pid in descendants(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def last_line(path: Path) -> str:

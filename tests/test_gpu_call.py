@@ -15,6 +15,13 @@ from tests.conftest import assert_ok, run
 TIER = "integration"
 
 
+def read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
 
@@ -54,14 +61,19 @@ def test_a_failing_or_slow_step_is_recorded_and_the_others_still_run(tmp_path):
     def wrote(folder: Path) -> Verdict:
         return Verdict(True, (folder / "figures.txt").read_text())
 
-    slow = Step("slow", ["sleep", "60"], 1, wrote)
+    # Its child in a session of its own, as torchx starts a job's processes, is ended too.
+    in_own_session = (
+        "import subprocess, time; subprocess.Popen(['sleep', '61.2345'], start_new_session=True); time.sleep(60)"
+    )
+    slow = Step("slow", ["python3", "-c", in_own_session], 2, wrote)
     failing = Step("failing", ["python3", "-c", "print('boom'); raise SystemExit(3)"], 30, wrote)
     writes = Step("writes", ["sh", "-c", f"echo 42 > {tmp_path / 'writes' / 'figures.txt'}"], 30, wrote)
     unread = Step("unread", ["true"], 30, wrote)
     checks = Run(tmp_path, budget_s=60, cpu=False)
     checks.together([slow, failing, writes, unread])
     by_step = {r["step"]: r for r in records(tmp_path)}
-    assert by_step["slow"]["rc"] is None and by_step["slow"]["summary"].startswith("timed out after 1 s")
+    assert by_step["slow"]["rc"] is None and by_step["slow"]["summary"].startswith("timed out after 2 s")
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if read(p) == "sleep\x0061.2345\x00"]
     assert by_step["failing"]["rc"] == 3 and by_step["failing"]["summary"] == "exited 3: boom"
     assert by_step["writes"]["ok"] and by_step["writes"]["summary"] == "42\n"
     assert not by_step["unread"]["ok"] and "results are unreadable: FileNotFoundError" in by_step["unread"]["summary"]
