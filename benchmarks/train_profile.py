@@ -60,9 +60,10 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
 
 
 def device_figures(events: list[Any], wall_s: float, top: int) -> dict[str, Any]:
-    """GPU busy time and the top kernels, from the profiler's device events. Annotations that
-    TorchRec's record_function ranges leave on the GPU's timeline span idle gaps: left out."""
-    work = [e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+    """GPU busy time and the top kernels, from the profiler's device events. The annotations that
+    record_function ranges (TorchRec's) leave on the GPU's timeline span idle gaps: left out, as
+    torch's own table leaves them out of device time."""
+    work = [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
     per_kernel: dict[str, list[float]] = defaultdict(list)
     for e in work:
         per_kernel[e.name].append(e.time_range.elapsed_us())
@@ -121,6 +122,8 @@ def profile_steps(opts: argparse.Namespace, app_args: list[str]) -> dict[str, An
         figures = device_figures(list(prof.events()), wall_s, opts.top) if cuda else cpu_figures(prof, opts.top)
         if opts.trace:
             prof.export_chrome_trace(opts.trace)
+            if not os.path.exists(opts.trace):  # kineto only logs a file it could not write
+                raise OSError(f"--trace {opts.trace}: the profiler could not write it (does its folder exist?)")
     finally:
         trainer.close()
         leave_process_group()

@@ -7,10 +7,12 @@ import struct
 from pathlib import Path
 
 import pytest
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 
 from apps.core.config import EMBEDDING_OPTIMIZERS
 from benchmarks.gpu_call import TORCHX_RUN, dryrun, on_cpu, steps
-from benchmarks.train_profile import busy_seconds
+from benchmarks.train_profile import busy_seconds, device_figures
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
@@ -167,3 +169,32 @@ def test_the_dryrun_builds_the_exact_gpu_command_line(tmp_path):
 def test_busy_time_counts_overlapping_kernels_once():
     assert busy_seconds([(0, 4), (2, 6), (10, 11), (10.5, 10.7)]) == 7
     assert busy_seconds([]) == 0
+
+
+def device_event(name: str, start: float, end: float, annotation: bool = False) -> FunctionEvent:
+    return FunctionEvent(
+        id=0,
+        name=name,
+        thread=0,
+        start_us=start,
+        end_us=end,
+        device_type=DeviceType.CUDA,
+        is_user_annotation=annotation,
+    )
+
+
+def test_the_profile_counts_kernels_not_the_annotations_that_span_their_gaps():
+    events = [
+        device_event("## sdd_forward ##", 0, 100, annotation=True),  # TorchRec's range, on the GPU's timeline
+        device_event("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n", 0, 30),
+        device_event("split_embedding_codegen_forward_kernel", 20, 40),
+        device_event("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n", 60, 70),
+        FunctionEvent(id=1, name="aten::mm", thread=0, start_us=0, end_us=100),  # the host's side
+    ]
+    figures = device_figures(events, wall_s=100e-6, top=5)
+    assert figures["gpu_busy_s"] == pytest.approx(50e-6) and figures["gpu_busy_fraction"] == pytest.approx(0.5)
+    assert figures["tf32_kernel_share"] == pytest.approx(40 / 60)
+    assert [(row["name"][:13], row["calls"], row["total_ms"]) for row in figures["top"]] == [
+        ("sm90_xmma_gem", 2, pytest.approx(0.04)),
+        ("split_embeddi", 1, pytest.approx(0.02)),
+    ]

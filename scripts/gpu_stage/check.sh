@@ -31,7 +31,7 @@ archive() {
   echo "check.sh: $out/gpu_call.tar.gz ($(du -h "$out/gpu_call.tar.gz" | cut -f1)) holds $work"
 }
 trap archive EXIT
-record() {  # STEP OK SECONDS SUMMARY: one JSON line, as gpu_call.py writes its steps'
+record() {  # STEP EXIT_STATUS SECONDS SUMMARY: one JSON line, as gpu_call.py writes its steps'
   python3 -c 'import json, sys; print(json.dumps({"step": sys.argv[1], "ok": sys.argv[2] == "0", "rc": int(sys.argv[2]),
     "seconds": int(sys.argv[3]), "summary": sys.argv[4]}))' "$@" | tee -a "$work/steps.jsonl"
 }
