@@ -26,24 +26,23 @@ install_row() {
 
 # An image like the GPU machine's: a bare venv of the row's Python holding only the image's
 # packages (scripts/gpu_stage/image.txt, linked from the row's venv), and what prepare.sh packs
-# for the machine, fbgemm-gpu-cpu standing in for fbgemm-gpu, in small chunks (two parts).
+# for the machine, in its one part, fbgemm-gpu-cpu standing in for fbgemm-gpu.
 build_image() {
   rm -rf "$VENV/image" "$VENV/gpu"
   "$PYTHON312" -m venv "$VENV/image"
   "$VENV/bin/python" scripts/gpu_stage/image_like.py \
     "$("$VENV/image/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-  GPU_STAGE_DIR="$VENV/gpu" FBGEMM_DIST=fbgemm-gpu-cpu GPU_STAGE_CHUNK_BYTES=2000000 bash scripts/gpu_stage/prepare.sh
+  GPU_STAGE_DIR="$VENV/gpu" FBGEMM_DIST=fbgemm-gpu-cpu bash scripts/gpu_stage/prepare.sh
 }
 
-# The pack staged on that image by stage.sh, as on the machine, then what gpu_check starts there:
-# the main job through torchx's CLI, and the plan preview. A package the pack lacks fails here.
+# The one device call of the machine (scripts/gpu_stage/check.sh) on that image: it stages the
+# pack as there, then runs every step's command line, quick, on CPU. A package the pack lacks, or
+# an option a step's command line gets wrong, fails here.
 check_staged() (
   export PATH="$PWD/$VENV/image/bin:$PATH"
-  for part in "$VENV"/gpu/p*; do STAGE_ROOT="$work/stage" bash "$part/stage.sh"; done
-  . "$work/stage/gpu_env.sh"
-  python -m torchx.cli.main run -s local_cwd components.dlrm:train -j 1x2 --steps 20 --output_dir "$work/staged/{run}"
-  python -m apps.dlrm.plan -j 1x2 >/dev/null
-  echo "gpu_row.sh: the staged pack suffices on an image like the GPU machine's"
+  GPU_STAGE_PACK="$VENV/gpu/stack.tar.xz" STAGE_ROOT="$work/stage" OUT="$work/call" GPU_CALL_DIR="$work/steps" \
+    bash scripts/gpu_stage/check.sh --on_cpu
+  echo "gpu_row.sh: the staged pack suffices on an image like the GPU machine's, and every step of check.sh ran on it"
 )
 
 # On the row, as a user runs them: the unit tier; the main job, short, with a checkpoint; the same

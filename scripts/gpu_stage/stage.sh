@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine, from the project root, once per part that scripts/gpu_stage/prepare.sh
-# packed (bash .gpu/pN/stage.sh): collects the part under $STAGE_ROOT/fb (default /tmp/fb); once
-# every chunk of fbgemm-gpu is there, unpacks it and installs the small wheels into
-# $STAGE_ROOT/site, and writes $STAGE_ROOT/gpu_env.sh. `source /tmp/gpu_env.sh` then puts them
-# and the project on PYTHONPATH, and their scripts (torchx) on PATH.
+# Runs on the GPU machine, from the project root (scripts/gpu_stage/check.sh runs it first):
+# unpacks prepare.sh's pack under $STAGE_ROOT (default /tmp) -- fbgemm-gpu into $STAGE_ROOT/site,
+# the wheels installed there -- and writes $STAGE_ROOT/gpu_env.sh, which puts them and the project
+# on PYTHONPATH (`. /tmp/gpu_env.sh`). ~25 s on the lent H200.
+#
+#   bash scripts/gpu_stage/stage.sh [PACK]          # default .gpu/stack.tar.xz
 set -euo pipefail
-part=$(cd "$(dirname "$0")" && pwd)
+pack=${1:-.gpu/stack.tar.xz}
 root=${STAGE_ROOT:-/tmp}
-mkdir -p "$root/fb" && cp -r "$part"/. "$root/fb/"
-for chunk in $(cat "$root/fb/fb.list"); do
-  if [ ! -f "$root/fb/$chunk" ]; then echo "stage.sh: $(basename "$part") collected; carry the part with $chunk next"; exit 0; fi
-done
-if [ ! -d "$root/site/fbgemm_gpu" ]; then
-  mkdir -p "$root/site"
-  (cd "$root/fb" && cat $(cat fb.list)) | xz -d -T0 | tar xf - -C "$root/site"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$root/site" "$root"/fb/small/*.whl
+if [ ! -f "$pack" ]; then
+  echo "stage.sh: no pack at $pack: build it with 'bash scripts/gpu_stage/prepare.sh' and carry .gpu with the call" >&2
+  exit 1
 fi
+rm -rf "$root/site" "$root/stack" && mkdir -p "$root/site" "$root/stack"
+xz -d -T0 < "$pack" | tar xf - -C "$root/stack"
+mv "$root"/stack/fbgemm_gpu* "$root/site/"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$root/site" "$root"/stack/wheels/*.whl
+rm -rf "$root/stack"
 echo "export PYTHONPATH=$root/site:$PWD\${PYTHONPATH:+:\$PYTHONPATH} PATH=$root/site/bin:\$PATH PYTHONUNBUFFERED=1" \
   > "$root/gpu_env.sh"
 . "$root/gpu_env.sh"
 # The training path's imports, here, where a missing package is cheapest to find.
-python3 -c "import torch, apps.dlrm.train, apps.dlrm.torchrun, benchmarks.gpu_check, components.dlrm
-print('stage.sh: ready: torch', torch.__version__, 'sees a GPU:', torch.cuda.is_available())"
+python3 -c "import torch, fbgemm_gpu, torchrec, apps.dlrm.train, apps.hstu.train, components.dlrm, benchmarks.gpu_call
+print('stage.sh: ready: torch', torch.__version__, 'torchrec', torchrec.__version__, 'sees a GPU:', torch.cuda.is_available())"
