@@ -83,7 +83,9 @@ class Trainer(Generic[C]):
         folder = open_checkpoints(cfg, env)  # before the model: a bad --checkpoint_dir fails in seconds
         self.run_id = folder.run_id
         # So does an --output_dir of another run; a resumed run may write into its own.
-        output_dir = open_output_dir(cfg.evaluation.output_dir, self.run_id, folder.resume_from is not None, env)
+        output_dir = open_output_dir(
+            cfg.evaluation.output_dir, self.run_id, folder.resume_from is not None, env, cfg.checkpoint.checkpoint_dir
+        )
         self.reporter = Reporter(output_dir, enabled=env.is_main)
         pipeline_cls = pipeline_class(cfg.launch)
         self.data = app.make_data(cfg, env)  # so does a bad --data_path
