@@ -113,6 +113,10 @@ def test_malformed_job_size_is_refused_with_the_accepted_forms(j):
         (dict(batch_size=0), "--batch_size 0"),
         (dict(memMB=0), "--memMB 0"),
         (dict(bogus=1), "unknown component arguments: bogus"),
+        # Accepted at submission before, then a traceback in the job (issue 36):
+        (dict(seed=-1), "--seed -1 must be in [0, 2^63 - 1]"),
+        (dict(batch_size=10**12), f"--batch_size {10**12} is more than 16777216 samples per rank"),
+        (dict(dense_arch_layer_sizes="64,,16"), "--dense_arch_layer_sizes: expected a comma-separated list of int"),
     ],
 )
 def test_bad_arguments_fail_before_anything_is_built(kwargs, fragment):
