@@ -28,8 +28,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args
 
-from apps.core.common.distributed import REFUSALS_FOLDER, REFUSED, record_refusal
-from apps.core.common.errors import ConfigError
+from apps.core.common.distributed import REFUSALS_FOLDER, record_refusal
+from apps.core.common.errors import REFUSED, ConfigError
 from apps.core.launch.agent import (
     LAUNCHER_LOGGER,
     describe_failure,

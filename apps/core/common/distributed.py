@@ -13,6 +13,8 @@ from typing import Any, Callable, NoReturn, TypeVar
 import torch
 import torch.distributed as dist
 
+from apps.core.common.errors import REFUSED
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -93,11 +95,6 @@ REFUSALS_FOLDER = "APPS_REFUSALS_FOLDER"
 def refusal_file(folder: str, pid: int) -> str:
     """Where the rank of process ``pid`` leaves its refusal in ``folder``."""
     return os.path.join(folder, f"{pid}.txt")
-
-
-#: The exit status of a refused option or data (a configuration error): the launcher neither
-#: restarts trainers that exit with it (they would be refused again) nor lets a scheduler retry.
-REFUSED = 2
 
 
 def record_refusal(message: str) -> None:

@@ -22,7 +22,8 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.launcher import api as launcher
 
-from apps.core.common.distributed import REFUSALS_FOLDER, REFUSED, refusal_file
+from apps.core.common.distributed import REFUSALS_FOLDER, refusal_file
+from apps.core.common.errors import REFUSED
 
 #: The launcher's logger (apps/core/torchrun.py prints its lines, naming the app's command).
 LAUNCHER_LOGGER = "apps.core.torchrun"
