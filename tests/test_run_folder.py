@@ -179,6 +179,22 @@ def test_a_folder_of_the_users_files_is_refused_in_one_line_and_left_as_it_was(t
 
 
 @pytest.mark.unit
+def test_an_unwritable_output_dir_is_refused_in_one_line_by_the_launcher_and_the_trainer(tmp_path):
+    """/sys refuses new folders even to root (EPERM), as a read-only mount or another user's folder
+    refuses this job's: before, torchrun's or the trainer's traceback."""
+    for output_dir in ("/sys/h36-no-such-run", "/sys/h36-no-such-runs/{run}"):
+        for refuse, args in (
+            (torchrun_log_dir, (os.path.join(output_dir, TORCHRUN_LOGS), LOCAL_CWD, "dlrm-k3x9f2")),
+            (make_run_folder, (output_dir, "run-a", False, LOCAL_CWD, NOON)),
+        ):
+            with pytest.raises(ConfigError) as refused:
+                refuse(*args)
+            message = str(refused.value)
+            assert message.startswith("--output_dir /sys/h36-no-such-run") and "cannot be written (" in message
+            assert "give a folder this job can write to" in message and "\n" not in message
+
+
+@pytest.mark.unit
 def test_torchrun_never_logs_into_a_folder_of_another_run(tmp_path):
     """The launcher cannot tell a run resuming a folder's run (from its checkpoint) from another
     run, which its trainers refuse: torchrun's logs go into a folder of another run's only once
@@ -190,7 +206,8 @@ def test_torchrun_never_logs_into_a_folder_of_another_run(tmp_path):
     assert torchrun_log_dir(logs, LOCAL_CWD, "dlrm-k3x9f2") == ""
     assert torchrun_log_dir(logs, LOCAL_CWD, "run-a") == logs  # this job's first attempt claimed it
     assert torchrun_log_dir(str(tmp_path / "new" / TORCHRUN_LOGS), LOCAL_CWD, "dlrm-k3x9f2").startswith(str(tmp_path))
-    assert os.listdir(folder) == ["RUN"] and not (tmp_path / "new").exists()
+    assert os.listdir(folder) == ["RUN"]
+    assert os.listdir(tmp_path / "new") == []  # made (torchrun writes there next), nothing in it
 
 
 @pytest.mark.unit

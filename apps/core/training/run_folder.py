@@ -18,12 +18,13 @@ start, so its launcher checks a given folder first (:func:`torchrun_log_dir`).
 Only rank 0 writes the folder; every rank learns its name from rank 0.
 """
 
+import contextlib
 import datetime
 import logging
 import os
 import re
 import uuid
-from typing import TYPE_CHECKING, Mapping, NoReturn
+from typing import TYPE_CHECKING, Iterator, Mapping, NoReturn
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import RUN_PLACEHOLDER
@@ -102,15 +103,30 @@ def make_run_folder(
     resuming = resuming or is_restart(environ)
     head, last = os.path.split(output_dir.rstrip("/"))
     if last != RUN_PLACEHOLDER:
-        claim(output_dir, run_id, resuming, environ, _entry_inside(output_dir, checkpoint_dir))
+        with writing(output_dir):
+            claim(output_dir, run_id, resuming, environ, _entry_inside(output_dir, checkpoint_dir))
         return output_dir
-    os.makedirs(head or ".", exist_ok=True)
-    # Every attempt of a TorchX job: the same folder. Otherwise a new one, named by the time.
-    folder = job_folder(output_dir, environ, _torchx_app_id(environ)) or _new_folder(
-        head, run_folder_name(_job_name(environ), None, now)
-    )
-    claim(folder, run_id, resuming, environ)
+    with writing(head or "."):
+        os.makedirs(head or ".", exist_ok=True)
+        # Every attempt of a TorchX job: the same folder. Otherwise a new one, named by the time.
+        folder = job_folder(output_dir, environ, _torchx_app_id(environ)) or _new_folder(
+            head, run_folder_name(_job_name(environ), None, now)
+        )
+        claim(folder, run_id, resuming, environ)
     return folder
+
+
+@contextlib.contextmanager
+def writing(folder: str) -> Iterator[None]:
+    """Making and claiming the run's ``folder``: a folder this job cannot write (read-only, not
+    its user's, a file in its path) is refused in one line (ConfigError), not a traceback."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(
+            f"--output_dir {folder} cannot be written ({e.strerror or e}): give a folder this job can write "
+            "to, or leave --output_dir at its default (a new folder per run under outputs/)"
+        ) from None
 
 
 def point_latest_at(output_dir: str, folder: str) -> None:
@@ -150,12 +166,20 @@ def torchrun_log_dir(log_dir: str, environ: Mapping[str, str], rdzv_id: str) -> 
         return log_dir
     if os.path.basename(output_dir) == RUN_PLACEHOLDER:
         folder = job_folder(output_dir, environ, _torchx_app_id({**environ, "TORCHELASTIC_RUN_ID": rdzv_id}))
-        return os.path.join(folder, logs) if folder else ""
+        return _made(os.path.join(folder, logs), folder) if folder else ""
     owner = _owner(output_dir) if os.path.isdir(output_dir) else None
     if owner is None:
         check_unowned(output_dir, environ)
-        return log_dir
+        return _made(log_dir, output_dir)
     return log_dir if owner == rdzv_id else ""
+
+
+def _made(log_dir: str, folder: str) -> str:
+    """``log_dir``, once the run's ``folder`` that holds it is made: torchrun would fail on one it
+    cannot write with a traceback; here it is refused in one line before torchrun starts."""
+    with writing(folder):
+        os.makedirs(folder, exist_ok=True)
+    return log_dir
 
 
 def claim(folder: str, run_id: str, resuming: bool, environ: Mapping[str, str], own: str | None = None) -> None:
