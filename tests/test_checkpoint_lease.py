@@ -4,11 +4,8 @@ and the first finishes with its checkpoints whole (before: the second resumed th
 checkpoint, took its run id, and the two overwrote each other's commits); a later attempt of the
 same job takes the lease at once, any other job only once it has lapsed."""
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 
@@ -18,7 +15,7 @@ import pytest
 from apps.core.checkpoint.folder import COMMIT_MARKER, CheckpointStore
 from apps.core.checkpoint.lease import LEASE_FILE, Holder, Lease, job_id
 from apps.core.checkpoint.storage import CheckpointError
-from tests.conftest import REPO, assert_ok, process_env, run, tiny, torchrun, trainer_pids
+from tests.conftest import assert_ok, kill_job, run, start_torchrun, tiny, torchrun
 
 # Tier (tests/conftest.py): real processes; the lease's own logic is marked unit.
 TIER = "integration"
@@ -175,24 +172,7 @@ JOB = [
 def test_a_second_live_job_is_refused_and_the_first_finishes_with_its_checkpoints_whole(tmp_path):
     ckpt = tmp_path / "ckpt"
     args = [*JOB, "--checkpoint_dir", str(ckpt)]
-    first = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            *args,
-            "--output_dir",
-            str(tmp_path / "first"),
-        ],
-        cwd=REPO,
-        env=process_env(**FAST_LEASE),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    first = start_torchrun([*args, "--output_dir", str(tmp_path / "first")], **FAST_LEASE)
     try:
         deadline = time.time() + 300
         while not (ckpt / "step_00000100" / COMMIT_MARKER).exists():
@@ -217,10 +197,7 @@ def test_a_second_live_job_is_refused_and_the_first_finishes_with_its_checkpoint
         assert first.poll() is None, "the first job ended before the second was refused: no overlap was tested"
         log, _ = first.communicate(timeout=600)
     finally:
-        for pid in [first.pid, *trainer_pids(str(ckpt))]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        first.wait()
+        kill_job(first, str(ckpt))
     assert second.returncode == 2, second.stderr[-3000:]
     last = second.stderr.strip().splitlines()[-1]
     assert f"rank 0 exited with 2: --checkpoint_dir {ckpt} is in use by job" in last, second.stderr[-3000:]
