@@ -25,7 +25,7 @@ from apps.dlrm.serving.config import ExportConfig, PredictConfig
 from components import torchx_logs
 from components.cpu_launch import CpuLaunch
 from components.launch import Launch, plan_preview
-from components.plan_check import PlanCheck
+from components.plan_check import PlanCheck, check_tables_fit
 from components.preflight import check_before_submitting, needing_here
 from components.signature import component_args, reject_unknown, take
 
@@ -48,6 +48,8 @@ def train(**kwargs: Any) -> specs.AppDef:
     launch = take(Launch, kwargs)
     cfg = take(TrainConfig, kwargs)
     take(PlanCheck, kwargs).run(launch, cfg, "apps.dlrm.plan")
+    sizes = "--num_embeddings_per_feature" if cfg.model.num_embeddings_per_feature else "--num_embeddings"
+    check_tables_fit(launch, cfg.model.table_sizes, cfg.model.embedding_dim, sizes)
     missing = check_before_submitting(launch, cfg)
     return needing_here(launch.training_app("apps.dlrm.train", cfg), missing)
 

@@ -13,7 +13,7 @@ from torchx import specs
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import RunConfig
-from apps.core.launch.target import PlanTarget, check_hbm_gb
+from apps.core.launch.target import PlanTarget, check_hbm_gb, known_hbm_gib
 from apps.core.options import option
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
@@ -52,6 +52,31 @@ class PlanCheck:
             raise InvalidComponentArgument(str(e)) from None
         for line in [*preview.notes(), preview.verdict()]:
             logger.info("--check_plan: %s", line)
+
+
+#: The most HBM a GPU has (B300: 288 GB): a GPU of no known type counts as this much, so that
+#: :func:`check_tables_fit` never refuses a job whose tables could fit.
+MAX_GPU_HBM_GIB = 288
+FLOAT32_BYTES = 4
+
+
+def check_tables_fit(launch: Launch, table_rows: list[int], dim: int, option: str) -> None:
+    """Refuses, before anything is built or submitted, tables whose float32 weights alone are
+    more than the whole job's memory (every node's host memory and every GPU's HBM): the job would
+    fail at start-up in TorchRec's planner. ``option`` names the tables' sizes for the message.
+    A lower bound, so no job that could fit is refused; ``--check_plan`` plans them for real."""
+    resource = launch.resource or specs.Resource(cpu=launch.cpu, gpu=launch.gpu, memMB=launch.memMB)
+    hbm_gib = (known_hbm_gib(resource) or MAX_GPU_HBM_GIB) if resource.gpu else 0
+    nodes = launch.job_size.max_nodes
+    has = nodes * (resource.memMB * 2**20 + resource.gpu * hbm_gib * 2**30)
+    needs = sum(table_rows) * dim * FLOAT32_BYTES
+    if needs > has:
+        raise InvalidComponentArgument(
+            f"{option}: the embedding tables' weights alone take {needs / 2**30:,.0f} GiB ({sum(table_rows):,} rows "
+            f"x {dim} floats), more than the whole job's {has / 2**30:,.0f} GiB of memory ({nodes} node(s) of "
+            f"{resource.memMB} MB{f' and {resource.gpu} GPUs' if resource.gpu else ''}): use smaller tables, or more "
+            "or larger nodes (-j, -h, --memMB); components.dlrm:plan previews where they go"
+        )
 
 
 def _check_hbm_gb(launch: Launch, cfg: RunConfig) -> None:

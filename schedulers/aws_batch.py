@@ -65,6 +65,7 @@ from torchx.specs import (
 from torchx.specs.finder import ComponentValidationException
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
+from apps.core.common.errors import REFUSED
 from apps.core.urls import AWS_CREDENTIALS_FIX, unreachable_aws_fix
 from schedulers.docker_builds import DryRunWithoutDockerMixin
 from schedulers.node_request import NodeRequestCheck
@@ -221,8 +222,7 @@ class AWSBatchScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, Scheduler[AW
             "jobDefinitionName": name,
             "type": "multinode",
             "nodeProperties": {"numNodes": first_node, "mainNode": 0, "nodeRangeProperties": node_ranges},
-            # Batch counts attempts, TorchX counts retries.
-            "retryStrategy": {"attempts": max(role.max_retries for role in app.roles) + 1},
+            "retryStrategy": _retry_strategy(max(role.max_retries for role in app.roles)),
             "propagateTags": True,
             "tags": tags,
         }
@@ -415,6 +415,16 @@ class AWSBatchScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, Scheduler[AW
 
 
 # ── the submitting machine ───────────────────────────────────────────────────────────────
+
+
+def _retry_strategy(max_retries: int) -> dict[str, Any]:
+    """Batch's retries of a job: ``max_retries`` (Batch counts attempts, TorchX retries), except
+    after a refusal (exit REFUSED: a bad option or input, which every attempt would meet again).
+    Batch retries an attempt that no ``evaluateOnExit`` condition matches."""
+    strategy: dict[str, Any] = {"attempts": max_retries + 1}
+    if max_retries:
+        strategy["evaluateOnExit"] = [{"onExitCode": str(REFUSED), "action": "EXIT"}]
+    return strategy
 
 
 def check_aws_setup() -> None:

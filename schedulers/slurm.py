@@ -8,6 +8,9 @@ that have not started, so ``torchx run`` and ``torchx status`` failed with KeyEr
 in the queue was waiting (or had been cancelled while waiting); and it writes ``het_job_id`` as a
 number, not an object, so ``torchx list`` on a cluster without accounting failed with TypeError.
 
+A job that its launchers refused (exit 2: a bad option or input, which every retry would meet
+again) is not requeued, whatever retries are left.
+
 A role whose metadata names its run's folder (``LOG_DIR``: components.dlrm:train's --output_dir)
 has its logs written there, ``slurm-<id>-<role>-<n>.out`` and ``.err``, and so has the script
 itself (``slurm-<id>.out``): nothing lands in the directory the job was submitted from, and
@@ -49,6 +52,7 @@ from torchx.specs import (
 )
 from torchx.specs.finder import ComponentValidationException
 
+from apps.core.common.errors import REFUSED
 from schedulers.metadata import LOG_DIR
 from schedulers.node_request import NodeRequestCheck
 from schedulers.setup_checks import require_command
@@ -129,18 +133,33 @@ def set_env_by_command(replica: SlurmReplicaRequest) -> None:
     replica.srun_opts["export"] = "ALL"
 
 
+#: TorchX's sbatch script requeues a failed job while retries are left (its exit status is the
+#: highest of srun's tasks, the launchers' on every node); ours not after a refusal.
+_REQUEUE_TEST = '    if [ "$TORCHX_MAX_RETRIES" -gt "${SLURM_RESTART_COUNT:-0}" ]; then\n'
+
+
 @dataclasses.dataclass(repr=False)  # TorchX's repr: the command and the script
-class LogDirBatchRequest(SlurmBatchRequest):
-    """TorchX's batch request, whose script first makes ``log_dir`` (its replicas' logs go there)
-    and moves its own output, ``slurm-<id>.out``, into it."""
+class BatchRequest(SlurmBatchRequest):
+    """TorchX's batch request, whose script first makes ``log_dir`` (its replicas' logs go there;
+    none where empty) and moves its own output, ``slurm-<id>.out``, into it, and does not requeue
+    a job its launchers refused (exit REFUSED: a configuration error fails again on every retry)."""
 
     log_dir: str = ""
 
     def materialize(self) -> str:
         script = super().materialize()
         anchor = "\nset +e\nsrun "
-        if anchor not in script:
-            raise AssertionError(f"TorchX's sbatch script no longer runs {anchor!r}:\n{script}")
+        for expected in (anchor, _REQUEUE_TEST):
+            if expected not in script:
+                raise AssertionError(f"TorchX's sbatch script no longer has {expected!r}:\n{script}")
+        refused = f"# {REFUSED}: the job was refused (a configuration error), which a requeued job would be too.\n"
+        script = script.replace(
+            _REQUEUE_TEST,
+            "    " + refused + _REQUEUE_TEST.replace("; then", f" && [ $exitcode -ne {REFUSED} ]; then"),
+            1,
+        )
+        if not self.log_dir:
+            return script
         folder = '"$SLURM_JOB_ID"'.join(shlex.quote(part) if part else "" for part in self.log_dir.split(macros.app_id))
         batch_log = 'slurm-"$SLURM_JOB_ID".out'
         prelude = (
@@ -151,11 +170,10 @@ class LogDirBatchRequest(SlurmBatchRequest):
         return script.replace(anchor, prelude + anchor, 1)
 
 
-def use_log_dir(request: SlurmBatchRequest, app: AppDef) -> SlurmBatchRequest:
-    """``request`` with the logs of each role whose metadata names a LOG_DIR in that folder."""
+def batch_request(request: SlurmBatchRequest, app: AppDef) -> BatchRequest:
+    """``request`` as ours (:class:`BatchRequest`), with the logs of each role whose metadata
+    names a LOG_DIR in that folder."""
     log_dirs = {role.name: role.metadata[LOG_DIR] for role in app.roles if role.metadata.get(LOG_DIR)}
-    if not log_dirs:
-        return request
     for name, replica in request.replicas.items():
         log_dir = log_dirs.get(name.rpartition("-")[0])  # TorchX names a replica "{role}-{replica_id}"
         if log_dir:
@@ -163,7 +181,7 @@ def use_log_dir(request: SlurmBatchRequest, app: AppDef) -> SlurmBatchRequest:
                 # srun reads % in a file name as a pattern (%j); %% is a plain %.
                 replica.srun_opts[stream] = os.path.join(log_dir, replica.srun_opts[stream]).replace("%", "%%")
     fields = {field.name: getattr(request, field.name) for field in dataclasses.fields(request)}
-    return LogDirBatchRequest(**fields, log_dir=next(iter(log_dirs.values())))
+    return BatchRequest(**fields, log_dir=next(iter(log_dirs.values()), ""))
 
 
 class SlurmScheduler(NodeRequestCheck, slurm_scheduler.SlurmScheduler):
@@ -182,14 +200,14 @@ class SlurmScheduler(NodeRequestCheck, slurm_scheduler.SlurmScheduler):
         dryrun_info = super()._submit_dryrun(app, cfg)
         for replica in dryrun_info.request.replicas.values():
             set_env_by_command(replica)
-        dryrun_info.request = use_log_dir(dryrun_info.request, app)
+        dryrun_info.request = batch_request(dryrun_info.request, app)
         return dryrun_info
 
     def schedule(self, dryrun_info: AppDryRunInfo[SlurmBatchRequest, SlurmOpts]) -> str:
         require_command("sbatch", "slurm", SBATCH_FIX)  # before TorchX writes the script
         job_id = super().schedule(dryrun_info)
         request = dryrun_info.request
-        if isinstance(request, LogDirBatchRequest):
+        if isinstance(request, BatchRequest) and request.log_dir:
             # Where `torchx log` looks for the job's logs (TorchX's record, the last entry wins).
             log_dir = request.log_dir.replace(macros.app_id, job_id)
             slurm_scheduler._save_job_dir(job_id, os.path.abspath(os.path.join(request.job_dir or "", log_dir)))

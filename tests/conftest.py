@@ -12,7 +12,9 @@ the tiers unseen:
 - ``slow``: minutes (a container build, the GPU machine's row), left out of ``make test`` (``make test-slow``).
 """
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -107,6 +109,28 @@ def torchrun(args: list[str], *, nproc: int = 2, **kwargs) -> subprocess.Complet
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
         **kwargs,
     )
+
+
+def start_torchrun(args: list[str], *, nproc: int = 2, **env: str | None) -> subprocess.Popen:
+    """:func:`torchrun` started in the background, its stdout and stderr in one pipe; end it with
+    :func:`kill_job`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
+        cwd=REPO,
+        env=process_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def kill_job(job: subprocess.Popen, marker: str) -> None:
+    """SIGKILLs what is left of ``job`` and of its trainers, whose command lines hold ``marker``
+    (torchrun's trainers are not its process group's), also after a failed assertion."""
+    for pid in [job.pid, *trainer_pids(marker)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    job.wait()
 
 
 def assert_ok(result: subprocess.CompletedProcess) -> None:

@@ -243,7 +243,11 @@ def test_roles_become_node_ranges_with_their_own_resources_and_mounts(queue):
     (definition,) = boto3.client("batch").describe_job_definitions(jobDefinitions=[job["jobDefinition"]])[
         "jobDefinitions"
     ]
-    assert definition["retryStrategy"] == {"attempts": 3}  # 2 retries
+    # 2 retries, none after a refusal (exit 2: a configuration error every attempt would meet)
+    retries = definition["retryStrategy"]
+    assert retries["attempts"] == 3 and [(c["onExitCode"], c["action"].upper()) for c in retries["evaluateOnExit"]] == [
+        ("2", "EXIT")  # Batch takes the action in any case
+    ]
     trainer_nodes, reader_nodes = job["nodeProperties"]["nodeRangeProperties"]
     assert (trainer_nodes["targetNodes"], reader_nodes["targetNodes"]) == ("0:1", "2:2")
     # Replica ids count from each role's first node.

@@ -1,18 +1,16 @@
 """A crash in the middle of writing a checkpoint: the last committed one stays whole and is what
 the next run resumes from; nothing half-written is ever taken for one (issue: crash-safe saves)."""
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from apps.core.checkpoint.folder import COMMIT_MARKER, CheckpointStore
-from tests.conftest import REPO, assert_ok, process_env, torchrun, trainer_pids
+from tests.conftest import assert_ok, kill_job, start_torchrun, torchrun, trainer_pids
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
@@ -68,24 +66,7 @@ def being_written(folder) -> bool:
 def test_a_crash_while_saving_keeps_the_last_good_checkpoint_and_resumes_from_it(victim, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = ["-m", "apps.dlrm.train", *BIG_TABLES, "--checkpoint_dir", str(ckpt)]
-    job = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            *args,
-            "--output_dir",
-            str(tmp_path / "first"),
-        ],
-        cwd=REPO,
-        env=process_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    job = start_torchrun([*args, "--output_dir", str(tmp_path / "first")])
     try:
         wait_for(lambda: (step_dir(ckpt, 10) / COMMIT_MARKER).exists(), job, "first commit")
         wait_for(lambda: being_written(step_dir(ckpt, 20)), job, "second checkpoint being written")
@@ -95,12 +76,7 @@ def test_a_crash_while_saving_keeps_the_last_good_checkpoint_and_resumes_from_it
         assert not (step_dir(ckpt, 20) / COMMIT_MARKER).exists(), "killed too late: it was committed"
         log, _ = job.communicate(timeout=120)
     finally:
-        # Whatever is left, also after a failed assertion; torchrun's trainers are not its
-        # process group's, so they are found by their command line.
-        for pid in [job.pid, *trainer_pids(str(ckpt))]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        job.wait()
+        kill_job(job, str(ckpt))
     assert job.returncode != 0, log[-3000:]
 
     # What is on disk: the half-written step 20 does not count; step 10 is whole.

@@ -192,10 +192,12 @@ def test_a_checkpoint_found_damaged_is_not_counted_by_keep_last(tmp_path, env):
     model = Tiny()
     first = run_checkpointer(cfg, env, model)
     tables = save_at(first, model, [10, 25])
+    first.close()
     damage(tmp_path / "ckpt" / "step_00000025", tables[25], "values")
     second = run_checkpointer(cfg, env, model)
     assert second.restore(TrainState(0)).step == 10
     save_at(second, model, [20, 30])
+    second.close()  # its run ends: it gives back the folder's LEASE, held while it saves
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["step_00000010", "step_00000020", "step_00000030"]
 
 

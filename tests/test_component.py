@@ -113,12 +113,34 @@ def test_malformed_job_size_is_refused_with_the_accepted_forms(j):
         (dict(batch_size=0), "--batch_size 0"),
         (dict(memMB=0), "--memMB 0"),
         (dict(bogus=1), "unknown component arguments: bogus"),
+        # Accepted at submission before, then a traceback in the job (issue 36):
+        (dict(seed=-1), "--seed -1 must be in [0, 2^63 - 1]"),
+        (dict(batch_size=10**12), f"--batch_size {10**12} is more than 16777216 samples per rank"),
+        (dict(dense_arch_layer_sizes="64,,16"), "--dense_arch_layer_sizes: expected a comma-separated list of int"),
+        (
+            dict(num_embeddings=2**40),
+            "--num_embeddings: the embedding tables' weights alone take 1,703,936 GiB (28,587,302,322,176 rows x 16 "
+            "floats), more than the whole job's 8 GiB of memory",
+        ),
     ],
 )
 def test_bad_arguments_fail_before_anything_is_built(kwargs, fragment):
     with pytest.raises(InvalidComponentArgument) as error:
         dlrm.train(**kwargs)
     assert fragment in str(error.value)
+
+
+def test_tables_that_fit_the_jobs_gpus_but_not_its_host_memory_are_not_refused():
+    """The submission check is a lower bound: host memory and every GPU's HBM count."""
+    dlrm.train(
+        j="1x1",
+        gpu=1,
+        memMB=16384,
+        num_sparse_features=8,
+        num_embeddings=10_000_000,
+        embedding_dim=128,
+        dense_arch_layer_sizes=[512, 256, 128],
+    )  # 38 GiB of tables
 
 
 def test_torchx_parses_the_same_text_forms():

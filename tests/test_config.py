@@ -45,6 +45,10 @@ def test_defaults_are_valid_and_consistent():
         ),
         (dict(learning_rate=0.0), ["--learning_rate", "0.0"]),
         (dict(val_batches=-2), ["--val_batches", "-2"]),
+        # Accepted before, then a traceback in the job (issue 36):
+        (dict(seed=-1), ["--seed -1 must be in [0, 2^63 - 1]", "give a seed such as"]),
+        (dict(seed=10**23), [f"--seed {10**23} must be in [0, 2^63 - 1]"]),
+        (dict(batch_size=10**12), [f"--batch_size {10**12} is more than 16777216", "give a smaller --batch_size"]),
     ],
 )
 def test_bad_values_name_the_value_and_the_fix(overrides, names):
@@ -89,6 +93,22 @@ def test_app_cli_rejects_bad_values_before_starting(tmp_path):
     assert result.returncode == 2
     assert "--over_arch_layer_sizes 64,3 must end in 1" in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--dense_arch_layer_sizes", "64,,16"], "got '64,,16', which has an empty entry: give every entry a value"),
+        (["--over_arch_layer_sizes", "64,1,"], "got '64,1,', which has an empty entry"),
+        (["--seed", str(10**23)], f"expected an integer within int64's range (+-9.2e18), got '{10**23}'"),
+    ],
+)
+def test_app_cli_refuses_an_empty_list_entry_and_an_integer_beyond_int64(capsys, argv, said):
+    """64,,16 was read as 64,16 (a layer silently dropped); 10**23 overflowed where torch took it."""
+    with pytest.raises(SystemExit) as refused:
+        parse_train_config(argv)
+    assert refused.value.code == 2 and said in capsys.readouterr().err
 
 
 @pytest.mark.unit

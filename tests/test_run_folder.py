@@ -154,15 +154,18 @@ def test_a_given_folder_new_or_empty_is_taken_and_a_latest_that_is_no_link_is_th
     ids=["notes", "a-runs-files", "another-jobs-log", "many"],
 )
 def test_a_folder_of_the_users_files_is_refused_in_one_line_and_left_as_it_was(tmp_path, theirs):
-    """A folder of no run (no RUN file) holding files: the run would write over plan.txt and append
-    to metrics.jsonl. Refused by the launcher, before torchrun writes its logs there, as by the trainer."""
+    """A folder of no run (no RUN file) holding files: a run's results never mix with them (a run
+    writes plan.txt and appends to metrics.jsonl). Refused by the launcher, before torchrun writes
+    its logs there, as by the trainer, in a message that says the files are no run's."""
     folder = tmp_path / "mine"
     folder.mkdir()
     for name in theirs:
         (folder / name).write_text("precious")
     before = files(tmp_path)
     shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
-    message = f"--output_dir {folder} is not a run's folder (it has no RUN file) and holds files ({shown})"
+    message = (
+        f"--output_dir {folder} is not a run's folder (it has no RUN file) and holds files ({shown}) that no run wrote"
+    )
     for refuse in (
         lambda: make_run_folder(str(folder), "run-a", False, {"SLURM_JOB_ID": "42"}, NOON),
         lambda: torchrun_log_dir(str(folder / TORCHRUN_LOGS), LOCAL_CWD | {"SLURM_JOB_ID": "42"}, "dlrm-k3x9f2"),
@@ -170,8 +173,25 @@ def test_a_folder_of_the_users_files_is_refused_in_one_line_and_left_as_it_was(t
         with pytest.raises(ConfigError) as refused:
             refuse()
         assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+        assert "write over" not in str(refused.value)
         assert "give a new or empty folder, or leave --output_dir at its default" in str(refused.value)
     assert files(tmp_path) == before and sorted(os.listdir(folder)) == sorted(theirs)
+
+
+@pytest.mark.unit
+def test_an_unwritable_output_dir_is_refused_in_one_line_by_the_launcher_and_the_trainer(tmp_path):
+    """/sys refuses new folders even to root (EPERM), as a read-only mount or another user's folder
+    refuses this job's: before, torchrun's or the trainer's traceback."""
+    for output_dir in ("/sys/h36-no-such-run", "/sys/h36-no-such-runs/{run}"):
+        for refuse, args in (
+            (torchrun_log_dir, (os.path.join(output_dir, TORCHRUN_LOGS), LOCAL_CWD, "dlrm-k3x9f2")),
+            (make_run_folder, (output_dir, "run-a", False, LOCAL_CWD, NOON)),
+        ):
+            with pytest.raises(ConfigError) as refused:
+                refuse(*args)
+            message = str(refused.value)
+            assert message.startswith("--output_dir /sys/h36-no-such-run") and "cannot be written (" in message
+            assert "give a folder this job can write to" in message and "\n" not in message
 
 
 @pytest.mark.unit
@@ -186,7 +206,8 @@ def test_torchrun_never_logs_into_a_folder_of_another_run(tmp_path):
     assert torchrun_log_dir(logs, LOCAL_CWD, "dlrm-k3x9f2") == ""
     assert torchrun_log_dir(logs, LOCAL_CWD, "run-a") == logs  # this job's first attempt claimed it
     assert torchrun_log_dir(str(tmp_path / "new" / TORCHRUN_LOGS), LOCAL_CWD, "dlrm-k3x9f2").startswith(str(tmp_path))
-    assert os.listdir(folder) == ["RUN"] and not (tmp_path / "new").exists()
+    assert os.listdir(folder) == ["RUN"]
+    assert os.listdir(tmp_path / "new") == []  # made (torchrun writes there next), nothing in it
 
 
 @pytest.mark.unit
@@ -318,6 +339,31 @@ def test_a_folder_of_the_users_files_is_refused_before_the_job_writes_anything(t
     )
     assert "training steps" not in result.stderr
     assert files(tmp_path) == before and sorted(os.listdir(mine)) == ["metrics.jsonl", "plan.txt"]
+
+
+def test_checkpoints_inside_the_runs_folder_are_the_runs_own(tmp_path):
+    """``--output_dir D --checkpoint_dir D/ckpt`` (torchtitan's layout): the checkpoint folder,
+    made first, is the run's, not a file of the user's; the run trains, saves there, and the same
+    command resumes it. Before: refused as "holds files (ckpt) that a run would write over"."""
+    folder = tmp_path / "exp"
+    job = [*SHORT_JOB, "--output_dir", str(folder), "--checkpoint_dir", str(folder / "ckpt")]
+    assert_ok(run(job))
+    assert (folder / "ckpt" / "step_00000005" / "COMMITTED").exists()
+    assert json.loads((folder / "summary.json").read_text())["steps"] == 5
+    again = run([*job[: job.index("--steps") + 1], "8", *job[job.index("--steps") + 2 :]])
+    assert_ok(again)
+    assert json.loads((folder / "summary.json").read_text())["resumed_from_step"] == 5
+
+
+@pytest.mark.unit
+def test_a_checkpoint_folder_inside_counts_as_the_runs_only_when_it_is_its_checkpoint_dir(tmp_path):
+    folder = tmp_path / "exp"
+    (folder / "ckpt").mkdir(parents=True)
+    assert make_run_folder(str(folder), "run-a", False, {}, NOON, str(folder / "ckpt")) == str(folder)
+    other = tmp_path / "other"
+    (other / "ckpt").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"holds files \(ckpt\) that no run wrote"):
+        make_run_folder(str(other), "run-b", False, {}, NOON, str(tmp_path / "elsewhere"))
 
 
 def test_runs_without_results_leave_latest_and_the_finished_runs_folder_as_they_were(tmp_path):

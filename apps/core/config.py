@@ -35,6 +35,13 @@ SYNTHETIC_STEPS = 1500
 RUN_PLACEHOLDER = "{run}"
 
 
+#: The most training samples per rank per step: a batch's ids are counted in int32 by TorchRec's
+#: KeyedJaggedTensor offsets, and 2^24 samples leave room for 128 ids each.
+MAX_BATCH_SIZE = 2**24
+#: The largest seed: torch holds seeds in 64 bits, and the Parquet and Criteo shuffles in int64.
+SEED_MAX = 2**63 - 1
+
+
 @dataclass(slots=True)
 class TrainingConfig:
     """How long and how the model learns: batches, steps, optimizers, learning rates, seed."""
@@ -95,6 +102,17 @@ class TrainingConfig:
 
     def check(self) -> None:
         require_positive("batch_size", self.batch_size)
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise ConfigError(
+                f"--batch_size {self.batch_size} is more than {MAX_BATCH_SIZE} samples per rank per step: "
+                "TorchRec counts a batch's ids in int32; give a smaller --batch_size (it is per rank: "
+                "more ranks make a larger global batch)"
+            )
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(
+                f"--seed {self.seed} must be in [0, 2^63 - 1]: numpy's generators refuse negative seeds "
+                "and torch's hold them in 64 bits; give a seed such as 0 or 1234"
+            )
         require_positive("epochs", self.epochs)
         for name in ("steps", "lr_warmup_steps", "lr_decay_start", "lr_decay_steps"):
             require_not_negative(name, getattr(self, name))

@@ -168,12 +168,41 @@ def parse_finite_float(text: str) -> float:
     return value
 
 
+#: The range of an integer option: torch, numpy and the checkpoints' manifests hold them as int64.
+INT64_MAX = 2**63 - 1
+
+
+def parse_int(text: str) -> int:
+    """An integer that torch and numpy can hold (int64): a larger one passed every check and then
+    overflowed where a tensor or a seed took it (``--seed 100000000000000000000000``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if abs(value) > INT64_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer within int64's range (+-9.2e18), got {text!r}")
+    return value
+
+
+parse_int.__name__ = "int"  # argparse's "invalid int value", and the lists' "list of int"
+
+
+parse_finite_float.__name__ = "float"  # a list's "list of float"
+
+
 def _list_parser(element: Callable[[str], Any]) -> Callable[[str], list]:
     def parse(text: str) -> list:
-        items = [item.strip() for item in text.split(",") if item.strip()]
+        if not text.strip():
+            return []
+        items = [item.strip() for item in text.split(",")]
+        if "" in items:  # 64,,16 was read as 64,16: a layer the user meant was silently dropped
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {element.__name__}, got {text!r}, which has an empty entry: "
+                "give every entry a value"
+            )
         try:
             return [element(item) for item in items]
-        except ValueError:
+        except (ValueError, argparse.ArgumentTypeError):
             raise argparse.ArgumentTypeError(
                 f"expected a comma-separated list of {element.__name__}, got {text!r}"
             ) from None
@@ -188,10 +217,12 @@ def value_parser(annotation: Any) -> Callable[[str], Any]:
         return parse_bool
     if typing.get_origin(annotation) is list:
         (element,) = typing.get_args(annotation)
-        return _list_parser(element)
+        return _list_parser(value_parser(element))
     if annotation is float:
         return parse_finite_float
-    if annotation in (int, str):
+    if annotation is int:
+        return parse_int
+    if annotation is str:
         return annotation
     raise TypeError(f"options of type {annotation!r} are not supported")
 

@@ -22,14 +22,22 @@ import os
 import socket
 import sys
 import tempfile
+from typing import NoReturn
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args
 
-from apps.core.common.distributed import REFUSALS_FOLDER
-from apps.core.common.errors import ConfigError
-from apps.core.launch.agent import LAUNCHER_LOGGER, describe_failure, failure_message, report_restarts, root_failure
+from apps.core.common.distributed import REFUSALS_FOLDER, record_refusal
+from apps.core.common.errors import REFUSED, ConfigError
+from apps.core.launch.agent import (
+    LAUNCHER_LOGGER,
+    describe_failure,
+    failure_message,
+    is_refused,
+    report_restarts,
+    root_failure,
+)
 from apps.core.launch.torchrun_args import multi_node_args, trainer_threads
 from apps.core.training.run_folder import torchrun_log_dir
 
@@ -48,7 +56,7 @@ def main(prog: str, argv: list[str] | None = None) -> None:
         os.environ.update(variables)
         _prepare_trainers(args)
     except ConfigError as e:
-        sys.exit(f"{prog}: {e}")
+        _exit_refused(f"{prog}: {e}")
     report_restarts()
     with tempfile.TemporaryDirectory(prefix="refusals-") as folder:
         os.environ[REFUSALS_FOLDER] = folder  # the trainers leave a refusal there for our line
@@ -65,10 +73,19 @@ def _run_torchrun(prog: str, args: list[str]) -> None:
         # One line here, quoting the rank's refusal or recorded error (@record gave TorchX its
         # traceback), not torchrun's traceback and failure table.
         rank, failure = root_failure(e.failures)
-        sys.exit(
-            f"{prog}: {e.name} failed on {socket.gethostname()}: {describe_failure(rank, failure)}"
-            + ("; its error is above" if failure.exitcode > 0 and not failure_message(failure) else "")
-        )
+        line = f"{prog}: {e.name} failed on {socket.gethostname()}: {describe_failure(rank, failure)}"
+        if is_refused(failure):
+            _exit_refused(line)
+        sys.exit(line + ("; its error is above" if failure.exitcode > 0 and not failure_message(failure) else ""))
+
+
+def _exit_refused(line: str) -> NoReturn:
+    """Ends the launcher on a refused option or data: ``line`` is the job's last line and its
+    recorded error (TorchX's ``structured_error_msg``), and the exit status, :data:`REFUSED`, tells
+    the scheduler that retrying cannot help."""
+    record_refusal(line)
+    print(line, file=sys.stderr)
+    sys.exit(REFUSED)
 
 
 def _prepare_trainers(args: list[str]) -> None:

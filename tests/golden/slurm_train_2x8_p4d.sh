@@ -25,7 +25,8 @@ set -e
 
 echo "job exited with code $exitcode"
 if [ $exitcode -ne 0 ]; then
-    if [ "$TORCHX_MAX_RETRIES" -gt "${SLURM_RESTART_COUNT:-0}" ]; then
+    # 2: the job was refused (a configuration error), which a requeued job would be too.
+    if [ "$TORCHX_MAX_RETRIES" -gt "${SLURM_RESTART_COUNT:-0}" ] && [ $exitcode -ne 2 ]; then
         scontrol requeue "$SLURM_JOB_ID"
     fi
     exit $exitcode

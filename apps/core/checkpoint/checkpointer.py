@@ -112,8 +112,10 @@ def open_checkpoints(cfg: RunConfig, env: DistEnv) -> CheckpointFolder:
     """Collective. The store of ``--checkpoint_dir``, the checkpoint to resume from (if any) and
     the run's id.
 
-    Rank 0 checks that the location is writable and picks the newest committed checkpoint;
-    every rank gets the same answer or raises the same error, before any training step.
+    Rank 0 checks that the location is writable, takes its lease for a job that trains (a
+    folder held by another live job is refused: :mod:`apps.core.checkpoint.lease`) and picks the
+    newest committed checkpoint; every rank gets the same answer or raises the same error, before
+    any training step.
     """
     if not cfg.checkpoint.checkpoint_dir:
         return CheckpointFolder(None, None, decided_by_main(_new_run_id, env))
@@ -126,6 +128,8 @@ def open_checkpoints(cfg: RunConfig, env: DistEnv) -> CheckpointFolder:
 
     def newest() -> tuple[Checkpoint | None, str]:
         store.check_writable()
+        if not cfg.evaluation.evaluate_checkpoint:  # evaluating only reads: it needs no lease
+            store.hold()
         checkpoint = store.newest()
         inherited = checkpoint.manifest.get("run_id") if checkpoint else None
         store.run_id = inherited or _new_run_id()
@@ -410,8 +414,13 @@ class Checkpointer:
             in_flight.result()
 
     def close(self) -> None:
-        """Waits for the save in flight: call it before the process group goes."""
-        self.wait()
+        """Waits for the save in flight, then gives up the folder's lease: call it before the
+        process group goes."""
+        try:
+            self.wait()
+        finally:
+            if self.store is not None:
+                self.store.release()
         if self._async is not None:
             group, stager = self._async
             stager.close()

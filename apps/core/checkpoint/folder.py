@@ -40,6 +40,7 @@ import torch.distributed as dist
 from fsspec.implementations.local import LocalFileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 
+from apps.core.checkpoint.lease import Holder, Lease
 from apps.core.checkpoint.storage import (
     CheckpointError,
     CheckpointReader,
@@ -104,6 +105,8 @@ class CheckpointStore:
         self.run_id: str | None = None
         self.damaged: dict[int, str] = {}
         self.verified: int | None = None
+        #: Rank 0's lease on the folder, while a job that trains holds it (:meth:`hold`).
+        self.lease: Lease | None = None
 
     @property
     def is_local(self) -> bool:
@@ -133,6 +136,22 @@ class CheckpointStore:
             raise CheckpointError(
                 f"--checkpoint_dir {self.url} is not writable ({type(e).__name__}: {e}). " + _storage_hint(self.url, e)
             ) from None
+
+    def hold(self) -> None:
+        """Rank 0 of a job that will save here: takes the folder's lease (:mod:`apps.core.checkpoint.lease`)
+        before reading any checkpoint, or refuses the folder that another live job holds."""
+        self.lease = Lease(self.fs, self.root, self.url)
+        self.lease.take(Holder.of_this_process())
+
+    def release(self) -> None:
+        """Gives up the lease, if this process holds it (a job's end)."""
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    def _check_held(self) -> None:
+        if self.lease is not None:
+            self.lease.check_held()
 
     def _make_dir(self, path: str) -> None:
         """Makes the folder ``path`` where folders are real: on object stores makedirs would
@@ -281,6 +300,7 @@ class CheckpointStore:
         ``checksums``, then the commit marker (only now does the checkpoint count), the BEST marker
         if it is the best, then older checkpoints go (the best one stays)."""
         assert checksums is not None, "rank 0's writer has every rank's checksums"
+        self._check_held()
         with self._space_for(step, "its manifest"):
             with self.fs.open(posixpath.join(self._path(step), MANIFEST), "w") as f:
                 json.dump({**manifest, CHECKSUMS: checksums.record()}, f, indent=2, sort_keys=True)
@@ -299,6 +319,7 @@ class CheckpointStore:
         while writing it (or was skipped as damaged): replaced. Another run's is never touched.
         """
         assert self.run_id, "open_checkpoints sets the run id before any save"
+        self._check_held()
         path = self._path(step)
         if self.fs.exists(path):
             self._refuse_if_not_ours(step)

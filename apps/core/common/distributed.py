@@ -1,6 +1,7 @@
 """Process group and device of this rank: NCCL on GPUs, gloo on CPUs."""
 
 import datetime
+import json
 import logging
 import os
 import socket
@@ -11,6 +12,8 @@ from typing import Any, Callable, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from apps.core.common.errors import REFUSED
 
 logger = logging.getLogger(__name__)
 
@@ -94,13 +97,28 @@ def refusal_file(folder: str, pid: int) -> str:
     return os.path.join(folder, f"{pid}.txt")
 
 
+def record_refusal(message: str) -> None:
+    """Writes ``message``, a refusal's one line, as this process's error in torchrun's error file
+    (``TORCHELASTIC_ERROR_FILE``, the schema of torch's ``@record``): torchrun copies a failed
+    trainer's into its own, which TorchX reads (``torchx status``'s ``structured_error_msg``).
+    Nothing where no launcher asked for one."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    error = {"message": message, "errorCode": REFUSED, "extraInfo": {"timestamp": str(int(time.time()))}}
+    with open(path, "w") as f:
+        json.dump({"message": error}, f)
+
+
 def exit_refused(error: Exception, env: DistEnv) -> NoReturn:
-    """Ends this rank on a refused option or data (exit 2), said in one line for the whole job.
+    """Ends this rank on a refused option or data (exit :data:`REFUSED`), said in one line for
+    the whole job, which is also the rank's recorded error (:func:`record_refusal`).
 
     Under the apps' torchrun, the rank leaves the line for the launcher, which quotes the rank that
     stopped the job, whichever rank that is and on whichever host. Elsewhere rank 0 logs it, and
     the others wait a few seconds first: torchrun quotes the first rank to exit, and rank 0, which
     says why (it meets the same error, or is stopped anyway), should be that one."""
+    record_refusal(str(error))
     folder = os.environ.get(REFUSALS_FOLDER)
     if folder:
         with open(refusal_file(folder, os.getpid()), "w") as f:
@@ -109,7 +127,7 @@ def exit_refused(error: Exception, env: DistEnv) -> NoReturn:
         logging.getLogger("apps.dlrm").error("%s", error)
     else:
         time.sleep(MAIN_RANK_GRACE_SECONDS)
-    sys.exit(2)
+    sys.exit(REFUSED)
 
 
 def leave_process_group() -> None:

@@ -3,7 +3,8 @@ and how. torchrun's own account is a line at INFO for a restart, which TorchX's
 ``LOGLEVEL=WARNING`` hides, and for any failure two lines of its internals (the process it
 signalled, the local rank and pid that failed), which this module drops.
 
-A restart then reads as one line, ``rank 1 died (SIGKILL); restarting the trainers (restart 1 of
+Trainers that fail on a refused option or data (exit 2, :func:`is_refused`) are not restarted:
+a configuration error fails again on every attempt. A restart reads as one line, ``rank 1 died (SIGKILL); restarting the trainers (restart 1 of
 1); the failed attempt's logs and errors: FOLDER``, followed by the trainer's ``resumed from ...
 (step N)``: the surviving ranks, which fail on the lost rank's absence, keep their tracebacks out
 of the log while a restart follows (apps/dlrm/train.py), in their error files in that folder.
@@ -22,6 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.launcher import api as launcher
 
 from apps.core.common.distributed import REFUSALS_FOLDER, refusal_file
+from apps.core.common.errors import REFUSED
 
 #: The launcher's logger (apps/core/torchrun.py prints its lines, naming the app's command).
 LAUNCHER_LOGGER = "apps.core.torchrun"
@@ -46,8 +48,12 @@ class ReportingAgent(LocalElasticAgent):
     _last_result: RunResult | None = None
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        self._last_result = super()._monitor_workers(worker_group)
-        return self._last_result
+        """torchrun's reading of the trainers; where they failed on a refused option or data
+        (:func:`is_refused`), no restart is left: they would be refused again."""
+        self._last_result = result = super()._monitor_workers(worker_group)
+        if result.state == WorkerState.FAILED and result.failures and is_refused(root_failure(result.failures)[1]):
+            self._remaining_restarts = 0
+        return result
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         result = self._last_result
@@ -85,6 +91,12 @@ def root_failure(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailu
         return (0 if failure.exitcode < 0 and not stopped else 2 if stopped else 1, failure.timestamp)
 
     return min(failures.items(), key=order)
+
+
+def is_refused(failure: ProcessFailure) -> bool:
+    """Whether a rank ended on a refused option or data (a configuration error), which no restart
+    of the job can get past."""
+    return failure.exitcode == REFUSED
 
 
 def describe_failure(rank: int, failure: ProcessFailure) -> str:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
+from apps.core.checkpoint.lease import release_held
 from apps.core.checkpoint.storage import SaveFailed
 from apps.core.common.distributed import DistEnv, exit_refused, init_distributed, leave_process_group, restarts_left
 from apps.core.common.errors import ConfigError
@@ -51,4 +52,5 @@ def run(cfg: RunConfig, make_trainer: MakeTrainer) -> None:
         get_error_handler().record_exception(e)
         sys.exit(1)
     finally:
+        release_held()  # where the run failed before its Checkpointer, which releases it, closed
         leave_process_group()

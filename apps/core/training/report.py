@@ -6,6 +6,7 @@ Only rank 0 reports; the other ranks get a reporter that stays silent.
 
 import json
 import logging
+import math
 import os
 import sys
 import uuid
@@ -25,6 +26,26 @@ METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
 #: The run's sharding plan, one line per table (the log has it in one line).
 PLAN_FILE = "plan.txt"
+
+
+def to_json(values: dict[str, Any], indent: int | None = None) -> str:
+    """``values`` as JSON, a value that is no finite number (a loss never measured, a metric
+    undefined on a split of one class) as null: Python's NaN is not JSON, and readers refuse it."""
+    return json.dumps(_finite(values), indent=indent, sort_keys=True, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
 
 
 class _ProgressBar(tqdm):
@@ -74,6 +95,7 @@ class Reporter:
         self._writer: Any = None  # a SummaryWriter, made on first use (scalars)
         self._bar: _ProgressBar | None = None
         self._noted: set[str] = set()
+        self._curves: str | None = None  # curves.png, once drawn
 
     def progress(self, total: int, initial: int) -> None:
         """Starts the training progress bar, on a terminal only. In a log (torchx, a scheduler)
@@ -121,14 +143,24 @@ class Reporter:
         metrics.jsonl, beside summary.json: the run's curve for any tool, TensorBoard or not."""
         if self.enabled and self.output_dir:
             with open(os.path.join(self.output_dir, METRICS_FILE), "a") as f:
-                f.write(json.dumps({"kind": kind, "step": step, **values}, sort_keys=True) + "\n")
+                f.write(to_json({"kind": kind, "step": step, **values}) + "\n")
 
     def draw_curves(self, val_curves: tuple[tuple[str, str], ...]) -> str | None:
         """Draws metrics.jsonl's training loss and the validation metrics of ``val_curves``
         ((metric, title) each: the app's) against the step into curves.png, for users on a
-        cluster without TensorBoard; returns its path."""
+        cluster without TensorBoard; returns its path. A run that finished is never failed by
+        its curves: where they cannot be written (a full disk, a read-only folder) the run warns
+        in one line naming the path and returns None."""
         if not (self.enabled and self.output_dir):
             return None
+        path = os.path.join(self.output_dir, CURVES_FILE)
+        try:
+            self._curves = self._draw(val_curves, path)
+        except OSError as e:
+            logger.warning("could not draw %s (%s): the run's figures are in %s", path, _reason(e), SUMMARY_FILE)
+        return self._curves
+
+    def _draw(self, val_curves: tuple[tuple[str, str], ...], path: str) -> str:
         import matplotlib
 
         matplotlib.use("Agg")  # files only: no display, no GUI toolkit
@@ -139,16 +171,17 @@ class Reporter:
         panels = (("train", "loss", "training loss"), *(("val", name, title) for name, title in val_curves))
         figure, axes = pyplot.subplots(1, len(panels), figsize=(13, 3.6), sharex=True)
         for axis, (kind, name, title) in zip(axes, panels):
-            points = [(m["step"], m[name]) for m in metrics if m["kind"] == kind and name in m]
+            points = [(m["step"], m[name]) for m in metrics if m["kind"] == kind and m.get(name) is not None]
             if points:
                 axis.plot(*zip(*points), marker="o" if kind == "val" else None, markersize=3)
             axis.set_title(title)
             axis.set_xlabel("step")
             axis.grid(alpha=0.3)
         figure.tight_layout()
-        path = os.path.join(self.output_dir, CURVES_FILE)
-        figure.savefig(path, dpi=100)
-        pyplot.close(figure)
+        try:
+            figure.savefig(path, dpi=100)
+        finally:
+            pyplot.close(figure)
         return path
 
     def log(self, message: str, *args: Any) -> None:
@@ -171,12 +204,13 @@ class Reporter:
         in TensorBoard (which finds the event files under the run's folder)."""
         if self.enabled and self.output_dir:
             self.log("summary: %s", os.path.join(self.output_dir, SUMMARY_FILE))
-            self.log("curves: %s", os.path.join(self.output_dir, CURVES_FILE))
+            if self._curves:
+                self.log("curves: %s", self._curves)
             self.log("TensorBoard: tensorboard --logdir %s", self.output_dir)
 
     def write_summary(self, summary: dict[str, Any]) -> str | None:
         """Writes summary.json; returns its path (None where this reporter writes nothing)."""
-        return self.write_file(SUMMARY_FILE, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        return self.write_file(SUMMARY_FILE, to_json(summary, indent=2) + "\n")
 
     def write_file(self, name: str, text: str) -> str | None:
         """Writes the run folder's file ``name`` atomically (a reader never sees half a file);

@@ -18,12 +18,13 @@ start, so its launcher checks a given folder first (:func:`torchrun_log_dir`).
 Only rank 0 writes the folder; every rank learns its name from rank 0.
 """
 
+import contextlib
 import datetime
 import logging
 import os
 import re
 import uuid
-from typing import TYPE_CHECKING, Mapping, NoReturn
+from typing import TYPE_CHECKING, Iterator, Mapping, NoReturn
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import RUN_PLACEHOLDER
@@ -70,9 +71,11 @@ def is_restart(environ: Mapping[str, str]) -> bool:
     return any(int(environ.get(name) or 0) > 0 for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
 
 
-def open_output_dir(output_dir: str, run_id: str, resuming: bool, env: "DistEnv") -> str:
+def open_output_dir(output_dir: str, run_id: str, resuming: bool, env: "DistEnv", checkpoint_dir: str = "") -> str:
     """Collective. The folder this run writes its results to ('' for none), made this run's by
-    rank 0 (:func:`claim`), or the ConfigError that refuses it, on every rank."""
+    rank 0 (:func:`claim`), or the ConfigError that refuses it, on every rank. ``checkpoint_dir``:
+    the run's --checkpoint_dir, which may lie inside that folder (``--output_dir D
+    --checkpoint_dir D/ckpt``, torchtitan's layout) and is made before it is claimed."""
     # Imported here, in the job: torch takes seconds to import, which every `torchx run` of the
     # component (which imports this module for the folders' names) would wait for.
     from apps.core.common.distributed import decided_by_main
@@ -80,28 +83,50 @@ def open_output_dir(output_dir: str, run_id: str, resuming: bool, env: "DistEnv"
     if not output_dir:
         return ""
     return decided_by_main(
-        lambda: make_run_folder(output_dir, run_id, resuming, os.environ, datetime.datetime.now()), env
+        lambda: make_run_folder(output_dir, run_id, resuming, os.environ, datetime.datetime.now(), checkpoint_dir),
+        env,
     )
 
 
 def make_run_folder(
-    output_dir: str, run_id: str, resuming: bool, environ: Mapping[str, str], now: datetime.datetime
+    output_dir: str,
+    run_id: str,
+    resuming: bool,
+    environ: Mapping[str, str],
+    now: datetime.datetime,
+    checkpoint_dir: str = "",
 ) -> str:
     """Rank 0: the folder ``output_dir`` names, made and claimed for ``run_id``; with ``{run}``, a
     folder of this run's own (the app id's, else a new one). ``latest`` moves later, once the run
-    trains or evaluates (:func:`point_latest_at`)."""
+    trains or evaluates (:func:`point_latest_at`). A ``checkpoint_dir`` inside the folder is the
+    run's own, not a file of the user's."""
     resuming = resuming or is_restart(environ)
     head, last = os.path.split(output_dir.rstrip("/"))
     if last != RUN_PLACEHOLDER:
-        claim(output_dir, run_id, resuming, environ)
+        with writing(output_dir):
+            claim(output_dir, run_id, resuming, environ, _entry_inside(output_dir, checkpoint_dir))
         return output_dir
-    os.makedirs(head or ".", exist_ok=True)
-    # Every attempt of a TorchX job: the same folder. Otherwise a new one, named by the time.
-    folder = job_folder(output_dir, environ, _torchx_app_id(environ)) or _new_folder(
-        head, run_folder_name(_job_name(environ), None, now)
-    )
-    claim(folder, run_id, resuming, environ)
+    with writing(head or "."):
+        os.makedirs(head or ".", exist_ok=True)
+        # Every attempt of a TorchX job: the same folder. Otherwise a new one, named by the time.
+        folder = job_folder(output_dir, environ, _torchx_app_id(environ)) or _new_folder(
+            head, run_folder_name(_job_name(environ), None, now)
+        )
+        claim(folder, run_id, resuming, environ)
     return folder
+
+
+@contextlib.contextmanager
+def writing(folder: str) -> Iterator[None]:
+    """Making and claiming the run's ``folder``: a folder this job cannot write (read-only, not
+    its user's, a file in its path) is refused in one line (ConfigError), not a traceback."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(
+            f"--output_dir {folder} cannot be written ({e.strerror or e}): give a folder this job can write "
+            "to, or leave --output_dir at its default (a new folder per run under outputs/)"
+        ) from None
 
 
 def point_latest_at(output_dir: str, folder: str) -> None:
@@ -141,21 +166,30 @@ def torchrun_log_dir(log_dir: str, environ: Mapping[str, str], rdzv_id: str) -> 
         return log_dir
     if os.path.basename(output_dir) == RUN_PLACEHOLDER:
         folder = job_folder(output_dir, environ, _torchx_app_id({**environ, "TORCHELASTIC_RUN_ID": rdzv_id}))
-        return os.path.join(folder, logs) if folder else ""
+        return _made(os.path.join(folder, logs), folder) if folder else ""
     owner = _owner(output_dir) if os.path.isdir(output_dir) else None
     if owner is None:
         check_unowned(output_dir, environ)
-        return log_dir
+        return _made(log_dir, output_dir)
     return log_dir if owner == rdzv_id else ""
 
 
-def claim(folder: str, run_id: str, resuming: bool, environ: Mapping[str, str]) -> None:
+def _made(log_dir: str, folder: str) -> str:
+    """``log_dir``, once the run's ``folder`` that holds it is made: torchrun would fail on one it
+    cannot write with a traceback; here it is refused in one line before torchrun starts."""
+    with writing(folder):
+        os.makedirs(folder, exist_ok=True)
+    return log_dir
+
+
+def claim(folder: str, run_id: str, resuming: bool, environ: Mapping[str, str], own: str | None = None) -> None:
     """Makes ``folder`` run ``run_id``'s (its RUN file), or refuses it, writing nothing: a folder
     of another run, one holding the summary.json of a run that ended, unless ``resuming`` that
-    same run, and one holding files of no run (:func:`check_unowned`)."""
+    same run, and one holding files of no run (:func:`check_unowned`) other than ``own``, the
+    name of the run's checkpoint folder in it."""
     owner = _owner(folder) if os.path.isdir(folder) else None
     if owner is None:
-        check_unowned(folder, environ)
+        check_unowned(folder, environ, own)
         os.makedirs(folder, exist_ok=True)
         owner = _write_owner(folder, run_id)  # the first run to write RUN has the folder
     elif owner == run_id and not resuming and os.path.exists(os.path.join(folder, SUMMARY_FILE)):
@@ -168,11 +202,12 @@ def claim(folder: str, run_id: str, resuming: bool, environ: Mapping[str, str]) 
         )
 
 
-def check_unowned(folder: str, environ: Mapping[str, str]) -> None:
+def check_unowned(folder: str, environ: Mapping[str, str], own: str | None = None) -> None:
     """Refuses (ConfigError) a ``folder`` that no run owns (no RUN file) but holds anything other
-    than what this job's launchers wrote before its trainers claim it (:func:`_launcher_files`):
-    the summary.json of a run that ended (before RUN files), or the user's files, which a run
-    would write over (plan.txt) and append to (metrics.jsonl). A new or empty folder is taken."""
+    than what this job wrote before its trainers claim it: its launchers' files
+    (:func:`_launcher_files`) and ``own``, the name of its checkpoint folder there. Anything else
+    is the summary.json of a run that ended (before RUN files) or the user's: a run's results
+    never mix with them. A new or empty folder is taken."""
     if os.path.lexists(folder) and not os.path.isdir(folder):
         raise ConfigError(f"--output_dir {folder} is not a folder: give a folder, or leave --output_dir at its default")
     if not os.path.isdir(folder):
@@ -180,14 +215,25 @@ def check_unowned(folder: str, environ: Mapping[str, str]) -> None:
     if os.path.exists(os.path.join(folder, SUMMARY_FILE)):
         _refuse_ended(folder, "a run that ended")
     launchers = _launcher_files(environ)
-    theirs = sorted(name for name in os.listdir(folder) if not launchers.fullmatch(name))
+    theirs = sorted(name for name in os.listdir(folder) if not launchers.fullmatch(name) and name != own)
     if theirs:
         shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
         raise ConfigError(
             f"--output_dir {folder} is not a run's folder (it has no {RUN_FILE} file) and holds files "
-            f"({shown}) that a run would write over: give a new or empty folder, or leave "
-            "--output_dir at its default (a new folder per run under outputs/)"
+            f"({shown}) that no run wrote: a run's results go into a folder of their own; give a new or "
+            "empty folder, or leave --output_dir at its default (a new folder per run under outputs/)"
         )
+
+
+def _entry_inside(folder: str, path: str) -> str | None:
+    """The name of the entry of ``folder`` that holds the local ``path`` (``D/ckpt/x``: ``ckpt``),
+    or None where ``path`` is not inside it (a URL, another folder, ``folder`` itself)."""
+    path = path.removeprefix("file://")
+    if not path or "://" in path:
+        return None
+    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(folder))
+    first = relative.split(os.sep, 1)[0]
+    return None if first in (os.curdir, os.pardir) else first
 
 
 def _launcher_files(environ: Mapping[str, str]) -> re.Pattern[str]:

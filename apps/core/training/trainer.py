@@ -86,7 +86,9 @@ class Trainer(Generic[C]):
         folder = open_checkpoints(cfg, env)  # before the model: a bad --checkpoint_dir fails in seconds
         self.run_id = folder.run_id
         # So does an --output_dir of another run; a resumed run may write into its own.
-        output_dir = open_output_dir(cfg.evaluation.output_dir, self.run_id, folder.resume_from is not None, env)
+        output_dir = open_output_dir(
+            cfg.evaluation.output_dir, self.run_id, folder.resume_from is not None, env, cfg.checkpoint.checkpoint_dir
+        )
         self.reporter = Reporter(output_dir, enabled=env.is_main)
         if device_defaults:
             self.reporter.log("%s", device_defaults)
@@ -264,20 +266,8 @@ class Trainer(Generic[C]):
                 throughput.add(elapsed, global_batch)
                 window_meter.add(elapsed, global_batch)
                 if log_due:
-                    state.train_loss = all_reduce_mean(window_losses[-1], env)
-                    window_loss = all_reduce_mean(sum(window_losses) / len(window_losses), env)
-                    train = {"loss": window_loss, "samples_per_sec": window_meter.samples_per_sec}
-                    reporter.scalars("train", train, step)
-                    reporter.record("train", step, train)
-                    reporter.log(
-                        "step %d/%d  loss %.4f  %.0f samples/s",
-                        step,
-                        run.steps,
-                        window_loss,
-                        window_meter.samples_per_sec,
-                    )
+                    reporter.step(loss=self._log_window(window_losses, window_meter))
                     window, window_meter = [], Throughput()
-                    reporter.step(loss=window_loss)
                 else:
                     reporter.step()
                 best = False
@@ -285,7 +275,7 @@ class Trainer(Generic[C]):
                     val = self._validate(step)
                     best = self.validations.best_step == step
                 # The best validation's model is kept (--checkpoint_dir) to be tested at the end.
-                if checkpoint_due or self.validations.stopped_early or (best and self.checkpointer.store is not None):
+                if checkpoint_due or ((best or self.validations.stopped_early) and self.checkpointer.store is not None):
                     url = self.checkpointer.save(state)
                     reporter.log(
                         "step %d: checkpoint taken for %s (training stopped %.2f s)",
@@ -294,8 +284,24 @@ class Trainer(Generic[C]):
                         self.checkpointer.stalls[-1],
                     )
                 stopwatch.lap()  # validation and checkpoint time is not training time
+            if window:  # stopped early between log steps: the last, partial window's loss
+                self._log_window(torch.stack(window).tolist(), window_meter)
         reporter.close_progress()
         return throughput, val
+
+    def _log_window(self, losses: list[float], meter: Throughput) -> float:
+        """Collective. Reports the training window that ends at this step (``losses``: this
+        rank's, one per step) and makes its last step's loss the run's; returns the window's mean."""
+        env, step = self.env, self.state.step
+        self.state.train_loss = all_reduce_mean(losses[-1], env)
+        window_loss = all_reduce_mean(sum(losses) / len(losses), env)
+        train = {"loss": window_loss, "samples_per_sec": meter.samples_per_sec}
+        self.reporter.scalars("train", train, step)
+        self.reporter.record("train", step, train)
+        self.reporter.log(
+            "step %d/%d  loss %.4f  %.0f samples/s", step, self.run_length.steps, window_loss, meter.samples_per_sec
+        )
+        return window_loss
 
     def _check_losses(self, window: list[torch.Tensor], step: int) -> None:
         """Collective. Raises :class:`TrainingDiverged` if the loss of any step of ``window`` (one
