@@ -224,7 +224,7 @@ def test_graph_and_eager_steps_train_to_the_same_losses_across_a_learning_rate_c
     graph, log = train_once(tmp_path, "graph", *options)
     eager, _ = train_once(tmp_path, "eager", *options, "--step_graph", "false")
     assert_same_losses(graph, eager, 1e-4)
-    assert log.count("training steps now replay one CUDA graph") == 2, log[-5000:]
+    assert log.count("training steps now replay one CUDA graph, captured at learning rates") == 2, log[-5000:]
 
 
 @pytest.mark.gpu

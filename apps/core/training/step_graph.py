@@ -188,7 +188,7 @@ class GraphedLeanPipeline(LeanPipeline):
         self._host_steps: list[torch.Tensor] = []
         self._side_stream = torch.cuda.Stream(device)
         #: What validation and test call in place of the model.
-        self.forward_graph = GraphedForward(model)
+        self.forward_graph = GraphedForward(model, device)
         self._last_action = ""
 
     def progress(self, dataloader_iter: Iterator[Pipelineable]) -> Any:
@@ -238,14 +238,17 @@ class GraphedLeanPipeline(LeanPipeline):
         self.forward_graph.forget()
 
     def _say(self, action: str) -> None:
-        """Logs how steps run when that changes (warm-up steps count as eager)."""
-        kind = {"warm": "eager", "capture": "replay"}.get(action, action)
-        if kind == self._last_action:
+        """Logs each capture, and how steps run when that changes."""
+        if action == self._last_action and action != "capture":
             return
-        self._last_action = kind
-        if kind == "replay":
+        self._last_action = "replay" if action == "capture" else action
+        if action == "warm":
+            self._log(f"the first {WARMUP_STEPS} training steps warm up eager on a side stream, before the capture")
+        elif action == "capture":
             lrs = ", ".join(f"{group['lr']:.6g}" for group in self._optimizer.param_groups)
-            self._log(f"training steps now replay one CUDA graph (captured at learning rates {lrs})")
+            self._log(f"training steps now replay one CUDA graph, captured at learning rates {lrs}")
+        elif action == "replay":
+            self._log("training steps replay the CUDA graph again")
         elif self.policy.varying:
             self._log("training steps run eager: the batches' shapes vary (variable-length lists)")
         else:
@@ -259,10 +262,9 @@ class GraphedForward(nn.Module):
     makes the next batch like it capture). Stands in for the model in ``evaluate``; no state of
     its own (it is never saved)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
         super().__init__()
-        self.model = model
-        self._device = next(model.parameters()).device
+        self.model, self._device = model, device
         self._graph: torch.cuda.CUDAGraph | None = None
         self._captured: tuple | None = None
         self._previous: tuple | None = None
