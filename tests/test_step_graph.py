@@ -9,7 +9,10 @@ import math
 
 import pytest
 import torch
+from torch import nn
 from torchrec.datasets.utils import Batch
+from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.config import LaunchConfig, TrainingConfig
@@ -19,6 +22,7 @@ from apps.core.training.step_graph import (
     WARMUP_STEPS,
     GraphPolicy,
     _copy_into,
+    _host_step_counts,
     _static_copy,
     batch_signature,
     graph_kind,
@@ -134,6 +138,25 @@ def test_the_static_batch_takes_each_batch_s_values():
     assert torch.equal(static.sparse_features.values(), second.sparse_features.values())
     assert torch.equal(static.sparse_features.offsets(), second.sparse_features.offsets())
     assert torch.equal(static.labels, second.labels)
+
+
+def test_a_replay_advances_the_step_counts_optimizers_keep_on_the_host():
+    """torch's Adagrad and TorchRec's RowWiseAdagrad count steps in CPU tensors, which a replay
+    does not run: the pipeline advances these very tensors (the ones checkpoints save)."""
+    mlp, table = nn.Linear(2, 1), nn.Linear(2, 2, bias=False)  # row-wise: 2-D weights only
+    optimizer = CombinedOptimizer(
+        [
+            ("dense", KeyedOptimizerWrapper(dict(mlp.named_parameters()), lambda ps: torch.optim.Adagrad(ps))),
+            ("tables", KeyedOptimizerWrapper(dict(table.named_parameters()), lambda ps: RowWiseAdagrad(ps))),
+        ]
+    )
+    (mlp(torch.ones(1, 2)).sum() + table(torch.ones(1, 2)).sum()).backward()
+    optimizer.step()
+    steps = _host_step_counts(optimizer)
+    assert len(steps) == 3 and all(step.item() == 1 for step in steps)
+    torch._foreach_add_(steps, 1.0)
+    saved = optimizer.state_dict()["state"]
+    assert sorted(state["step"].item() for state in saved.values()) == [2.0] * 3, saved
 
 
 def test_steps_warm_up_capture_replay_and_capture_again_when_the_learning_rate_changes():
