@@ -28,6 +28,7 @@ DENSE_OPTIMIZERS = ("adagrad", "sgd", "adam")
 DENSE_PRECISIONS = ("fp32", "bf16")
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
 LEAN_STEPS = ("auto", "false")
+STEP_GRAPHS = ("auto", "false")
 PIPELINES = ("sparse_dist", "base", "semi_sync", "fused_sparse_dist", "sparse_dist_lite", "prefetch")
 #: Training steps of synthetic data when --steps is not given: it never repeats, so has no epochs.
 SYNTHETIC_STEPS = 1500
@@ -168,6 +169,16 @@ class LaunchConfig:
         "losses and checkpoints, less host time per step); false: TorchRec's sharded step always. "
         "The log says which step runs.",
         choices=LEAN_STEPS,
+    )
+    step_graph: str = option(
+        "auto",
+        "auto: on a GPU, where the lean step runs and the batches' shapes are fixed (synthetic, "
+        "Criteo, fixed multi-hot sizes), capture the whole training step (forward, backward with "
+        "the fused table update, dense optimizer step) in one CUDA graph and replay it, captured "
+        "again when the learning rate changes (eager while it changes every step); validation "
+        "and test replay a forward-only graph. false: eager steps. Does nothing on CPUs; the log "
+        "says which step runs.",
+        choices=STEP_GRAPHS,
     )
     sharding_type: str = option(
         "auto",

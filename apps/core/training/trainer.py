@@ -38,6 +38,7 @@ from apps.core.training.sharding import (
     shard_model,
     summarize_plan,
 )
+from apps.core.training.step_graph import GraphedLeanPipeline, graph_kind, lr_holds_for, step_graph_refusal
 from apps.core.training.validations import Validations
 from apps.core.urls import config_record, redact_urls
 
@@ -109,8 +110,21 @@ class Trainer(Generic[C]):
             call_tables_directly(self.model.module, app.tables)
             pipeline_cls = LeanPipeline
         self.optimizer = training_optimizer(cfg.training, self.model, app.tables)
-        self.schedule = LRSchedule(LRShape.of(cfg.training, self.run_length.steps), self.optimizer)
-        self.pipeline = pipeline_cls(self.model, self.optimizer, env.device)
+        lr_shape = LRShape.of(cfg.training, self.run_length.steps)
+        self.schedule = LRSchedule(lr_shape, self.optimizer)
+        kernels = [table["kernel"] for table in plan_tables(self.plan).values()]
+        #: Why the step is not one CUDA graph; empty: it is (apps/core/training/step_graph.py).
+        self.not_graph = step_graph_refusal(cfg.launch, cfg.training, env.device.type, self.not_lean, kernels)
+        if not self.not_graph:
+            self.pipeline: TrainPipeline = GraphedLeanPipeline(
+                self.model,
+                self.optimizer,
+                env.device,
+                lrs_hold=lambda: lr_holds_for(lr_shape, self.state.step),
+                log=lambda line: self.reporter.log("%s", line),
+            )
+        else:
+            self.pipeline = pipeline_cls(self.model, self.optimizer, env.device)
         self.checkpointer = Checkpointer(cfg, env, folder, self.checkpointed, self.run_length.steps)
         self.state = TrainState(env.rank)
         self.validations = Validations.of(cfg.evaluation)
@@ -152,6 +166,8 @@ class Trainer(Generic[C]):
             env.backend,
         )
         self.reporter.log("training step: %s", step_kind(self.not_lean, type(self.pipeline).__name__))
+        if not self.not_lean:
+            self.reporter.log("lean step: %s", graph_kind(self.not_graph))
         throughput, val = self._train()
         tested = self._load_best()
         test = self.evaluate("test", cfg.evaluation.test_batches)
@@ -193,6 +209,7 @@ class Trainer(Generic[C]):
         with its validations (the best so far, the count towards early stopping)."""
         resumed = self.checkpointer.restore(self.state)
         if resumed is not None:
+            self._forget_graphs()
             self.validations = Validations.of(self.cfg.evaluation, self.state.validations)
             self.reporter.log("resumed from %s (step %d)", resumed.url, self.state.step)
             changed = changed_data_options(resumed.manifest.get("config", {}), self.cfg)
@@ -370,6 +387,13 @@ class Trainer(Generic[C]):
             self.data = self.app.make_data(self.cfg, self.env, checkpoint)
             self.checkpointer.checkpointed = self.checkpointed
         self.checkpointer.restore(TrainState(self.env.rank), checkpoint)
+        self._forget_graphs()
+
+    def _forget_graphs(self) -> None:
+        """The model's and optimizers' state was loaded: CUDA graphs captured before read
+        tensors that loading replaced, and are captured again."""
+        if isinstance(self.pipeline, GraphedLeanPipeline):
+            self.pipeline.forget()
 
     def _load_best(self) -> int:
         """Collective. Loads the checkpoint of the best validation, if the run kept one and has
@@ -418,13 +442,16 @@ class Trainer(Generic[C]):
     @contextlib.contextmanager
     def _pipeline_paused(self) -> Iterator[nn.Module]:
         """The plain model, while the pipeline's in-flight batches wait: a sparse-dist pipeline
-        swaps the model's forward for its own and must give it back first."""
+        swaps the model's forward for its own and must give it back first. Under the step
+        graph, the model's forward-only graph (``GraphedLeanPipeline.forward_graph``)."""
         if isinstance(self.pipeline, TrainPipelineSparseDist):
             yield self.pipeline.detach()
             # The batch in flight started its input all-to-all before the pause: attaching must not
             # start it again (TorchRec's default), which broke the next step's all-to-all of an
             # EmbeddingCollection on sequence batches (gloo: in->size == out->size).
             self.pipeline.attach(sparse_dist=False)
+        elif isinstance(self.pipeline, GraphedLeanPipeline):
+            yield self.pipeline.forward_graph
         else:
             yield self.model
 
