@@ -7,7 +7,7 @@ scripts/gpu_stage/check.sh runs there once the stack is staged, each with its ow
 First the correctness steps, at once (the machine has 16 cores and one GPU of 139 GiB): the main
 job, the HSTU, CUDA graphs (--compile_dense reduce-overhead) through validation, test and
 checkpoints, tables cached from host memory (a small --hbm_gb: fused_uvm_caching), and sharded =
-unsharded equivalence. Then, each alone so that its figures are the machine's: the loader into the
+unsharded equivalence, and the gpu-tier tests (the whole step's CUDA graph). Then, each alone so that its figures are the machine's: the loader into the
 GPU, a profile of 20 steady training steps, and the throughput rows (the app against plain TorchRec
 at reference document 002's model, in the same run).
 
@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from xml.etree import ElementTree
 
 from benchmarks.gpu_check import AUROC_MARGIN
 
@@ -196,6 +197,19 @@ def read_equivalence(folder: Path) -> Verdict:
     )
 
 
+def read_gpu_tests(folder: Path) -> Verdict:
+    """The gpu-tier tests' verdict from pytest's JUnit report: ok when some ran and none failed
+    (all skipped means nothing was checked: not ok on a GPU)."""
+    suite = ElementTree.parse(folder / "junit.xml").getroot().find("testsuite")
+    assert suite is not None, "junit.xml has no testsuite"
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    ran = counts["tests"] - counts["skipped"]
+    bad = counts["failures"] + counts["errors"]
+    return Verdict(
+        ran > 0 and not bad, f"{ran - bad} of {ran} gpu-tier tests passed, {counts['skipped']} skipped", counts
+    )
+
+
 def read_loader(folder: Path) -> Verdict:
     r = read_json(folder, "loader.json")
     return Verdict(True, f"{r['train_samples_per_sec']:,.0f} samples/s into {r.get('device', 'the device')}", r)
@@ -242,6 +256,18 @@ def steps(out: Path) -> list[Step]:
             240,
             read_cuda_graphs,
             [*QUICK_JOB, "--val_every_steps", "3", "--checkpoint_every", "3"],
+        ),
+        # The gpu-tier tests: the whole step's CUDA graph against eager, step for step, and a
+        # job with it that resumes; --compile_dense reduce-overhead through validation.
+        Step(
+            "gpu_tests",
+            [
+                *(PY, "-m", "pytest", "-m", "gpu", "-n", "0", "-q", "-p", "no:cacheprovider"),
+                *("tests/test_step_graph.py", "tests/test_train_variants.py"),
+                *("--junitxml", at("gpu_tests", "junit.xml")),
+            ],
+            240,
+            read_gpu_tests,
         ),
         # Tables of 26 x 500k x 16 (0.83 GB) with 0.5 GiB of HBM: the planner caches most of them
         # (tests/test_gpu_call.py previews the plan).

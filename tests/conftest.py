@@ -70,9 +70,16 @@ TINY = [
 ]
 
 
+#: This environment's ``torchx`` command: its script, or where an environment has none (the lent
+#: GPU machines' image, whose staged TorchX brings no scripts) its module, which is the same CLI.
+TORCHX = (
+    [os.path.join(BIN, "torchx")]
+    if os.path.exists(os.path.join(BIN, "torchx"))
+    else [sys.executable, "-m", "torchx.cli.main"]
+)
 #: The README's main job, ``torchx run -s local_cwd components.dlrm:train -j 1x2``, with this
 #: environment's torchx: tests append the component's arguments.
-LOCAL_TRAIN_1X2 = [os.path.join(BIN, "torchx"), "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2"]
+LOCAL_TRAIN_1X2 = [*TORCHX, "run", "-s", "local_cwd", "components.dlrm:train", "-j", "1x2"]
 
 
 def tiny(**overrides) -> list[str]:
