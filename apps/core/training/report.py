@@ -7,6 +7,7 @@ Only rank 0 reports; the other ranks get a reporter that stays silent.
 import json
 import logging
 import os
+import shlex
 import sys
 import uuid
 from typing import Any
@@ -172,7 +173,8 @@ class Reporter:
         if self.enabled and self.output_dir:
             self.log("summary: %s", os.path.join(self.output_dir, SUMMARY_FILE))
             self.log("curves: %s", os.path.join(self.output_dir, CURVES_FILE))
-            self.log("TensorBoard: tensorboard --logdir %s", self.output_dir)
+            # Quoted: the line is a command to paste into a shell, and a folder may hold spaces or $.
+            self.log("TensorBoard: tensorboard --logdir %s", shlex.quote(self.output_dir))
 
     def write_summary(self, summary: dict[str, Any]) -> str | None:
         """Writes summary.json; returns its path (None where this reporter writes nothing)."""
