@@ -573,3 +573,5 @@ def test_component_arguments_are_checked_before_submission():
         dlrm.export(checkpoint_dir="c", output="o", step="newest")
     with pytest.raises(ConfigError, match="--preprocessed_path /p is read only with --data criteo_tsv: leave it out"):
         dlrm.predict(model="m", data_path="d", output="o", preprocessed_path="/p")
+    with pytest.raises(ConfigError, match="--passthrough_columns row_id,label,row_id names row_id more than once"):
+        dlrm.predict(model="m", data_path="d", output="o", passthrough_columns="row_id,label,row_id")
