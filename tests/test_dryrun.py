@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 from typing import Any
 
@@ -42,6 +43,13 @@ _SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 def dryrun(cwd, scheduler: str, *options: str, component: str = "components.dlrm:train") -> str:
     """The SCHEDULER REQUEST part of ``torchx run --dryrun``'s output for ``component``'s 2-node
     p4d job, run in ``cwd``."""
+    return dryrun_process(cwd, scheduler, *options, component=component).stdout.split("=== SCHEDULER REQUEST ===\n", 1)[
+        1
+    ]
+
+
+def dryrun_process(cwd, scheduler: str, *options: str, component: str) -> subprocess.CompletedProcess:
+    """``torchx run --dryrun`` of ``component``'s 2-node p4d job in ``cwd``, which succeeded."""
     env = process_env()
     env.pop("LOGLEVEL", None)  # dist.torchrun copies it into the job's environment
     result = subprocess.run(
@@ -53,7 +61,7 @@ def dryrun(cwd, scheduler: str, *options: str, component: str = "components.dlrm
         env=env,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    return result.stdout.split("=== SCHEDULER REQUEST ===\n", 1)[1]
+    return result
 
 
 def normalised(text: str, **placeholders: str) -> str:
@@ -84,6 +92,13 @@ def test_slurm_sbatch_script_is_a_valid_heterogeneous_job(tmp_path):
     # one part per node, each a whole p4d with its 8 GPUs
     parts = [line for line in script.splitlines() if line.startswith("#SBATCH --job-name")]
     assert len(parts) == 2 and all("--gpus-per-task=8" in part for part in parts)
+
+
+def test_a_slurm_dry_run_off_the_cluster_prints_no_warning_of_the_missing_sinfo(tmp_path):
+    assert shutil.which("sinfo", path=process_env()["PATH"]) is None  # as off a Slurm login node
+    result = dryrun_process(tmp_path, "slurm", "-cfg", "partition=gpu,time=1:00:00", component="components.dlrm:train")
+    assert "Warning" not in result.stderr, result.stderr[-4000:]
+    assert "--gpus-per-task=8" in result.stdout  # TorchX's request for Slurm before 24.11, as it assumes
 
 
 @pytest.fixture(scope="module")

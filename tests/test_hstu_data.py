@@ -2,6 +2,8 @@
 leave-last-out split; the exact ceiling against a Monte-Carlo estimate of the Bayes-optimal
 predictor) and the Parquet readers of both layouts, with their one-line refusals."""
 
+import logging
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -183,6 +185,18 @@ def test_per_event_files_are_read_together_and_timestamps_may_be_arrow_timestamp
     write_per_event(tmp_path / "a.parquet", EVENTS[:5], ts=pa.timestamp("s"))
     write_per_event(tmp_path / "b.parquet", EVENTS[5:], ts=pa.timestamp("s"))
     assert sequences(parquet(tmp_path, "per_event").batch("test", 0)) == EXPECTED
+
+
+def test_parquet_logs_what_it_read_at_start(tmp_path, caplog):
+    write_per_event(tmp_path / "a.parquet", EVENTS[:5])
+    write_per_event(tmp_path / "b.parquet", EVENTS[5:])
+    with caplog.at_level(logging.INFO, logger="apps.hstu.data.parquet"):
+        parquet(tmp_path, "per_event")
+    summary = (
+        f"parquet {tmp_path}: 2 files, 10 rows (--layout per_event), 2 users with 8 events; columns read: "
+        "item_column 'movie', timestamp_column 'ts', action_column 'rating', user_column 'user'"
+    )
+    assert summary in caplog.messages  # user "b" has too few events: left out of the users
 
 
 def test_parquet_is_read_from_an_fsspec_url(tmp_path):

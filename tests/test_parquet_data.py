@@ -450,6 +450,12 @@ def test_text_ids_are_hashed_alike_in_any_file_nulls_are_no_id_and_lists_are_bag
         (dict(label=pa.array([0] * 300, pa.int8())), {}, "label column 'label' holds only 0 in "),
         (dict(label=pa.array([True] * 300)), {}, "label column 'label' holds only 1 in "),
         ({}, dict(dense_columns=["int_*"], num_dense_features=2), "--dense_columns int_* matches 3 columns"),
+        (
+            {},
+            dict(dense_columns=["int_*"], sparse_columns=["cat_*"], num_dense_features=2),
+            "day_0.parquet, --dense_columns int_* matches 3 columns but --num_dense_features is 2 and --sparse_columns "
+            "cat_* matches 4 columns but --num_sparse_features is 26: give --num_dense_features 3 --num_sparse_features 4",
+        ),
         ({}, dict(sparse_columns=["nope_*"]), "--sparse_columns nope_* matches no column"),
         (
             {"I1": pa.array(np.ones(300)), "C1": pa.array(np.ones(300, np.int32))},
@@ -561,6 +567,14 @@ def test_a_glob_selects_files_and_the_feature_counts_follow_the_columns(folder):
     assert (cfg.model.num_dense_features, cfg.model.num_sparse_features) == (1, 2)
     with pytest.raises(ConfigError, match="--sparse_columns names 2 columns but --num_sparse_features is 5"):
         train_config(data="parquet", data_path=folder, sparse_columns=["cat_0", "cat_1"], num_sparse_features=5)
+    with pytest.raises(ConfigError) as both:  # every wrong count in one message
+        train_config(data="parquet", data_path=folder, dense_columns=["int_0"], sparse_columns=["cat_0"],
+                     num_dense_features=3, num_sparse_features=5)  # fmt: skip
+    assert str(both.value) == (
+        "--dense_columns names 1 columns but --num_dense_features is 3: drop --num_dense_features (the columns set "
+        "it) or name 3 columns; --sparse_columns names 1 columns but --num_sparse_features is 5: drop "
+        "--num_sparse_features (the columns set it) or name 5 columns"
+    )
 
 
 def make_bucket(name: str) -> None:

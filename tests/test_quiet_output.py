@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import shlex
 import signal
 import warnings
 
@@ -183,3 +184,11 @@ def test_fbgemm_s_b200_debugging_warning_is_filtered_and_its_other_warnings_stil
         (UserWarning, failed),
         (DeprecationWarning, b200),
     ]
+
+
+def test_the_tensorboard_command_pastes_into_a_shell_whatever_the_folder_is_named(tmp_path, caplog):
+    folder = tmp_path / "my runs" / "dlrm $HOME's"
+    with caplog.at_level(logging.INFO, logger="apps"):
+        Reporter(str(folder), enabled=True).log_results()
+    (command,) = [m.removeprefix("TensorBoard: ") for m in caplog.messages if m.startswith("TensorBoard: ")]
+    assert shlex.split(command) == ["tensorboard", "--logdir", str(folder)]

@@ -11,6 +11,7 @@ from apps.core.training.optim import LRShape, lr_scale
 from apps.core.training.run_length import RunLength
 from apps.core.training.validations import Validations
 from apps.dlrm.config import train_config
+from apps.hstu.config import train_config as hstu_train_config
 
 # Tier (tests/conftest.py): pure logic in this process.
 TIER = "unit"
@@ -51,6 +52,18 @@ def test_bad_run_lengths_are_refused_before_step_one(options, steps_per_epoch, f
     with pytest.raises(ConfigError) as error:
         RunLength.of(train_config(**options), steps_per_epoch)
     assert fragment in str(error.value)
+
+
+@pytest.mark.parametrize("app_config", [train_config, hstu_train_config], ids=["dlrm", "hstu"])
+@pytest.mark.parametrize("name", ["val_batches", "test_batches"])
+def test_evaluation_batches_0_the_whole_split_is_refused_on_synthetic_data_that_has_no_end(app_config, name):
+    with pytest.raises(ConfigError) as error:
+        app_config(**{name: 0})
+    assert str(error.value) == (
+        f"--{name} 0 means the whole split, but synthetic data's splits have no end: give a number of batches, "
+        f"e.g. --{name} 40"
+    )
+    assert getattr(app_config(**PARQUET, **{name: 0}).evaluation, name) == 0  # finite data: its whole split
 
 
 def test_warmup_and_decay_as_fractions_of_the_run():

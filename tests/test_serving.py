@@ -126,6 +126,9 @@ def test_the_float32_package_scores_the_test_split_as_the_training_job_did(job):
     assert report["rows_skipped"] == {} and len(report["files"]) == FILES
     assert report["source"] == manifest(job.fp32)["source"]
     assert "scored 16,384 rows of 4 files (0 skipped)" in job.predict_log
+    for file in report["files"]:  # every rank's files, though only rank 0 logs
+        assert f"scored {file['input']}: {file['rows_scored']:,} rows -> {file['output']}" in job.predict_log
+    assert "rank 0 scored" in job.predict_log and "rank 1 scored" in job.predict_log
 
 
 def test_the_int8_package_is_smaller_and_ranks_the_rows_nearly_alike(job):
@@ -573,3 +576,5 @@ def test_component_arguments_are_checked_before_submission():
         dlrm.export(checkpoint_dir="c", output="o", step="newest")
     with pytest.raises(ConfigError, match="--preprocessed_path /p is read only with --data criteo_tsv: leave it out"):
         dlrm.predict(model="m", data_path="d", output="o", preprocessed_path="/p")
+    with pytest.raises(ConfigError, match="--passthrough_columns row_id,label,row_id names row_id more than once"):
+        dlrm.predict(model="m", data_path="d", output="o", passthrough_columns="row_id,label,row_id")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Protocol, TypeVar
 
 from apps.core.common.errors import ConfigError
-from apps.core.options import option
+from apps.core.options import field_default, option
 
 SHARDING_TYPES = (
     "auto",
@@ -236,12 +236,14 @@ class EvaluationConfig:
         "at the end (synthetic data: at the end only).",
     )
     val_batches: int = option(
-        40, "Validation batches per rank; 0: none with synthetic data, the whole split with criteo and parquet."
+        40,
+        "Validation batches per rank; 0: the whole split (of criteo, parquet; synthetic splits have no end, "
+        "so it is refused there).",
     )
     test_batches: int = option(
         40,
-        "Test batches per rank, run once after training; 0: none with synthetic data, the whole "
-        "split with criteo and parquet.",
+        "Test batches per rank, run once after training; 0: the whole split (of criteo, parquet; synthetic "
+        "splits have no end, so it is refused there).",
     )
     early_stopping_patience: int = option(
         0,
@@ -375,16 +377,18 @@ def with_device_defaults(cfg: R, device_type: str) -> tuple[R, str]:
 
 def check_run_length(training: TrainingConfig, evaluation: EvaluationConfig, synthetic: bool) -> None:
     """What can be refused before the data is open: epochs of (``synthetic``) data that has none,
-    early stopping without validations to stop on."""
+    or the whole of its splits (evaluation batches 0), which never end; early stopping without
+    validations to stop on."""
     if synthetic and training.epochs != 1:
         raise ConfigError(
             f"--epochs {training.epochs}: synthetic data never repeats, so it has no epochs; give --steps instead"
         )
-    if evaluation.early_stopping_patience and synthetic and not evaluation.val_batches:
-        raise ConfigError(
-            f"--early_stopping_patience {evaluation.early_stopping_patience} needs validation, "
-            "but --val_batches 0 validates nothing on synthetic data: give --val_batches"
-        )
+    for name in ("val_batches", "test_batches"):
+        if synthetic and not getattr(evaluation, name):
+            raise ConfigError(
+                f"--{name} 0 means the whole split, but synthetic data's splits have no end: give a number "
+                f"of batches, e.g. --{name} {field_default(EvaluationConfig.__dataclass_fields__[name])}"
+            )
     if evaluation.early_stopping_patience and synthetic and not evaluation.val_every_steps:
         raise ConfigError(
             f"--early_stopping_patience {evaluation.early_stopping_patience} needs validations "

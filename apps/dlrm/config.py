@@ -416,12 +416,20 @@ class TrainConfig(Options):
                     f"{model.num_sparse_features} must be {INT_FEATURES} and {CAT_FEATURES}"
                 )
         elif self.data.data == "parquet":
-            self._count_parquet_columns("dense_columns", "num_dense_features")
-            self._count_parquet_columns("sparse_columns", "num_sparse_features")
+            wrong = [
+                self._count_parquet_columns(option, count)
+                for option, count in (
+                    ("dense_columns", "num_dense_features"),
+                    ("sparse_columns", "num_sparse_features"),
+                )
+            ]
+            if any(wrong):
+                raise ConfigError("; ".join(filter(None, wrong)))
 
-    def _count_parquet_columns(self, option: str, count: str) -> None:
-        """Columns named one by one set their feature count (a different count given too is
-        refused); patterns are matched, and their count checked, when the files are opened."""
+    def _count_parquet_columns(self, option: str, count: str) -> str:
+        """Columns named one by one set their feature count; returns why a different count given
+        too is refused (empty if it is not), for one message that names every wrong count.
+        Patterns are matched, and their count checked, when the files are opened."""
         columns = getattr(self.data, option)
         if not columns or len(set(columns)) != len(columns):
             raise ConfigError(
@@ -429,14 +437,15 @@ class TrainConfig(Options):
                 f"--{option} {field_default(DataConfig.__dataclass_fields__[option])[0]}"
             )
         if any(is_pattern(column) for column in columns):
-            return
+            return ""
         given = getattr(self.model, count)
         if given not in (len(columns), field_default(ModelConfig.__dataclass_fields__[count])):
-            raise ConfigError(
+            return (
                 f"--{option} names {len(columns)} columns but --{count} is {given}: drop --{count} "
                 f"(the columns set it) or name {given} columns"
             )
         setattr(self.model, count, len(columns))
+        return ""
 
 
 def is_pattern(text: str) -> bool:

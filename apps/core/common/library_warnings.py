@@ -34,6 +34,15 @@ WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
         "'remove after verification'): it says which segment length the kernel chose, on the "
         "first backward of every process; torch raises it as a UserWarning",
     ),
+    (
+        RuntimeWarning,
+        re.escape("Error running: `sinfo --version` to get SLURM version."),
+        "TorchX asks Slurm's version (sinfo) to write a GPU role's request, and warns where sinfo "
+        "is missing: off the cluster, where only a dry run goes (a submission without Slurm's "
+        "commands is refused in one line, schedulers/slurm.py). Such a dry run shows the request "
+        "as Slurm before 24.11 reads it (--gpus-per-task), as docs/clusters.md says; a "
+        "submission from a login node asks the cluster's own sinfo",
+    ),
 )
 
 #: Log lines: (logger name, text the message contains, why it is harmless).

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 import uuid
 from typing import Any
@@ -206,7 +207,8 @@ class Reporter:
             self.log("summary: %s", os.path.join(self.output_dir, SUMMARY_FILE))
             if self._curves:
                 self.log("curves: %s", self._curves)
-            self.log("TensorBoard: tensorboard --logdir %s", self.output_dir)
+            # Quoted: the line is a command to paste into a shell, and a folder may hold spaces or $.
+            self.log("TensorBoard: tensorboard --logdir %s", shlex.quote(self.output_dir))
 
     def write_summary(self, summary: dict[str, Any]) -> str | None:
         """Writes summary.json; returns its path (None where this reporter writes nothing)."""

@@ -117,6 +117,12 @@ class PredictConfig(Options):
             raise ConfigError(f"--batch_size {self.batch_size} must be positive")
         if "score" in self.passthrough_columns:
             raise ConfigError("--passthrough_columns score: the predictions' own column is named score; leave it out")
+        twice = sorted({name for name in self.passthrough_columns if self.passthrough_columns.count(name) > 1})
+        if twice:
+            raise ConfigError(
+                f"--passthrough_columns {','.join(self.passthrough_columns)} names {', '.join(twice)} more than "
+                "once: a column is copied into the predictions once; name each once"
+            )
 
 
 def check_step(step: str) -> None:

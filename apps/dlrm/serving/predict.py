@@ -146,6 +146,7 @@ def predict(cfg: PredictConfig, env: DistEnv) -> dict[str, Any]:
         text = (json.dumps(report, indent=2, sort_keys=True) + "\n").encode()
         write_file(fs, posixpath.join(root, REPORT_FILE), lambda f: f.write(text))
         release(cfg.output)
+        _log_files(ranks)
         logger.info(
             "scored %s rows of %d files (%s skipped) in %.1f s, %.0f rows/s on %d ranks; report: %s",
             f"{report['rows_scored']:,}",
@@ -203,7 +204,6 @@ def _score_file(inputs: Inputs, index: int, scorer: RowScorer, cfg: PredictConfi
     skipped.update(dropped)
     scored.rows_read += sum(dropped.values())
     scored.rows_skipped = dict(skipped)
-    logger.info("scored %s: %s rows -> %s", scored.input, f"{scored.rows_scored:,}", scored.output)
     return scored
 
 
@@ -216,6 +216,16 @@ class _RankResult:
     error: str | None
     nonfinite: dict[str, int]
     seconds: float
+
+
+def _log_files(ranks: list[_RankResult]) -> None:
+    """A line per scored file, every rank's: rank 0 logs them once all are gathered, as the
+    other ranks log warnings only (:func:`~apps.core.training.report.setup_logging`)."""
+    for rank, result in enumerate(ranks):
+        for scored in result.scored:
+            logger.info(
+                "rank %d scored %s: %s rows -> %s", rank, scored.input, f"{scored.rows_scored:,}", scored.output
+            )
 
 
 def _report(

@@ -122,7 +122,8 @@ def _is_integer(arrow_type: pa.DataType, option: str) -> bool:
 
 
 def read_events(model: HSTUModelConfig, data: SequenceDataConfig) -> Events:
-    """Every user's events in ``--data_path``, sorted by time, users with too few left out."""
+    """Every user's events in ``--data_path``, sorted by time, users with too few left out; logs
+    what was read (files, rows, users, events, columns), as the DLRM's Parquet source does."""
     fs, paths = list_files(data.data_path)
     columns = _Columns(data)
     parts = []
@@ -141,8 +142,18 @@ def read_events(model: HSTUModelConfig, data: SequenceDataConfig) -> Events:
     order = np.lexsort((fractions, times, users))  # per user, by time; stable
     _, lengths = np.unique(users[order], return_counts=True)
     item_ids, action_ids, seconds = (torch.from_numpy(a[order]) for a in (items, actions, times))
-    events = Events(item_ids, action_ids, seconds, torch.from_numpy(lengths))
-    return _enough(events, data.data_path)
+    events = _enough(Events(item_ids, action_ids, seconds, torch.from_numpy(lengths)), data.data_path)
+    logger.info(
+        "parquet %s: %d files, %s rows (--layout %s), %s users with %s events; columns read: %s",
+        data.data_path,
+        len(parts),
+        f"{sum(table.num_rows for _, table in parts):,}",
+        data.layout,
+        f"{events.lengths.numel():,}",
+        f"{int(events.lengths.sum()):,}",
+        ", ".join(f"{option} {name!r}" for option, name in columns.names.items()),
+    )
+    return events
 
 
 def _events(

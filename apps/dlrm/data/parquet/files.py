@@ -289,16 +289,7 @@ def resolve_columns(cfg: TrainConfig, schemas: list[tuple[str, pa.Schema]], labe
     first_url, first = schemas[0]
     dense = match_columns(cfg.data.dense_columns, first.names, "dense_columns", first_url)
     sparse = match_columns(cfg.data.sparse_columns, first.names, "sparse_columns", first_url)
-    for option, columns, count in (
-        ("dense_columns", dense, "num_dense_features"),
-        ("sparse_columns", sparse, "num_sparse_features"),
-    ):
-        if len(columns) != getattr(cfg.model, count):
-            raise ConfigError(
-                f"--{option} {','.join(getattr(cfg.data, option))} matches {len(columns)} columns of "
-                f"{first_url}, but --{count} is {getattr(cfg.model, count)}: give --{count} {len(columns)}, "
-                "or name the columns one by one (their count then sets it)"
-            )
+    _check_counts(cfg, first_url, {"dense_columns": dense, "sparse_columns": sparse})
     label = cfg.data.label_column if labelled else None
     names = [*([label] if label is not None else []), *dense, *sparse]
     twice = sorted({name for name in names if names.count(name) > 1})
@@ -329,6 +320,23 @@ def resolve_columns(cfg: TrainConfig, schemas: list[tuple[str, pa.Schema]], labe
         [k in ("list", "text_list") for k in sparse_kinds],
         [k.startswith("text") for k in sparse_kinds],
     )
+
+
+def _check_counts(cfg: TrainConfig, url: str, matched: dict[str, list[str]]) -> None:
+    """Refuses feature counts that differ from the columns the patterns match in ``url``: every
+    wrong count in one message, so that one correction fixes them all."""
+    wrong = [
+        (option, count, len(columns), getattr(cfg.model, count))
+        for (option, columns), count in zip(matched.items(), ("num_dense_features", "num_sparse_features"))
+        if len(columns) != getattr(cfg.model, count)
+    ]
+    if wrong:
+        found = " and ".join(
+            f"--{option} {','.join(getattr(cfg.data, option))} matches {n} columns but --{count} is {given}"
+            for option, count, n, given in wrong
+        )
+        fix = " ".join(f"--{count} {n}" for _, count, n, _ in wrong)
+        raise ConfigError(f"in {url}, {found}: give {fix}, or name the columns one by one (their count then sets it)")
 
 
 def match_columns(patterns: list[str], names: list[str], option: str, url: str) -> list[str]:
