@@ -10,7 +10,6 @@ import urllib.request
 from typing import Iterator
 
 import pytest
-import s3fs
 
 from testing.loopback import loopback_server
 
@@ -56,6 +55,10 @@ def aws(moto_endpoint, monkeypatch):
     """A clean AWS account on the loopback server; the standard AWS variables point at it."""
     _post(moto_endpoint + "/moto-api/reset")
     # fsspec reuses S3 filesystem instances, with their listings of the account just reset.
+    # Imported here: the gpu-tier tests run where s3fs is not installed (the lent GPU machines'
+    # image), and this module is a plugin of every test session.
+    import s3fs
+
     s3fs.S3FileSystem.clear_instance_cache()
     _post(moto_endpoint + "/moto-api/config", {"batch": {"use_docker": False}})
     env = aws_env(moto_endpoint)

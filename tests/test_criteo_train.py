@@ -8,6 +8,7 @@ import shlex
 
 import pytest
 
+from apps.core.options import options_of
 from apps.dlrm.data.criteo.config import PreprocessConfig, parse_preprocess_config
 from components import dlrm
 from components.cpu_launch import CpuLaunch
@@ -129,7 +130,7 @@ def test_bad_preprocess_arguments_fail_before_anything_is_submitted(kwargs, frag
 def test_preprocess_help_is_the_apps_manual(tmp_path):
     result = run([os.path.join(BIN, "torchx"), "run", "components.dlrm:preprocess", "--help"], cwd=str(tmp_path))
     assert_ok(result)
-    for name in list(PreprocessConfig.__dataclass_fields__) + list(CpuLaunch.__dataclass_fields__):
+    for name in [field.name for field in options_of(PreprocessConfig)] + list(CpuLaunch.__dataclass_fields__):
         assert f"--{name}" in result.stdout, name
     assert "--rdzv_port" not in result.stdout and "--gpu" not in result.stdout
     assert "report.json" in " ".join(result.stdout.split())
