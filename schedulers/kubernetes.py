@@ -14,7 +14,10 @@ scheduler replaces the built-in one), because TorchX's dry run needs both:
   without a bound: a name ending in '.', '-' or '_' (``--name run.``) made label values the API server
   refuses, and a long one pod names beyond Kubernetes' 63 characters. Here the app is rendered under
   its name as a label value (schedulers/kube_labels.py), cut so that its pods' names fit
-  (:func:`volcano_app_name`); the job's environment keeps the name as given.
+  (:func:`volcano_app_name`); the job's environment keeps the name as given;
+- with ``--max_retries``, TorchX's tasks restart the whole job on any failed pod, a refusal too
+  (the launcher exits 2: a bad option or data fails again on every attempt). Here the tasks' first
+  policy ends the job on exit code 2 (Volcano applies a task's first matching policy).
 
 Everything else is TorchX's: the Volcano job, submission, status, logs, cancel, run options.
 """
@@ -28,6 +31,7 @@ from torchx.schedulers import kubernetes_scheduler
 from torchx.schedulers.kubernetes_scheduler import KubernetesJob, KubernetesOpts, normalize_str
 from torchx.specs import AppDef, AppDryRunInfo
 
+from apps.core.common.errors import REFUSED
 from schedulers.docker_builds import DryRunWithoutDockerMixin
 from schedulers.kube_config import api_client
 from schedulers.kube_labels import label_value
@@ -40,6 +44,8 @@ logger: logging.Logger = logging.getLogger(__name__)
 UNIQUE_SUFFIX = 15
 #: Kubernetes' longest pod name (a label: the pod's hostname).
 POD_NAME = 63
+#: Ahead of TorchX's retry policies: a pod that exited as a refusal ends the job, unretried.
+REFUSAL_POLICY = {"exitCode": REFUSED, "action": "TerminateJob"}
 
 
 def volcano_app_name(app: AppDef) -> str:
@@ -66,7 +72,11 @@ class KubernetesScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, kubernetes
             except SetupError as e:
                 logger.warning("the API server does not check this request (validate_spec): %s", e)
                 cfg = dataclasses.replace(cfg, validate_spec=False)
-        return super()._submit_dryrun(dataclasses.replace(app, name=volcano_app_name(app)), cfg)
+        info = super()._submit_dryrun(dataclasses.replace(app, name=volcano_app_name(app)), cfg)
+        for task in info.request.resource["spec"]["tasks"]:
+            if task.get("policies"):  # TorchX's retries (--max_retries)
+                task["policies"] = [REFUSAL_POLICY, *task["policies"]]
+        return info
 
     def schedule(self, dryrun_info: AppDryRunInfo[KubernetesJob, KubernetesOpts]) -> str:
         self.refuse_unbuilt_workspaces(dryrun_info.app)

@@ -28,7 +28,7 @@ from torchx.runner import get_runner
 from tests.conftest import BIN, process_env
 from tests.golden_files import assert_matches_golden
 from tests.kubeflow_validation import validate_pytorchjob, validate_trainjob
-from tests.volcano_validation import validate_volcano_job
+from tests.volcano_validation import policy_errors, validate_volcano_job
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
@@ -36,6 +36,8 @@ TIER = "integration"
 #: The job of the golden files: a 2-node p4d job (any app's training component's, after it).
 JOB_2X8 = ["-j", "2x8", "-h", "aws_p4d.24xlarge", "--batch_size", "8192"]
 KUBERNETES_CFG = "queue=dlrm,service_account=dlrm-trainer,validate_spec=False"
+#: The runner's run options of a Volcano dry run without a cluster.
+KUBERNETES_DRYRUN_CFG = {"queue": "dlrm", "validate_spec": False}
 KUBEFLOW_CFG = "queue=dlrm,service_account=dlrm-trainer"
 _SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -182,14 +184,32 @@ def test_volcano_validation_refuses_what_a_cluster_would(volcano_job, break_it, 
 
 
 @pytest.mark.unit
+def test_a_volcano_job_with_retries_ends_on_a_refusal_and_restarts_on_other_failures():
+    # TorchX's retry policies restart the whole job on any failed pod: a refused option or data
+    # (the launcher exits 2) would fail again on every attempt. Volcano applies a task's first
+    # matching policy, so the refusal's comes first.
+    request = (
+        get_runner()
+        .dryrun_component(
+            "components.dlrm:train", ["-j", "2x2", "--max_retries", "2"], "kubernetes", cfg=KUBERNETES_DRYRUN_CFG
+        )
+        .request
+    )
+    job = yaml.safe_load(str(request))
+    assert validate_volcano_job(job) == []
+    for task in job["spec"]["tasks"]:
+        assert task["policies"][0] == {"exitCode": 2, "action": "TerminateJob"}
+        assert {"event": "PodFailed", "action": "RestartJob"} in task["policies"][1:]
+    assert policy_errors([{"event": "PodFailed", "exitCode": 2, "action": "AbortJob"}], "p")  # the webhook's rules
+    assert policy_errors([{"exitCode": 0, "action": "AbortJob"}, {"event": "PodFailed", "action": "Sync"}], "p")
+
+
 @pytest.mark.parametrize("name", ["run.", "ctr/run-", "a_b_", "x" * 62 + "_y"])
 def test_volcano_jobs_of_names_ending_in_what_a_label_value_cannot_end_in_are_valid(name):
     # TorchX writes the app's name into the job's and pods' labels as it is, and its pods' names.
     request = (
         get_runner()
-        .dryrun_component(
-            "components.dlrm:train", ["--name", name], "kubernetes", cfg={"queue": "dlrm", "validate_spec": False}
-        )
+        .dryrun_component("components.dlrm:train", ["--name", name], "kubernetes", cfg=KUBERNETES_DRYRUN_CFG)
         .request
     )
     job = yaml.safe_load(str(request))

@@ -10,6 +10,9 @@ No API server can run here, so a generated job is checked against
   so no field is unknown to Kubernetes or of the wrong type;
 - label values, the job's and its pods' (:func:`label_errors`: TorchX writes the app's name into
   them);
+- the lifecycle policies as Volcano's admission webhook checks them (:func:`policy_errors`): each
+  an event (or events) or an exit code, never both nor neither, a non-zero exit code, an action
+  users may give, no event or exit code twice in one list;
 - the pod rules neither schema expresses that a GPU job can break: resource quantities parse,
   requests do not exceed limits, extended resources (GPUs, EFA) are whole numbers with
   request equal to limit, and names fit Kubernetes' limits (the 63-character pod name check
@@ -48,13 +51,42 @@ def validate_volcano_job(job: dict[str, Any]) -> list[str]:
     if not _DNS_LABEL.match(name) or len(name) > 63:
         errors.append(f"metadata.name {name!r} is not a DNS-1123 label")
     errors += label_errors(job.get("metadata", {}), "metadata")
+    errors += policy_errors(job.get("spec", {}).get("policies", []), "spec.policies")
     for i, task in enumerate(job.get("spec", {}).get("tasks", [])):
         where = f"spec.tasks.{i}"
+        errors += policy_errors(task.get("policies", []), f"{where}.policies")
         errors += label_errors(task.get("template", {}).get("metadata", {}), f"{where}.template.metadata")
         pod_name = f"{name}-{task.get('name')}-{task.get('replicas', 1) - 1}"
         if len(pod_name) > 63:
             errors.append(f"{where}: pod name {pod_name!r} is longer than 63 characters")
         errors += [f"{where}.template: {e}" for e in _pod_template_errors(task.get("template", {}))]
+    return errors
+
+
+#: The actions Volcano's webhook lets a policy give (its policyActionMap's allowed ones).
+_POLICY_ACTIONS = {"AbortJob", "RestartJob", "RestartTask", "RestartPod", "TerminateJob", "CompleteJob", "ResumeJob"}
+
+
+def policy_errors(policies: list[dict[str, Any]], where: str) -> list[str]:
+    """Why Volcano's admission webhook would refuse a list of lifecycle policies (its
+    validatePolicies, which applies them in order: a task's first matching policy wins)."""
+    errors, events, exit_codes = [], set(), set()
+    for i, policy in enumerate(policies):
+        named = [policy["event"]] if policy.get("event") else list(policy.get("events", []))
+        code = policy.get("exitCode")
+        if named and code is not None:
+            errors.append(f"{where}.{i}: must not specify event and exitCode simultaneously")
+        elif not named and code is None:
+            errors.append(f"{where}.{i}: either event and exitCode should be specified")
+        elif code is not None:
+            errors += [f"{where}.{i}: 0 is not a valid error code"] if code == 0 else []
+            errors += [f"{where}.{i}: duplicate exitCode {code}"] if code in exit_codes else []
+            exit_codes.add(code)
+        else:
+            errors += [f"{where}.{i}: duplicate event {event}" for event in named if event in events]
+            events.update(named)
+        if policy.get("action") not in _POLICY_ACTIONS:
+            errors.append(f"{where}.{i}: invalid policy action {policy.get('action')!r}")
     return errors
 
 
