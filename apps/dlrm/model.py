@@ -4,9 +4,10 @@ import functools
 from typing import Callable, ParamSpec, TypeVar
 
 import torch
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain, SparseArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from apps.core.common.compile_cache import key_compile_cache_by_cpu
 from apps.core.common.tables import TableModule
@@ -67,7 +68,46 @@ def build_model(cfg: ModelConfig, dense_device: torch.device, table_device: torc
         )
     else:
         model = DLRM(**common)
+    model.sparse_arch = PooledSparseArch(tables)
     return DLRMTrain(model)
+
+
+class PooledSparseArch(SparseArch):
+    """TorchRec's ``SparseArch`` (same submodule, same state dict), its output [batch, features,
+    dim] read from the pooled ``KeyedTensor``'s values, without its copy.
+
+    TorchRec's splits the values into a tensor per feature (``to_dict``), then concatenates them
+    in feature order: on one rank (the lean step, or an unsharded model) the tables' keys already
+    are in that order, all of one dim, so the values are the output as they are, viewed
+    [batch, features, dim]; sharded, in the order the shards' lookups take them, they are one
+    gather of the features' columns. The numbers are the same: both only move them.
+    """
+
+    def __init__(self, embedding_bag_collection: EmbeddingBagCollection) -> None:
+        super().__init__(embedding_bag_collection)
+        #: The keys of the last pooled output and where each feature is in them; None: in order.
+        self._order: tuple[list[str], torch.Tensor | None] = ([], None)
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        pooled: KeyedTensor = self.embedding_bag_collection(features)
+        by_key = pooled.values().view(-1, self.F, self.D)
+        order = self._feature_order(pooled)
+        return by_key if order is None else by_key.index_select(1, order)
+
+    def _feature_order(self, pooled: KeyedTensor) -> torch.Tensor | None:
+        """Where each of ``sparse_feature_names`` is among ``pooled``'s keys (None: in place),
+        found once for a run's order of keys."""
+        keys = pooled.keys()
+        if keys != self._order[0]:
+            if sorted(keys) != sorted(self.sparse_feature_names) or set(pooled.length_per_key()) != {self.D}:
+                raise ValueError(
+                    f"pooled embeddings of {keys}: expected {self.sparse_feature_names}, each {self.D} wide"
+                )
+            indices = [keys.index(name) for name in self.sparse_feature_names]
+            in_place = indices == list(range(self.F))
+            order = None if in_place else torch.tensor(indices, device=pooled.values().device)
+            self._order = (list(keys), order)
+        return self._order[1]
 
 
 #: The dense part of TorchRec's DLRM models: bottom MLP, interaction and top MLP.

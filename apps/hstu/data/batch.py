@@ -9,6 +9,7 @@ The model's embedding lookup runs on ``features``, an attribute of the batch, wh
 TorchRec's ``TrainPipelineSparseDist`` looks for to start the lookup's all-to-all a batch early.
 """
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -43,10 +44,11 @@ class SequenceBatch(Pipelineable):
         last ``padding`` users are not counted."""
         users = lengths.numel()
         negative_lengths = torch.full((users,), negatives.shape[1], dtype=torch.int32, device=lengths.device)
-        features = KeyedJaggedTensor(
-            keys=list(FEATURES),
+        features = known_sizes_kjt(
             values=torch.cat([items, actions, negatives.reshape(-1)]),
             lengths=torch.cat([lengths.int(), lengths.int(), negative_lengths]),
+            users=users,
+            per_key=[items.numel(), actions.numel(), negatives.numel()],
         )
         return cls(features=features, timestamps=timestamps, padding=padding)
 
@@ -79,4 +81,19 @@ def candidate_batch(items: torch.Tensor, num_users: int) -> KeyedJaggedTensor:
     features empty: how evaluation embeds every item through the same, possibly sharded, table."""
     lengths = torch.zeros(len(FEATURES) * num_users, dtype=torch.int32, device=items.device)
     lengths[2 * num_users] = items.numel()
-    return KeyedJaggedTensor(keys=list(FEATURES), values=items, lengths=lengths)
+    return known_sizes_kjt(values=items, lengths=lengths, users=num_users, per_key=[0, 0, items.numel()])
+
+
+def known_sizes_kjt(values: torch.Tensor, lengths: torch.Tensor, users: int, per_key: list[int]) -> KeyedJaggedTensor:
+    """The KJT of :data:`FEATURES` with ``users`` rows, told the sizes known from its tensors'
+    shapes (``per_key``: each feature's number of ids), which it would otherwise read back from
+    ``lengths`` (a host sync each, in TorchRec's input distribution)."""
+    return KeyedJaggedTensor(
+        keys=list(FEATURES),
+        values=values,
+        lengths=lengths,
+        stride=users,
+        length_per_key=per_key,
+        offset_per_key=[0, *itertools.accumulate(per_key)],
+        index_per_key={key: f for f, key in enumerate(FEATURES)},
+    )

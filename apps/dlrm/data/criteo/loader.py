@@ -47,6 +47,7 @@ from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.criteo.layout import DayArrays, check_table_sizes, open_folder
 from apps.dlrm.data.criteo.multi_hot import check_host_memory, expand, multi_hot_tables
 from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES
+from apps.dlrm.data.kjt_layout import fixed_layout
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
 
@@ -181,16 +182,7 @@ class CriteoClickLogs:
         """A fixed number of ids per feature per sample: the same lengths and offsets for every
         batch of a size, computed once (no KJT sync per batch)."""
         if size not in self._kjt_layouts:
-            per_key = [size * m for m in self._ids_per_feature]
-            lengths = torch.tensor(self._ids_per_feature, dtype=torch.int32).repeat_interleave(size)
-            self._kjt_layouts[size] = dict(
-                lengths=lengths,
-                offsets=torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0, dtype=torch.int32)]),
-                stride=size,
-                length_per_key=per_key,
-                offset_per_key=[0, *itertools.accumulate(per_key)],
-                index_per_key={key: f for f, key in enumerate(self.keys)},
-            )
+            self._kjt_layouts[size] = fixed_layout(self.keys, self._ids_per_feature, size)
         return self._kjt_layouts[size]
 
     def _day_slices(self, start: int, stop: int) -> Iterator[tuple[DayArrays, int, int]]:
