@@ -83,31 +83,28 @@ class PooledSparseArch(SparseArch):
     gather of the features' columns. The numbers are the same: both only move them.
     """
 
-    def __init__(self, embedding_bag_collection: EmbeddingBagCollection) -> None:
-        super().__init__(embedding_bag_collection)
-        #: The keys of the last pooled output and where each feature is in them; None: in order.
-        self._order: tuple[list[str], torch.Tensor | None] = ([], None)
-
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        pooled: KeyedTensor = self.embedding_bag_collection(features)
-        by_key = pooled.values().view(-1, self.F, self.D)
-        order = self._feature_order(pooled)
-        return by_key if order is None else by_key.index_select(1, order)
+        return _in_feature_order(self.embedding_bag_collection(features), self.sparse_feature_names, self.D)
 
-    def _feature_order(self, pooled: KeyedTensor) -> torch.Tensor | None:
-        """Where each of ``sparse_feature_names`` is among ``pooled``'s keys (None: in place),
-        found once for a run's order of keys."""
-        keys = pooled.keys()
-        if keys != self._order[0]:
-            if sorted(keys) != sorted(self.sparse_feature_names) or set(pooled.length_per_key()) != {self.D}:
-                raise ValueError(
-                    f"pooled embeddings of {keys}: expected {self.sparse_feature_names}, each {self.D} wide"
-                )
-            indices = [keys.index(name) for name in self.sparse_feature_names]
-            in_place = indices == list(range(self.F))
-            order = None if in_place else torch.tensor(indices, device=pooled.values().device)
-            self._order = (list(keys), order)
-        return self._order[1]
+
+@torch.fx.wrap  # one call in the symbolic traces of TorchRec's train pipelines, which look at no key
+def _in_feature_order(pooled: KeyedTensor, names: list[str], dim: int) -> torch.Tensor:
+    """``pooled``'s values as [batch, features, dim], the features in the order of ``names``."""
+    by_key = pooled.values().view(-1, len(names), dim)
+    order = _feature_order(tuple(pooled.keys()), tuple(names), tuple(pooled.length_per_key()), dim, by_key.device)
+    return by_key if order is None else by_key.index_select(1, order)
+
+
+@functools.lru_cache(maxsize=16)
+def _feature_order(
+    keys: tuple[str, ...], names: tuple[str, ...], dims: tuple[int, ...], dim: int, device: torch.device
+) -> torch.Tensor | None:
+    """Where each of ``names`` is among ``keys`` (None: each in its place), found once for a
+    run's order of keys."""
+    if sorted(keys) != sorted(names) or set(dims) != {dim}:
+        raise ValueError(f"pooled embeddings {keys} of widths {dims}: expected {names}, each {dim} wide")
+    indices = [keys.index(name) for name in names]
+    return None if indices == list(range(len(names))) else torch.tensor(indices, device=device)
 
 
 #: The dense part of TorchRec's DLRM models: bottom MLP, interaction and top MLP.
