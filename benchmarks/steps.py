@@ -19,8 +19,7 @@ def pooled(batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def app_step(app_args: list[str], pool: bool) -> tuple[Callable[[], Any], str]:
-    """The app Trainer's step (returning its loss) and which step it is: ``lean`` or ``sharded``
-    (apps/core/training/lean.py)."""
+    """The app Trainer's step (returning its loss) and which step it is (:func:`step_taken`)."""
     from apps.core.common.distributed import init_distributed
     from apps.dlrm.config import parse_train_config
     from apps.dlrm.training.app import Trainer
@@ -29,7 +28,15 @@ def app_step(app_args: list[str], pool: bool) -> tuple[Callable[[], Any], str]:
     batches = trainer.data.train_batches()
     if pool:
         batches = pooled(batches)
-    return (lambda: trainer.train_step(batches)), ("sharded" if trainer.not_lean else "lean")
+    return (lambda: trainer.train_step(batches)), step_taken(trainer)
+
+
+def step_taken(trainer: Any) -> str:
+    """``sharded``, ``lean``, or ``lean graph`` (the lean step replayed as one CUDA graph: the
+    Trainer's ``not_graph``, why not, is empty; a Trainer without a step graph has none)."""
+    if trainer.not_lean:
+        return "sharded"
+    return "lean" if getattr(trainer, "not_graph", "no step graph") else "lean graph"
 
 
 def plain_step(app_args: list[str], pool: bool) -> Callable[[], Any]:

@@ -16,7 +16,8 @@ A preset with steady rows (h100) times the steps itself, in each rank (benchmark
 app Trainer's step, or the plain loop's): samples/s in windows of ``--window`` steps (100), a
 row's figure the median of its windows after the first, so that neither side's warm-up (the
 first window) counts. The app's row names its step (``lean`` at one rank with whole tables,
-else ``sharded``); ``--levers sharded_step`` adds the sharded one at one rank. Its rows feed
+``lean graph`` where a GPU replays it as one CUDA graph, else ``sharded``); ``--levers
+sharded_step`` adds the sharded step at one rank, ``eager_step`` the lean one without its graph. Its rows feed
 batches made in the loop (as training does: the synthetic teacher runs on the rank's device);
 the plain and app rows are measured again with batches from a pool made before the timed loop
 (``pooled_rows`` of ``--json``), so that making batches is seen apart.
@@ -95,11 +96,13 @@ LEVERS = {
     "bf16_compile": ["--dense_precision", "bf16", "--compile_dense", "default"],
     # TorchRec's sharded step where the app would take the lean one (one rank: apps/core/training/lean.py).
     "sharded_step": ["--lean_step", "false"],
+    # The lean step eager where it would be one CUDA graph (a GPU: apps/core/training/step_graph.py).
+    "eager_step": ["--step_graph", "false"],
     # Twice the preset's batch per rank (the AUROC at a larger batch is the main job's to show).
     "batch_x2": lambda cfg: ["--batch_size", str(2 * cfg.training.batch_size)],
 }
 #: Levers that only run on GPUs.
-GPU_LEVERS = {"cuda_graphs", "semi_sync", "fused_sparse_dist", "prefetch"}
+GPU_LEVERS = {"cuda_graphs", "semi_sync", "fused_sparse_dist", "prefetch", "eager_step"}
 
 
 def torchrun(nproc: int, target: list[str]) -> subprocess.CompletedProcess:
