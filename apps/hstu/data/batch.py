@@ -9,12 +9,13 @@ The model's embedding lookup runs on ``features``, an attribute of the batch, wh
 TorchRec's ``TrainPipelineSparseDist`` looks for to start the lookup's all-to-all a batch early.
 """
 
-import itertools
 from dataclasses import dataclass
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
+
+from apps.core.common.kjt import sized_kjt
 
 ITEM, ACTION, NEGATIVE = "item", "action", "negative_item"
 #: The keys of ``SequenceBatch.features``, in order.
@@ -44,11 +45,13 @@ class SequenceBatch(Pipelineable):
         last ``padding`` users are not counted."""
         users = lengths.numel()
         negative_lengths = torch.full((users,), negatives.shape[1], dtype=torch.int32, device=lengths.device)
-        features = known_sizes_kjt(
+        # The ids per feature are the tensors' sizes: the KJT need not read them from lengths.
+        features = sized_kjt(
+            list(FEATURES),
             values=torch.cat([items, actions, negatives.reshape(-1)]),
             lengths=torch.cat([lengths.int(), lengths.int(), negative_lengths]),
-            users=users,
             per_key=[items.numel(), actions.numel(), negatives.numel()],
+            stride=users,
         )
         return cls(features=features, timestamps=timestamps, padding=padding)
 
@@ -81,19 +84,4 @@ def candidate_batch(items: torch.Tensor, num_users: int) -> KeyedJaggedTensor:
     features empty: how evaluation embeds every item through the same, possibly sharded, table."""
     lengths = torch.zeros(len(FEATURES) * num_users, dtype=torch.int32, device=items.device)
     lengths[2 * num_users] = items.numel()
-    return known_sizes_kjt(values=items, lengths=lengths, users=num_users, per_key=[0, 0, items.numel()])
-
-
-def known_sizes_kjt(values: torch.Tensor, lengths: torch.Tensor, users: int, per_key: list[int]) -> KeyedJaggedTensor:
-    """The KJT of :data:`FEATURES` with ``users`` rows, told the sizes known from its tensors'
-    shapes (``per_key``: each feature's number of ids), which it would otherwise read back from
-    ``lengths`` (a host sync each, in TorchRec's input distribution)."""
-    return KeyedJaggedTensor(
-        keys=list(FEATURES),
-        values=values,
-        lengths=lengths,
-        stride=users,
-        length_per_key=per_key,
-        offset_per_key=[0, *itertools.accumulate(per_key)],
-        index_per_key={key: f for f, key in enumerate(FEATURES)},
-    )
+    return sized_kjt(list(FEATURES), items, lengths, per_key=[0, 0, items.numel()], stride=num_users)
