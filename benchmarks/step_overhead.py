@@ -28,25 +28,23 @@ on a GPU the device's work is in it: at these shapes the GPU waits for the host)
 """
 
 import argparse
-import itertools
 import json
 import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks.cli import positive  # noqa: E402
+from benchmarks.steps import app_step, plain_step  # noqa: E402
 from benchmarks.train_throughput import torchrun  # noqa: E402
 
 SIDES = ("lean", "sharded", "plain")
 #: The issue's tiny shapes: 26 tables (the app's default count) of 64 rows x 8, batch 8.
 TINY = ["--num_embeddings", "64", "--embedding_dim", "8", "--dense_arch_layer_sizes", "64,8", "--batch_size", "8"]
-#: Batches made before the timed steps, cycled.
-POOL = 64
 TARGET = 0.5  # lean / plain host time per step, on a CPU
 
 
@@ -86,42 +84,20 @@ def measure_side(step: Callable[[], Any], opts: argparse.Namespace) -> dict[str,
     }
 
 
-def pooled(batches: Iterator[Any]) -> Iterator[Any]:
-    """:data:`POOL` batches of ``batches``, made now, then cycled without end."""
-    return itertools.cycle([next(batches) for _ in range(POOL)])
-
-
-def app_step(side: str, app_args: list[str]) -> Callable[[], Any]:
-    """The app Trainer's step (``side``: lean or sharded) on a pool of its batches."""
-    from apps.core.common.distributed import init_distributed
-    from apps.dlrm.config import parse_train_config
-    from apps.dlrm.training.app import Trainer
-
-    lean_step = "auto" if side == "lean" else "false"
-    cfg = parse_train_config([*app_args, "--lean_step", lean_step, "--output_dir", ""])
-    trainer = Trainer(cfg, init_distributed())
-    if (side == "lean") != (not trainer.not_lean):
-        sys.exit(f"step_overhead: the {side} side took the other step ({trainer.not_lean or 'lean'})")
-    batches = pooled(trainer.data.train_batches())
-    return lambda: trainer.train_step(batches)
-
-
-def plain_step(app_args: list[str]) -> Callable[[], Any]:
-    """plain_torchrec_loop.py's pipeline step on a pool of the same synthetic batches."""
-    from apps.dlrm.config import parse_train_config
-    from apps.dlrm.data.synthetic import SyntheticClickLogs
-    from benchmarks.plain_torchrec_loop import plain_pipeline, start
-
-    cfg = parse_train_config(app_args)
-    device, rank, world = start(cfg)
-    pipeline = plain_pipeline(cfg, device)
-    batches = pooled(SyntheticClickLogs(cfg, rank, world, device).train_batches())
-    return lambda: pipeline.progress(batches)[0]
+def side_step(side: str, app_args: list[str]) -> Callable[[], Any]:
+    """``side``'s step on a pool of its batches: the app Trainer's (lean or sharded) or plain
+    TorchRec's."""
+    if side == "plain":
+        return plain_step(app_args, pool=True)
+    step, kind = app_step([*app_args, "--lean_step", "auto" if side == "lean" else "false"], pool=True)
+    if kind != side:
+        sys.exit(f"step_overhead: the {side} side took the {kind} step")
+    return step
 
 
 def worker(opts: argparse.Namespace) -> None:
     """Under torchrun, one rank: measures ``opts.worker``'s side and prints it as one JSON line."""
-    step = plain_step(opts.app_args) if opts.worker == "plain" else app_step(opts.worker, opts.app_args)
+    step = side_step(opts.worker, opts.app_args)
     print(json.dumps({"side": opts.worker, **measure_side(step, opts)}), flush=True)
 
 

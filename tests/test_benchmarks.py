@@ -19,6 +19,10 @@ STARTUP = f"{REPO}/benchmarks/startup.py"
 HSTU = f"{REPO}/benchmarks/hstu_throughput.py"
 PARQUET = f"{REPO}/benchmarks/parquet_loader.py"
 STEP_OVERHEAD = f"{REPO}/benchmarks/step_overhead.py"
+TRAIN_THROUGHPUT = f"{REPO}/benchmarks/train_throughput.py"
+#: The h100 preset's model at the tiny shapes of step_overhead.py, 3 windows of 4 steps.
+TINY_H100 = ["--num_embeddings", "64", "--embedding_dim", "8", "--batch_size", "8", "--dense_arch_layer_sizes", "64,8"]
+TINY_H100 += ["--over_arch_layer_sizes", "16,1", "--steps", "12"]
 RATES = ("train_samples_per_sec", "train_samples_per_cpu_sec", "eval_samples_per_sec", "eval_samples_per_cpu_sec")
 
 
@@ -173,3 +177,35 @@ def test_step_overhead_measures_the_three_steps_and_ends_with_lean_over_plain(tm
     ratio = medians["lean"]["host_ms_per_step"] / medians["plain"]["host_ms_per_step"]
     assert figures["lean_over_plain"] == ratio
     assert result.stdout.strip().splitlines()[-1] == f"lean/plain host time per step: {ratio:.3f}"
+
+
+def test_train_throughput_h100_reports_steady_lean_sharded_and_pooled_rows(tmp_path):
+    report = tmp_path / "throughput.json"
+    options = ["--preset", "h100", "--nproc", "1", "--repeats", "1", "--window", "4", "--levers", "sharded_step"]
+    result = run([sys.executable, TRAIN_THROUGHPUT, *options, "--json", str(report), "--", *TINY_H100])
+    assert_ok(result)
+    figures = json.loads(report.read_text())
+    assert figures["steady_window"] == 4
+    # Batches made in the loop: plain first (what the GPU check reads), then the app's lean step
+    # (one rank, whole tables) and its sharded one; the same from a pool made before the loop.
+    assert [row["config"] for row in figures["rows"]] == [
+        "plain TorchRec",
+        "app (lean step)",
+        "app +sharded_step (sharded step)",
+    ]
+    assert [row["config"] for row in figures["pooled_rows"]] == [
+        "plain TorchRec, pooled batches",
+        "app, pooled batches (lean step)",
+    ]
+    for rows in (figures["rows"], figures["pooled_rows"]):
+        assert rows[0]["ratio"] == 1.0 and all(row["samples_per_sec"] > 0 for row in rows), rows
+    assert "steady: medians of 4-step windows after the first" in result.stdout
+
+
+def test_train_throughput_refuses_steady_rows_without_two_windows():
+    result = run([sys.executable, TRAIN_THROUGHPUT, "--preset", "h100", "--window", "100", "--", "--steps", "150"])
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "--steps 150: the steady rows need two windows of --window 100 steps at least (the first is "
+        "left out); raise --steps or lower --window"
+    )

@@ -4,9 +4,10 @@ import functools
 from typing import Callable, ParamSpec, TypeVar
 
 import torch
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain, SparseArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from apps.core.common.compile_cache import key_compile_cache_by_cpu
 from apps.core.common.tables import TableModule
@@ -67,7 +68,43 @@ def build_model(cfg: ModelConfig, dense_device: torch.device, table_device: torc
         )
     else:
         model = DLRM(**common)
+    model.sparse_arch = PooledSparseArch(tables)
     return DLRMTrain(model)
+
+
+class PooledSparseArch(SparseArch):
+    """TorchRec's ``SparseArch`` (same submodule, same state dict), its output [batch, features,
+    dim] read from the pooled ``KeyedTensor``'s values, without its copy.
+
+    TorchRec's splits the values into a tensor per feature (``to_dict``), then concatenates them
+    in feature order: on one rank (the lean step, or an unsharded model) the tables' keys already
+    are in that order, all of one dim, so the values are the output as they are, viewed
+    [batch, features, dim]; sharded, in the order the shards' lookups take them, they are one
+    gather of the features' columns. The numbers are the same: both only move them.
+    """
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        return _in_feature_order(self.embedding_bag_collection(features), self.sparse_feature_names, self.D)
+
+
+@torch.fx.wrap  # one call in the symbolic traces of TorchRec's train pipelines, which look at no key
+def _in_feature_order(pooled: KeyedTensor, names: list[str], dim: int) -> torch.Tensor:
+    """``pooled``'s values as [batch, features, dim], the features in the order of ``names``."""
+    by_key = pooled.values().view(-1, len(names), dim)
+    order = _feature_order(tuple(pooled.keys()), tuple(names), tuple(pooled.length_per_key()), dim, by_key.device)
+    return by_key if order is None else by_key.index_select(1, order)
+
+
+@functools.lru_cache(maxsize=16)
+def _feature_order(
+    keys: tuple[str, ...], names: tuple[str, ...], dims: tuple[int, ...], dim: int, device: torch.device
+) -> torch.Tensor | None:
+    """Where each of ``names`` is among ``keys`` (None: each in its place), found once for a
+    run's order of keys."""
+    if sorted(keys) != sorted(names) or set(dims) != {dim}:
+        raise ValueError(f"pooled embeddings {keys} of widths {dims}: expected {names}, each {dim} wide")
+    indices = [keys.index(name) for name in names]
+    return None if indices == list(range(len(names))) else torch.tensor(indices, device=device)
 
 
 #: The dense part of TorchRec's DLRM models: bottom MLP, interaction and top MLP.

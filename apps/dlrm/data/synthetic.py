@@ -34,10 +34,10 @@ from typing import Any, Callable, Generator
 
 import torch
 from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.common.hashing import GOLDEN_GAMMA, MASK64, mix64, mix64_int, shift_right, signed
 from apps.dlrm.config import TrainConfig
+from apps.dlrm.data.kjt_layout import FixedLayout
 from apps.dlrm.model import feature_names
 
 SPLITS = {"train": 0, "val": 1, "test": 2}
@@ -123,7 +123,7 @@ class SyntheticClickLogs:
         self._pool_weights = 1.0 / torch.tensor(sizes, dtype=torch.float64, device=device)[feature]
         variance = sum(1.0 / m if self._mean else m for m in sizes)
         self._sparse_scale = _SPARSE_LOGIT_STD / math.sqrt(variance)
-        self._lengths = torch.tensor(sizes, dtype=torch.int32, device=device).repeat_interleave(cfg.training.batch_size)
+        self._layout = FixedLayout(self.keys, sizes, cfg.training.batch_size, device)
         self._to_kjt, self._from_kjt = _kjt_order(cfg.training.batch_size, sizes, device)
 
     # --- sampling ------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ class SyntheticClickLogs:
         dense = normal(self._stream(key, _DENSE, b * cfg.model.num_dense_features)).view(b, -1).float()
         logits = self._teacher(ids, dense)
         labels = (uniform(self._stream(key, _LABELS, b)) < torch.sigmoid(logits)).float()
-        sparse = KeyedJaggedTensor(keys=self.keys, values=ids.view(-1)[self._to_kjt], lengths=self._lengths)
+        sparse = self._layout.kjt(ids.view(-1)[self._to_kjt])
         if self.device.type != "cuda":
             return Batch(dense_features=dense, sparse_features=sparse, labels=labels)
         ready = torch.cuda.Event()

@@ -15,6 +15,8 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
+from apps.core.common.kjt import sized_kjt
+
 ITEM, ACTION, NEGATIVE = "item", "action", "negative_item"
 #: The keys of ``SequenceBatch.features``, in order.
 FEATURES = (ITEM, ACTION, NEGATIVE)
@@ -43,10 +45,13 @@ class SequenceBatch(Pipelineable):
         last ``padding`` users are not counted."""
         users = lengths.numel()
         negative_lengths = torch.full((users,), negatives.shape[1], dtype=torch.int32, device=lengths.device)
-        features = KeyedJaggedTensor(
-            keys=list(FEATURES),
+        # The ids per feature are the tensors' sizes: the KJT need not read them from lengths.
+        features = sized_kjt(
+            list(FEATURES),
             values=torch.cat([items, actions, negatives.reshape(-1)]),
             lengths=torch.cat([lengths.int(), lengths.int(), negative_lengths]),
+            per_key=[items.numel(), actions.numel(), negatives.numel()],
+            stride=users,
         )
         return cls(features=features, timestamps=timestamps, padding=padding)
 
@@ -79,4 +84,4 @@ def candidate_batch(items: torch.Tensor, num_users: int) -> KeyedJaggedTensor:
     features empty: how evaluation embeds every item through the same, possibly sharded, table."""
     lengths = torch.zeros(len(FEATURES) * num_users, dtype=torch.int32, device=items.device)
     lengths[2 * num_users] = items.numel()
-    return KeyedJaggedTensor(keys=list(FEATURES), values=items, lengths=lengths)
+    return sized_kjt(list(FEATURES), items, lengths, per_key=[0, 0, items.numel()], stride=num_users)

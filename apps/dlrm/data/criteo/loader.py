@@ -39,7 +39,6 @@ from typing import Any, Generator, Iterator
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.common.errors import ConfigError
 from apps.core.common.splits import Range, held_out_split
@@ -47,6 +46,7 @@ from apps.dlrm.config import TrainConfig
 from apps.dlrm.data.criteo.layout import DayArrays, check_table_sizes, open_folder
 from apps.dlrm.data.criteo.multi_hot import check_host_memory, expand, multi_hot_tables
 from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES
+from apps.dlrm.data.kjt_layout import FixedLayout
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
 
@@ -85,7 +85,7 @@ class CriteoClickLogs:
                 f"(--batch_size {cfg.training.batch_size} x {world_size} ranks): lower --batch_size"
             )
         self._block_rows = cfg.data.shuffle_block_rows if cfg.data.shuffle else train_rows
-        self._kjt_layouts: dict[int, dict] = {}
+        self._kjt_layouts: dict[int, FixedLayout] = {}
         self._ids_per_feature = cfg.model.ids_per_feature
         self._multi_hot = None
         if max(self._ids_per_feature) > 1:
@@ -162,7 +162,7 @@ class CriteoClickLogs:
                 at += n
         return Batch(
             dense_features=dense,
-            sparse_features=KeyedJaggedTensor(keys=self.keys, values=self._values(ids), **self._kjt_layout(size)),
+            sparse_features=self._kjt_layout(size).kjt(self._values(ids)),
             labels=labels,
         )
 
@@ -177,20 +177,11 @@ class CriteoClickLogs:
     def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=self.pin_memory)
 
-    def _kjt_layout(self, size: int) -> dict:
+    def _kjt_layout(self, size: int) -> FixedLayout:
         """A fixed number of ids per feature per sample: the same lengths and offsets for every
         batch of a size, computed once (no KJT sync per batch)."""
         if size not in self._kjt_layouts:
-            per_key = [size * m for m in self._ids_per_feature]
-            lengths = torch.tensor(self._ids_per_feature, dtype=torch.int32).repeat_interleave(size)
-            self._kjt_layouts[size] = dict(
-                lengths=lengths,
-                offsets=torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0, dtype=torch.int32)]),
-                stride=size,
-                length_per_key=per_key,
-                offset_per_key=[0, *itertools.accumulate(per_key)],
-                index_per_key={key: f for f, key in enumerate(self.keys)},
-            )
+            self._kjt_layouts[size] = FixedLayout(self.keys, self._ids_per_feature, size)
         return self._kjt_layouts[size]
 
     def _day_slices(self, start: int, stop: int) -> Iterator[tuple[DayArrays, int, int]]:

@@ -38,6 +38,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.common.errors import ConfigError
+from apps.core.common.kjt import sized_kjt
 from apps.dlrm.config import TrainConfig
 from apps.dlrm.data import TrainedColumns
 from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, dense_ranges, null_report, unscaled_dense
@@ -288,15 +289,7 @@ def _sparse_features(
                     take.into(ragged.lengths, lengths_np[f, row : row + take.size])
                     at += id_take.size
                 row += take.size
-    return KeyedJaggedTensor(
-        keys=keys,
-        values=values,
-        lengths=lengths,
-        stride=size,
-        length_per_key=per_key,
-        offset_per_key=[0, *itertools.accumulate(per_key)],
-        index_per_key={key: f for f, key in enumerate(keys)},
-    )
+    return sized_kjt(keys, values, lengths, per_key, stride=size)
 
 
 class _Take:
