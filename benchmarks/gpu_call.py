@@ -321,7 +321,7 @@ def steps(out: Path) -> list[Step]:
             ],
             200,
             read_throughput,
-            ["--repeats", "1", "--", *QUICK_MODEL, "--steps", "4"],
+            ["--repeats", "1", "--window", "2", "--", *QUICK_MODEL, "--steps", "4"],
             alone=True,
         ),
     ]

@@ -80,6 +80,12 @@ def test_a_job_that_fails_on_bad_input_says_why_once_without_a_traceback_wall(tm
     result = torchx_job(tmp_path, "bad", "--data", "parquet", "--data_path", "memory://nonexistent/")
     out = result.stdout + result.stderr
     assert result.returncode != 0 and "job finished: FAILED" in out
-    assert out.count("--data_path memory://nonexistent/ does not exist") == 1, out[-3000:]
-    assert "apps.dlrm.torchrun: apps.dlrm.train failed on" in out
+    # Once in the job's log, and once as the error TorchX's closing status reports
+    # (structured_error_msg, from torchrun's error file), as `torchx status` does.
+    log, _, status = out.partition("AppStatus:")
+    assert log.count("--data_path memory://nonexistent/ does not exist") == 1, out[-3000:]
+    assert "apps.dlrm.torchrun: apps.dlrm.train failed on" in log
+    error = " ".join(status.partition("structured_error_msg:")[2].split())
+    assert "message: 'apps.dlrm.torchrun: apps.dlrm.train failed on" in error, out[-3000:]
+    assert error.count("--data_path memory://nonexistent/ does not exist") == 1, out[-3000:]
     assert "ChildFailedError" not in out and "Traceback" not in out, out[-3000:]

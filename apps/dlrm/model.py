@@ -1,7 +1,7 @@
 """The DLRM: TorchRec's ``DLRM`` family with one embedding table per sparse feature."""
 
 import functools
-from typing import Callable, ParamSpec, TypeVar
+from typing import Callable, List, Optional, ParamSpec, TypeVar
 
 import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain, SparseArch
@@ -88,11 +88,24 @@ class PooledSparseArch(SparseArch):
 
 
 @torch.fx.wrap  # one call in the symbolic traces of TorchRec's train pipelines, which look at no key
-def _in_feature_order(pooled: KeyedTensor, names: list[str], dim: int) -> torch.Tensor:
-    """``pooled``'s values as [batch, features, dim], the features in the order of ``names``."""
+def _in_feature_order(pooled: KeyedTensor, names: List[str], dim: int) -> torch.Tensor:
+    """``pooled``'s values as [batch, features, dim], the features in the order of ``names``.
+
+    TorchScript (TorchRec's inference format: ``torch.jit.script`` of the traced model) compiles
+    its own branch, without the cache, whose keys it cannot type."""
     by_key = pooled.values().view(-1, len(names), dim)
-    order = _feature_order(tuple(pooled.keys()), tuple(names), tuple(pooled.length_per_key()), dim, by_key.device)
+    if torch.jit.is_scripting():
+        keys = pooled.keys()
+        if keys == names:
+            return by_key
+        return by_key.index_select(1, torch.tensor([keys.index(name) for name in names], device=by_key.device))
+    order = _cached_order(pooled, names, dim, by_key.device)
     return by_key if order is None else by_key.index_select(1, order)
+
+
+@torch.jit.unused
+def _cached_order(pooled: KeyedTensor, names: List[str], dim: int, device: torch.device) -> Optional[torch.Tensor]:
+    return _feature_order(tuple(pooled.keys()), tuple(names), tuple(pooled.length_per_key()), dim, device)
 
 
 @functools.lru_cache(maxsize=16)

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from fsspec.implementations.local import LocalFileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 
-from apps.core.checkpoint.lease import Holder, Lease
+from apps.core.checkpoint.lease import LEASE_FILE, Holder, Lease
 from apps.core.checkpoint.storage import (
     CheckpointError,
     CheckpointReader,
@@ -72,6 +72,13 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 def _step_name(step: int) -> str:
     return f"step_{step:08d}"
+
+
+def is_checkpoint_entry(name: str) -> bool:
+    """Whether ``name`` is one a checkpoint folder holds at its top: a step's folder, the run's
+    OWNER, the BEST marker, the live job's LEASE (a run folder that is also the checkpoint folder
+    holds them as its own)."""
+    return _step_of(name) is not None or name in (OWNER, BEST_MARKER, LEASE_FILE)
 
 
 def _step_of(name: str) -> int | None:

@@ -26,6 +26,7 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Iterator, Mapping, NoReturn
 
+from apps.core.checkpoint.folder import is_checkpoint_entry
 from apps.core.common.errors import ConfigError
 from apps.core.config import RUN_PLACEHOLDER
 from apps.core.training.report import SUMMARY_FILE
@@ -215,7 +216,7 @@ def check_unowned(folder: str, environ: Mapping[str, str], own: str | None = Non
     if os.path.exists(os.path.join(folder, SUMMARY_FILE)):
         _refuse_ended(folder, "a run that ended")
     launchers = _launcher_files(environ)
-    theirs = sorted(name for name in os.listdir(folder) if not launchers.fullmatch(name) and name != own)
+    theirs = sorted(name for name in os.listdir(folder) if not launchers.fullmatch(name) and not _owns(own, name))
     if theirs:
         shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
         raise ConfigError(
@@ -226,14 +227,20 @@ def check_unowned(folder: str, environ: Mapping[str, str], own: str | None = Non
 
 
 def _entry_inside(folder: str, path: str) -> str | None:
-    """The name of the entry of ``folder`` that holds the local ``path`` (``D/ckpt/x``: ``ckpt``),
-    or None where ``path`` is not inside it (a URL, another folder, ``folder`` itself)."""
+    """The name of the entry of ``folder`` that holds the local ``path`` (``D/ckpt/x``: ``ckpt``;
+    ``D`` itself: ``.``), or None where ``path`` is not inside it (a URL, another folder)."""
     path = path.removeprefix("file://")
     if not path or "://" in path:
         return None
     relative = os.path.relpath(os.path.abspath(path), os.path.abspath(folder))
     first = relative.split(os.sep, 1)[0]
-    return None if first in (os.curdir, os.pardir) else first
+    return None if first == os.pardir else first
+
+
+def _owns(own: str | None, name: str) -> bool:
+    """Whether the run's checkpoint folder ``own`` (an entry's name, or ``.``: the run's folder
+    itself) accounts for the entry ``name``."""
+    return is_checkpoint_entry(name) if own == os.curdir else name == own
 
 
 def _launcher_files(environ: Mapping[str, str]) -> re.Pattern[str]:
