@@ -26,7 +26,6 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Iterator, Mapping, NoReturn
 
-from apps.core.checkpoint.folder import is_checkpoint_entry
 from apps.core.common.errors import ConfigError
 from apps.core.config import RUN_PLACEHOLDER
 from apps.core.training.report import SUMMARY_FILE
@@ -240,7 +239,12 @@ def _entry_inside(folder: str, path: str) -> str | None:
 def _owns(own: str | None, name: str) -> bool:
     """Whether the run's checkpoint folder ``own`` (an entry's name, or ``.``: the run's folder
     itself) accounts for the entry ``name``."""
-    return is_checkpoint_entry(name) if own == os.curdir else name == own
+    if own != os.curdir:
+        return name == own
+    # Imported here: the components check run folders at submission, which imports no torch.
+    from apps.core.checkpoint.folder import is_checkpoint_entry
+
+    return is_checkpoint_entry(name)
 
 
 def _launcher_files(environ: Mapping[str, str]) -> re.Pattern[str]:
