@@ -31,7 +31,7 @@ sys.path.insert(0, REPO)
 
 from apps.core.common.tables import TableModule  # noqa: E402
 from apps.core.common.teardown import exit_without_teardown  # noqa: E402
-from apps.core.config import SHARDING_TYPES, RunConfig  # noqa: E402
+from apps.core.config import SHARDING_TYPES, SharedSections  # noqa: E402
 from apps.core.options import to_argv  # noqa: E402
 from apps.core.training.trainer import Trainer  # noqa: E402
 from apps.dlrm import config as dlrm_config  # noqa: E402
@@ -54,8 +54,8 @@ class App:
     """What the check needs of an app: its config (``small``: the options of a model quick to
     train), its sharded side (``trainer_app``, ``build_model``) and its unsharded reference."""
 
-    train_config: Callable[..., RunConfig]
-    parse_train_config: Callable[[list[str]], RunConfig]
+    train_config: Callable[..., SharedSections]
+    parse_train_config: Callable[[list[str]], SharedSections]
     build_model: Callable[..., torch.nn.Module]
     trainer_app: Any  # the TrainingApp the shared Trainer runs
     reference: Callable[[Any, dict[str, torch.Tensor], int], UnshardedReference]
@@ -148,7 +148,7 @@ def compare(
 ) -> Comparison:
     """Trains ``sharding_type`` on ``world_size`` ranks and the unsharded reference; their losses.
 
-    ``options`` are other TrainConfig fields, the same on both sides (e.g. ``multi_hot_sizes``
+    ``options`` are other JobConfig fields, the same on both sides (e.g. ``multi_hot_sizes``
     and ``pooling``: the sharded tables' pooling against EmbeddingBagCollection's own).
     """
     return compare_types([sharding_type], world_size, workdir, steps, app, **options)[0]

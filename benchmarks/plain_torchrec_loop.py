@@ -25,12 +25,12 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from apps.core.common.teardown import exit_without_teardown
 from apps.core.training.precision import set_tf32
-from apps.dlrm.config import TrainConfig, parse_train_config
+from apps.dlrm.config import JobConfig, parse_train_config
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.model import table_configs
 
 
-def start(cfg: TrainConfig) -> tuple[torch.device, int, int]:
+def start(cfg: JobConfig) -> tuple[torch.device, int, int]:
     """Joins torchrun's process group: this rank's device (its GPU, TF32 as the app's
     --allow_tf32, or the CPU), rank and world size."""
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -44,7 +44,7 @@ def start(cfg: TrainConfig) -> tuple[torch.device, int, int]:
     return device, rank, world
 
 
-def plain_pipeline(cfg: TrainConfig, device: torch.device) -> TrainPipelineSparseDist:
+def plain_pipeline(cfg: JobConfig, device: torch.device) -> TrainPipelineSparseDist:
     """The loop's model, sharded by TorchRec's default planner, in its train pipeline."""
     torch.manual_seed(cfg.training.seed)
     model = DLRMTrain(

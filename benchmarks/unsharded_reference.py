@@ -46,9 +46,9 @@ from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection, convert_optimizer_type_and_kwargs
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from apps.core.config import RunConfig
+from apps.core.config import SharedSections
 from apps.core.training.optim import optimizer_class
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import JobConfig
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.model import build_model, table_configs
 from apps.hstu import config as hstu_config
@@ -75,13 +75,13 @@ class UnshardedReference:
     """An app's model, its optimizers and its data, stepped one global batch (the ranks' blocks)
     at a time; a subclass makes the model, optimizers and data (:meth:`block`, :meth:`block_losses`)."""
 
-    def __init__(self, cfg: RunConfig, world_size: int) -> None:
+    def __init__(self, cfg: SharedSections, world_size: int) -> None:
         if cfg.launch.sharding_type == "auto":  # the config admits only known types besides it
             raise ValueError(f"no reference for --sharding_type {cfg.launch.sharding_type}: name one sharding type")
         self.world_size = world_size
         self.optimizers: list[torch.optim.Optimizer] = []
 
-    def add_dense_optimizer(self, cfg: RunConfig, model: nn.Module, tables_path: str) -> None:
+    def add_dense_optimizer(self, cfg: SharedSections, model: nn.Module, tables_path: str) -> None:
         """The dense optimizer (as the ranks' ``dense`` group) over every parameter outside the tables."""
         cls, kwargs = optimizer_class(cfg.training.dense_optimizer, cfg.training.dense_lr)
         dense = [p for name, p in model.named_parameters() if not name.startswith(f"{tables_path}.")]
@@ -111,7 +111,7 @@ class UnshardedReference:
 class DLRMReference(UnshardedReference):
     """The DLRM: its tables fused (or, data_parallel, plain weights with the table optimizer)."""
 
-    def __init__(self, cfg: TrainConfig, init: dict[str, torch.Tensor], world_size: int) -> None:
+    def __init__(self, cfg: JobConfig, init: dict[str, torch.Tensor], world_size: int) -> None:
         super().__init__(cfg, world_size)
         self.train_module: DLRMTrain = build_model(cfg.model, dense_device=CPU, table_device=CPU)
         self.train_module.load_state_dict(init)
@@ -203,7 +203,7 @@ class HSTUReference(UnshardedReference):
     """The HSTU: its tables fused and looked up once over the global batch, as the shard owners
     receive it; each block encoded and lost on its own."""
 
-    def __init__(self, cfg: hstu_config.TrainConfig, init: dict[str, torch.Tensor], world_size: int) -> None:
+    def __init__(self, cfg: hstu_config.JobConfig, init: dict[str, torch.Tensor], world_size: int) -> None:
         super().__init__(cfg, world_size)
         self.train_module = hstu_model.build_model(cfg.model, dense_device=CPU, table_device=CPU)
         self.train_module.load_state_dict(init)

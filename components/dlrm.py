@@ -19,7 +19,7 @@ from torchx import specs
 
 from apps.core.launch.target import PlanTarget
 from apps.core.options import to_argv
-from apps.dlrm.config import PlanConfig, TrainConfig
+from apps.dlrm.config import JobConfig, PlanConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.serving.config import ExportConfig, PredictConfig
 from components import torchx_logs
@@ -33,7 +33,7 @@ from components.signature import component_args, reject_unknown, take
 torchx_logs.drop_notices()
 
 
-@component_args(Launch, PlanCheck, TrainConfig)
+@component_args(Launch, PlanCheck, JobConfig)
 def train(**kwargs: Any) -> specs.AppDef:
     """Trains, validates and tests a DLRM whose embedding tables are sharded across all ranks.
 
@@ -44,9 +44,9 @@ def train(**kwargs: Any) -> specs.AppDef:
     --output_dir, by default a new folder per run under outputs/ (named by the job's name and app
     id), where Slurm also writes the job's logs, and torchrun each attempt's logs and error files.
     """
-    reject_unknown(kwargs, Launch, PlanCheck, TrainConfig)
+    reject_unknown(kwargs, Launch, PlanCheck, JobConfig)
     launch = take(Launch, kwargs)
-    cfg = take(TrainConfig, kwargs)
+    cfg = take(JobConfig, kwargs)
     take(PlanCheck, kwargs).run(launch, cfg, "apps.dlrm.plan")
     sizes = "--num_embeddings_per_feature" if cfg.model.num_embeddings_per_feature else "--num_embeddings"
     check_tables_fit(launch, cfg.model.table_sizes, cfg.model.embedding_dim, sizes)

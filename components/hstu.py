@@ -18,7 +18,7 @@ from torchx import specs
 
 from apps.core.launch.target import PlanTarget
 from apps.core.options import option
-from apps.hstu.config import PlanConfig, TrainConfig
+from apps.hstu.config import JobConfig, PlanConfig
 from components import torchx_logs
 from components.launch import Launch, plan_preview
 from components.plan_check import PlanCheck
@@ -36,7 +36,7 @@ class HSTULaunch(Launch):
     name: str = option("hstu", "Job name: {experiment}/{run}, {experiment}/ or {run}.")
 
 
-@component_args(HSTULaunch, PlanCheck, TrainConfig)
+@component_args(HSTULaunch, PlanCheck, JobConfig)
 def train(**kwargs: Any) -> specs.AppDef:
     """Trains, validates and tests an HSTU generative recommender whose item and action tables
     are sharded across all ranks.
@@ -48,9 +48,9 @@ def train(**kwargs: Any) -> specs.AppDef:
     allows. NCCL on GPUs, gloo on CPUs. summary.json and TensorBoard events go to --output_dir,
     by default a new folder per run under outputs/, with the logs of each attempt.
     """
-    reject_unknown(kwargs, HSTULaunch, PlanCheck, TrainConfig)
+    reject_unknown(kwargs, HSTULaunch, PlanCheck, JobConfig)
     launch = take(HSTULaunch, kwargs)
-    cfg = take(TrainConfig, kwargs)
+    cfg = take(JobConfig, kwargs)
     take(PlanCheck, kwargs).run(launch, cfg, "apps.hstu.plan")
     check_devices(launch, cfg)
     return launch.training_app("apps.hstu.train", cfg)

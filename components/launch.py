@@ -10,7 +10,7 @@ from torchx.components import dist, utils
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
 from apps.core.common.errors import ConfigError
-from apps.core.config import RunConfig
+from apps.core.config import SharedSections
 from apps.core.launch.job_shape import JobShape
 from apps.core.launch.target import PlanTarget
 from apps.core.options import Options, option, to_argv
@@ -193,7 +193,7 @@ class Launch:
             role.metadata[DEFAULT_HOST_REQUEST] = ",".join(self._default_host_request())  # clusters refuse it
         return app
 
-    def training_app(self, module: str, cfg: RunConfig) -> specs.AppDef:
+    def training_app(self, module: str, cfg: SharedSections) -> specs.AppDef:
         """The job of a training app (``python -m module`` with ``cfg``'s options) under torchrun
         on every node, its logs beside the run's results (any app's: the folder is shared)."""
         app = self.torchrun_app(module, to_argv(cfg))

@@ -12,7 +12,7 @@ from typing import Iterator
 from torchx import specs
 
 from apps.core.common.errors import ConfigError
-from apps.core.config import RunConfig
+from apps.core.config import SharedSections
 from apps.core.launch.target import PlanTarget, check_hbm_gb, known_hbm_gib
 from apps.core.options import option
 from components.launch import Launch
@@ -30,11 +30,11 @@ class PlanCheck:
         "do not fit in the ranks' memory.",
     )
 
-    def run(self, launch: Launch, cfg: RunConfig, plan_module: str) -> None:
+    def run(self, launch: Launch, cfg: SharedSections, plan_module: str) -> None:
         """Raises InvalidComponentArgument, with the plan's verdict, if the plan of the app whose
         preview ``plan_module`` holds (``apps.dlrm.plan``) does not fit.
 
-        The preview plans with the job's own --hbm_gb (a TrainConfig field, which the app also
+        The preview plans with the job's own --hbm_gb (a JobConfig field, which the app also
         plans with), so it predicts the plan the job makes. Without --check_plan, an --hbm_gb that
         the app would refuse at start-up is still refused here, before the job waits in a queue.
         """
@@ -79,7 +79,7 @@ def check_tables_fit(launch: Launch, table_rows: list[int], dim: int, option: st
         )
 
 
-def _check_hbm_gb(launch: Launch, cfg: RunConfig) -> None:
+def _check_hbm_gb(launch: Launch, cfg: SharedSections) -> None:
     resource = launch.resource or specs.Resource(cpu=launch.cpu, gpu=launch.gpu, memMB=launch.memMB)
     try:
         check_hbm_gb(cfg.launch.hbm_gb, resource, launch.h)

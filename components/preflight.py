@@ -5,16 +5,16 @@ that is on this machine (apps/dlrm/data/preflight.py)."""
 from torchx.specs import AppDef
 
 from apps.core.common.errors import ConfigError
-from apps.core.config import RunConfig
+from apps.core.config import SharedSections
 from apps.core.training.device_support import check_device_support
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import JobConfig
 from apps.dlrm.data.preflight import check_local_data
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
 from schedulers.local import MISSING_HERE
 
 
-def check_before_submitting(launch: Launch, cfg: TrainConfig) -> list[str]:
+def check_before_submitting(launch: Launch, cfg: JobConfig) -> list[str]:
     """Raises InvalidComponentArgument, in the app's own words, for GPU-only options on a job
     that asks for no GPUs, and for local data that cannot serve the options. Returns the paths
     the job reads that are not on this machine (``--data_path PATH``): see :func:`needing_here`."""
@@ -35,7 +35,7 @@ def needing_here(app: AppDef, missing: list[str]) -> AppDef:
     return app
 
 
-def check_devices(launch: Launch, cfg: RunConfig) -> None:
+def check_devices(launch: Launch, cfg: SharedSections) -> None:
     """Raises InvalidComponentArgument for GPU-only options on a job that asks for no GPUs (any app's)."""
     if not launch.gpus_per_node:
         try:
@@ -44,7 +44,7 @@ def check_devices(launch: Launch, cfg: RunConfig) -> None:
             raise InvalidComponentArgument(str(e)) from None
 
 
-def _check_cpu_job(cfg: RunConfig) -> None:
+def _check_cpu_job(cfg: SharedSections) -> None:
     try:
         check_device_support(cfg, "cpu")
     except ConfigError as e:

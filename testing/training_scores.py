@@ -20,11 +20,11 @@ import torch.distributed as dist
 
 from apps.core.common.distributed import init_distributed
 from apps.core.common.teardown import exit_without_teardown
-from apps.dlrm.config import TrainConfig, parse_train_config
+from apps.dlrm.config import JobConfig, parse_train_config
 from apps.dlrm.training.app import Trainer
 
 
-def evaluation_scores(cfg: TrainConfig, split: str = "test") -> tuple[np.ndarray, np.ndarray, float, float]:
+def evaluation_scores(cfg: JobConfig, split: str = "test") -> tuple[np.ndarray, np.ndarray, float, float]:
     """Collective: (probabilities, labels, wall and CPU seconds of the evaluation loop) of this
     rank's rows of ``split`` (all of it: --test_batches 0), by the model of ``cfg``'s
     --evaluate_checkpoint. CPU seconds are this process's, every thread's (the loader's too)."""

@@ -14,7 +14,7 @@ from torchx.specs.builders import materialize_appdef
 
 from apps.core.launch.job_shape import parse_job_size
 from apps.core.options import options_of
-from apps.dlrm.config import TrainConfig, train_config
+from apps.dlrm.config import JobConfig, train_config
 from components import dlrm, hstu
 from components.launch import DEFAULT_ENV
 from components.signature import InvalidComponentArgument
@@ -180,7 +180,7 @@ def torchx(*args: str, cwd: str) -> subprocess.CompletedProcess:
 def test_torchx_help_is_a_complete_manual(tmp_path):
     result = torchx("run", "components.dlrm:train", "--help", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    for name in [field.name for field in options_of(TrainConfig)] + ["max_retries", "mounts", "memMB"]:
+    for name in [field.name for field in options_of(JobConfig)] + ["max_retries", "mounts", "memMB"]:
         assert f"--{name}" in result.stdout, name
     text = " ".join(result.stdout.split())
     assert "TrainPipelineSparseDist" in text

@@ -1,4 +1,4 @@
-"""TrainConfig: validation at the edge, and one text form shared by the app and the component."""
+"""JobConfig: validation at the edge, and one text form shared by the app and the component."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import pytest
 
 from apps.core.common.errors import ConfigError
 from apps.core.options import options_of, to_argv
-from apps.dlrm.config import TrainConfig, parse_train_config, train_config
+from apps.dlrm.config import JobConfig, parse_train_config, train_config
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"
@@ -15,7 +15,7 @@ TIER = "integration"
 
 @pytest.mark.unit
 def test_defaults_are_valid_and_consistent():
-    cfg = TrainConfig()
+    cfg = JobConfig()
     assert cfg.model.table_sizes == [cfg.model.num_embeddings] * cfg.model.num_sparse_features
     assert cfg.model.dense_arch_layer_sizes[-1] == cfg.model.embedding_dim
     assert cfg.model.over_arch_layer_sizes[-1] == 1
@@ -128,7 +128,7 @@ def test_app_help_documents_every_option(capsys):
         parse_train_config(["--help"])
     out = capsys.readouterr().out
     assert helped.value.code == 0
-    for name in (field.name for field in options_of(TrainConfig)):
+    for name in (field.name for field in options_of(JobConfig)):
         assert f"--{name}" in out
 
 
@@ -136,7 +136,7 @@ def test_app_help_documents_every_option(capsys):
 def test_sections_flatten_to_unique_option_names_and_back():
     """The command line names an option without its section: no two sections may share a name,
     and building from the flat names puts every value back in its section."""
-    names = [field.name for field in options_of(TrainConfig)]
+    names = [field.name for field in options_of(JobConfig)]
     assert len(names) == len(set(names)) == 66
     cfg = train_config(batch_size=64, embedding_dim=8, dense_arch_layer_sizes=[8], keep_last=3, hbm_gb=0.0)
     assert (cfg.training.batch_size, cfg.model.embedding_dim, cfg.checkpoint.keep_last) == (64, 8, 3)

@@ -121,7 +121,7 @@ def test_common_imports_nothing_else_from_the_app(path):
 @pytest.mark.parametrize("path", sources(DLRM / "data"), ids=name)
 def test_the_data_sources_import_neither_launch_nor_checkpoints(path):
     fix = (
-        "a data source is handed what it needs (a TrainConfig, a DistEnv from apps.core.common) "
+        "a data source is handed what it needs (a JobConfig, a DistEnv from apps.core.common) "
         "and knows neither how the job was launched nor how it is saved"
     )
     assert_imports_none(path, "apps.core.launch", "apps.core.checkpoint", fix=fix)

@@ -291,7 +291,7 @@ def test_plan_component_passes_its_arguments_to_the_app():
 
 @pytest.mark.unit
 def test_plan_component_plans_with_the_jobs_hbm_gb():
-    """--hbm_gb is TrainConfig's: declared once, it reaches the preview app, which plans with it."""
+    """--hbm_gb is JobConfig's: declared once, it reaches the preview app, which plans with it."""
     app = materialize_appdef(dlrm.plan, ["-j", "1x1", "--gpu", "1", "--hbm_gb", "8"])
     (role,) = app.roles
     assert role.args == ["-m", "apps.dlrm.plan", "-j", "1x1", "--gpu", "1", "--hbm_gb", "8.0"]

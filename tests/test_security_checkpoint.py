@@ -26,7 +26,7 @@ from apps.core.checkpoint.storage import CheckpointError, CheckpointReader
 from apps.core.common.distributed import DistEnv, free_port
 from apps.core.training.report import Reporter
 from apps.core.urls import redact_urls
-from apps.dlrm.config import TrainConfig, train_config
+from apps.dlrm.config import JobConfig, train_config
 from apps.dlrm.model import TABLES
 from tests.conftest import assert_ok, run, tiny
 
@@ -64,7 +64,7 @@ def step_folder(root, name: str, owner: str | None = None, committed: bool = Fal
     return folder
 
 
-def save_tiny(cfg: TrainConfig, env: DistEnv, step: int) -> tuple[Checkpointer, str]:
+def save_tiny(cfg: JobConfig, env: DistEnv, step: int) -> tuple[Checkpointer, str]:
     """A run's checkpointer, after the app's own save of a small model and optimizer."""
     model = torch.nn.Linear(2, 1)
     optimizer = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda p: torch.optim.SGD(p, lr=0.1))

@@ -12,7 +12,7 @@ from apps.core.common.errors import ConfigError
 from apps.core.launch.target import GiB, PlanTarget
 from apps.core.training.device_support import check_device_support
 from apps.core.training.sharding import make_planner, model_to_shard, plan_tables, training_topology
-from apps.dlrm.config import TrainConfig, train_config
+from apps.dlrm.config import JobConfig, train_config
 from apps.dlrm.model import EBC_PATH
 from apps.dlrm.plan import preview
 from apps.dlrm.training.app import DLRM
@@ -36,7 +36,7 @@ def _hbm(topology) -> list[int]:
 
 
 def test_the_app_plans_with_the_gpus_memory_when_hbm_gb_is_0():
-    assert _hbm(training_topology(TrainConfig(), ONE_GPU, GPU_BYTES)) == [GPU_BYTES]
+    assert _hbm(training_topology(JobConfig(), ONE_GPU, GPU_BYTES)) == [GPU_BYTES]
 
 
 def test_the_app_plans_with_hbm_gb_when_given():

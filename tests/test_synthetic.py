@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from torchmetrics.classification import BinaryAUROC
 
-from apps.dlrm.config import TrainConfig, train_config
+from apps.dlrm.config import JobConfig, train_config
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 
 # Tier (tests/conftest.py): pure logic, fast.
@@ -57,7 +57,7 @@ def test_ids_are_in_range_and_heavy_tailed():
 
 
 def test_teacher_sets_a_reachable_ceiling_and_labels_follow_it():
-    data = SyntheticClickLogs(TrainConfig(), 0, 1)
+    data = SyntheticClickLogs(JobConfig(), 0, 1)
     auroc = BinaryAUROC()
     for batch in data.eval_batches("val", 20):
         auroc.update(data.teacher_logits(batch), batch.labels.long())

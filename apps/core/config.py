@@ -2,7 +2,7 @@
 learns (:class:`TrainingConfig`), how it runs on its ranks and devices (:class:`LaunchConfig`),
 validation, test and results (:class:`EvaluationConfig`) and checkpoints (:class:`CheckpointConfig`).
 
-An app's ``TrainConfig`` (``apps.dlrm.config``) composes them with its own model and data
+An app's ``JobConfig`` (``apps.dlrm.config``) composes them with its own model and data
 sections; each section's ``check()`` refuses a bad value in one line. The option names are
 global (the command line is flat), so an app's own sections must not reuse these names.
 """
@@ -326,11 +326,11 @@ def check_int8_comms(cfg: LaunchConfig, sharding_types: list[str]) -> None:
             )
 
 
-R = TypeVar("R", bound="RunConfig")
+R = TypeVar("R", bound="SharedSections")
 
 
-class RunConfig(Protocol):
-    """What the shared training machinery reads of an app's ``TrainConfig``: the shared sections
+class SharedSections(Protocol):
+    """What the shared training machinery reads of an app's ``JobConfig``: the shared sections
     (the app's model and data sections are the app's own business)."""
 
     #: The options given, or set by a --preset (apps/core/options.py, ``Options.explicit``).

@@ -1,7 +1,7 @@
 """The one typed configuration of a DLRM training run: the DLRM's model and data sections, composed
 with the sections every app shares (:mod:`apps.core.config`).
 
-``TrainConfig`` is validated once, when it is constructed: by the app's command line
+``JobConfig`` is validated once, when it is constructed: by the app's command line
 (``python -m apps.dlrm.train --help``) and by the TorchX component
 (``torchx run components.dlrm:train --help``), whose arguments are these same fields.
 """
@@ -322,7 +322,7 @@ class ClickEvaluationConfig(EvaluationConfig):
 
 
 @dataclass(slots=True)
-class TrainConfig(Options):
+class JobConfig(Options):
     """A training run's configuration, in sections; the command line and the TorchX component
     flatten them (``--batch_size``, not ``--training.batch_size``). Build it with
     :meth:`from_options` (flat names, a preset filling the options not given) or
@@ -452,7 +452,7 @@ def is_pattern(text: str) -> bool:
     return any(char in text for char in PATTERN_CHARS)
 
 
-class PlanConfig(TrainConfig):
+class PlanConfig(JobConfig):
     """A training job's configuration as its sharding plan sees it (``python -m apps.dlrm.plan``,
     ``components.dlrm:plan``): only the options the plan depends on are offered (the model, how it
     runs on the devices, the batch size, the embedding optimizer's state, a --preset); the others
@@ -470,9 +470,9 @@ def _fmt(sizes: list[int]) -> str:
     return ",".join(str(size) for size in sizes)
 
 
-def parse_train_config(argv: list[str] | None = None) -> TrainConfig:
+def parse_train_config(argv: list[str] | None = None) -> JobConfig:
     return parse_config(
-        TrainConfig,
+        JobConfig,
         argv,
         prog="python -m apps.dlrm.train",
         description="Train, validate and test a sharded DLRM with TorchRec. Run it under "
@@ -480,7 +480,7 @@ def parse_train_config(argv: list[str] | None = None) -> TrainConfig:
     )
 
 
-def train_config(**options: Any) -> TrainConfig:
+def train_config(**options: Any) -> JobConfig:
     """The configuration of ``options`` (flat names, as on the command line), the others at
     their defaults or their --preset's values: the form for code and tests."""
-    return TrainConfig.from_options(options)
+    return JobConfig.from_options(options)

@@ -14,11 +14,11 @@ with imports_uncollected():  # ~0.9 s of each trainer's start (see the module)
 
     from apps.core.common.distributed import DistEnv
     from apps.core.training import command
-    from apps.dlrm.config import TrainConfig, parse_train_config
+    from apps.dlrm.config import JobConfig, parse_train_config
     from apps.dlrm.training.app import Trainer
 
 
-def train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+def train(cfg: JobConfig, env: DistEnv) -> dict[str, Any]:
     """The whole run of ``cfg`` in this process group; returns its summary."""
     return command.train(Trainer(cfg, env))
 

@@ -231,7 +231,7 @@ class SequenceEvaluationConfig(EvaluationConfig):
 
 
 @dataclass(slots=True)
-class TrainConfig(Options):
+class JobConfig(Options):
     """An HSTU training run's configuration: the HSTU's model and data sections and the sections
     every app shares (:mod:`apps.core.config`), flat on the command line
     (``python -m apps.hstu.train --help``, ``torchx run components.hstu:train --help``)."""
@@ -293,9 +293,9 @@ class TrainConfig(Options):
         }
 
 
-def parse_train_config(argv: list[str] | None = None) -> TrainConfig:
+def parse_train_config(argv: list[str] | None = None) -> JobConfig:
     return parse_config(
-        TrainConfig,
+        JobConfig,
         argv,
         prog="python -m apps.hstu.train",
         description="Train, validate and test a sharded HSTU generative recommender with TorchRec. Run it "
@@ -303,13 +303,13 @@ def parse_train_config(argv: list[str] | None = None) -> TrainConfig:
     )
 
 
-def train_config(**options: Any) -> TrainConfig:
+def train_config(**options: Any) -> JobConfig:
     """The configuration of ``options`` (flat names, as on the command line), the others at
     their defaults: the form for code and tests."""
-    return TrainConfig.from_options(options)
+    return JobConfig.from_options(options)
 
 
-class PlanConfig(TrainConfig):
+class PlanConfig(JobConfig):
     """An HSTU training job's configuration as its sharding plan sees it (``python -m
     apps.hstu.plan``, ``components.hstu:plan``): the model, how it runs on the devices, the batch
     size and the embedding optimizer's state; the other options keep their defaults."""

@@ -7,11 +7,11 @@ The shared preview (:mod:`apps.core.training.plan`) of the HSTU app, with the op
 
 from apps.core.launch.target import PlanTarget
 from apps.core.training import plan
-from apps.hstu.config import PlanConfig, TrainConfig
+from apps.hstu.config import JobConfig, PlanConfig
 from apps.hstu.training.app import HSTU
 
 
-def check_plan_fits(cfg: TrainConfig, target: PlanTarget) -> plan.Preview:
+def check_plan_fits(cfg: JobConfig, target: PlanTarget) -> plan.Preview:
     """The preview of an HSTU job about to be launched; raises ConfigError if its plan does not fit."""
     return plan.check_plan_fits(HSTU, cfg, target)
 

@@ -30,7 +30,7 @@ from apps.core.checkpoint.storage import (
 )
 from apps.core.common.distributed import DistEnv, decided_by_main
 from apps.core.common.tables import TableModule
-from apps.core.config import RunConfig
+from apps.core.config import SharedSections
 from apps.core.urls import config_record
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def check_compatible(checkpoint: Checkpoint, cfg: RunConfig) -> None:
+def check_compatible(checkpoint: Checkpoint, cfg: SharedSections) -> None:
     """Refuses, before any step, a checkpoint of another model (its manifest's ``model``, the
     signature of the config it was written with, differs from ``cfg``'s). Any sharding and world
     size may resume it: :mod:`apps.core.checkpoint.reshard` carries the optimizer state across."""
@@ -108,7 +108,7 @@ class CheckpointFolder:
     run_id: str
 
 
-def open_checkpoints(cfg: RunConfig, env: DistEnv) -> CheckpointFolder:
+def open_checkpoints(cfg: SharedSections, env: DistEnv) -> CheckpointFolder:
     """Collective. The store of ``--checkpoint_dir``, the checkpoint to resume from (if any) and
     the run's id.
 
@@ -144,7 +144,7 @@ def open_checkpoints(cfg: RunConfig, env: DistEnv) -> CheckpointFolder:
     return CheckpointFolder(store, resume_from, run_id)
 
 
-def is_checkpoint_step(cfg: RunConfig, step: int, last_step: int) -> bool:
+def is_checkpoint_step(cfg: SharedSections, step: int, last_step: int) -> bool:
     """Whether training saves a checkpoint after ``step`` (every --checkpoint_every, and the last)."""
     return step == last_step or bool(cfg.checkpoint.checkpoint_every and step % cfg.checkpoint.checkpoint_every == 0)
 
@@ -267,7 +267,7 @@ class Checkpointer:
     """
 
     def __init__(
-        self, cfg: RunConfig, env: DistEnv, folder: CheckpointFolder, checkpointed: Checkpointed, last_step: int
+        self, cfg: SharedSections, env: DistEnv, folder: CheckpointFolder, checkpointed: Checkpointed, last_step: int
     ) -> None:
         self.cfg, self.env = cfg, env
         self.last_step = last_step  # the run's last step, which always saves

@@ -24,7 +24,7 @@ MiB = 1024**2
 
 #: HBM of one GPU in GiB (nominal), by AWS instance family (``p4d`` of ``p4d.24xlarge``) or by
 #: whole instance type: named resources say how many GPUs a node has, not how much memory each
-#: has. TrainConfig's --hbm_gb gives it for any other type (or less, to plan for part of a GPU).
+#: has. JobConfig's --hbm_gb gives it for any other type (or less, to plan for part of a GPU).
 GPU_HBM_GIB = {
     "p3": 16,  # V100 16 GB
     "p3dn": 32,  # V100 32 GB
@@ -80,8 +80,8 @@ class PlanTarget:
     )
     gpu: int = option(0, "GPUs per node when no -h is given; 0 plans for CPU ranks.")
     memMB: int = option(8192, "Host memory per node in MB when no -h is given.")
-    #: TrainConfig's --hbm_gb, the GiB of HBM per rank to plan with (0: the -h type's GPU). A
-    #: plain argument, not an option: the job's TrainConfig carries it, so the app trains with
+    #: JobConfig's --hbm_gb, the GiB of HBM per rank to plan with (0: the -h type's GPU). A
+    #: plain argument, not an option: the job's JobConfig carries it, so the app trains with
     #: the value the preview planned with, and the option is declared once. (components.dlrm:plan's
     #: ``take(PlanTarget, kwargs)`` fills it from that same --hbm_gb argument.)
     hbm_gb: float = 0.0

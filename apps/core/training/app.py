@@ -4,7 +4,7 @@ The Trainer owns the recipe every app shares (plan and shard the tables, fuse th
 step TorchRec's pipeline, validate, checkpoint, report); an app says what is its own, as
 torchtitan's ``TrainSpec`` does: its model, where its tables are, its data, its evaluation
 metrics and the figures of its summary. Each is a method of one object, typed by the app's
-config (``C``), which composes the shared sections (:class:`~apps.core.config.RunConfig`).
+config (``C``), which composes the shared sections (:class:`~apps.core.config.SharedSections`).
 """
 
 from typing import Any, Generator, Protocol, TypeVar
@@ -16,9 +16,9 @@ from torchrec.streamable import Pipelineable
 from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
-from apps.core.config import RunConfig
+from apps.core.config import SharedSections
 
-C = TypeVar("C", bound=RunConfig, contravariant=True)
+C = TypeVar("C", bound=SharedSections, contravariant=True)
 
 
 class DataSource(Protocol):

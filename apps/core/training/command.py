@@ -14,7 +14,7 @@ from apps.core.checkpoint.lease import release_held
 from apps.core.checkpoint.storage import SaveFailed
 from apps.core.common.distributed import DistEnv, exit_refused, init_distributed, leave_process_group, restarts_left
 from apps.core.common.errors import ConfigError
-from apps.core.config import RunConfig
+from apps.core.config import SharedSections
 from apps.core.training.report import setup_logging
 from apps.core.training.trainer import Trainer
 
@@ -34,7 +34,7 @@ def train(trainer: Trainer) -> dict[str, Any]:
         trainer.close()  # the last save, still being written, commits before the job ends
 
 
-def run(cfg: RunConfig, make_trainer: MakeTrainer) -> None:
+def run(cfg: SharedSections, make_trainer: MakeTrainer) -> None:
     """The command, once its configuration is parsed: the run in this process's group. Wrap the
     app's ``main`` in torchrun's ``@record``, so that a failing rank's traceback goes to torchrun's
     error file, which TorchX reports."""

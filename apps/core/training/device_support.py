@@ -7,7 +7,7 @@ silently ignored); this check names the option and the CPU alternative instead.
 from typing import Iterator
 
 from apps.core.common.errors import ConfigError
-from apps.core.config import RunConfig
+from apps.core.config import SharedSections
 
 #: Pipelines that fail on CPU ranks, and why.
 GPU_PIPELINES = {
@@ -17,7 +17,7 @@ GPU_PIPELINES = {
 }
 
 
-def check_device_support(cfg: RunConfig, device_type: str) -> None:
+def check_device_support(cfg: SharedSections, device_type: str) -> None:
     """Refuses, with the first one's fix, the options of ``cfg`` that ranks on ``device_type``
     ("cuda", "cpu") cannot run. Needs no torch: the components check a job before submitting it."""
     if device_type == "cuda":
@@ -26,7 +26,7 @@ def check_device_support(cfg: RunConfig, device_type: str) -> None:
         raise ConfigError(problem)
 
 
-def _gpu_only_options(cfg: RunConfig, device_type: str) -> Iterator[str]:
+def _gpu_only_options(cfg: SharedSections, device_type: str) -> Iterator[str]:
     if cfg.training.embedding_optimizer == "adam":
         yield (
             "--embedding_optimizer adam needs GPUs: FBGEMM's fused Adam has no CPU kernel; "

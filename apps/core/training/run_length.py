@@ -9,7 +9,7 @@ every ``--val_every_steps``, by default after every epoch, and always after its 
 from dataclasses import dataclass
 
 from apps.core.common.errors import ConfigError
-from apps.core.config import RunConfig
+from apps.core.config import SharedSections
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class RunLength:
     val_every: int  #: validate after every this many steps (0: only after the last)
 
     @classmethod
-    def of(cls, cfg: RunConfig, steps_per_epoch: int | None) -> "RunLength":
+    def of(cls, cfg: SharedSections, steps_per_epoch: int | None) -> "RunLength":
         """The run's length from its options and its data's epoch; refuses a validation interval
         longer than the run, which would never validate before the end."""
         training, evaluation = cfg.training, cfg.evaluation

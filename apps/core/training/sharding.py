@@ -42,7 +42,7 @@ from torchrec.distributed.types import ShardingPlan
 from apps.core.common.distributed import DistEnv
 from apps.core.common.errors import ConfigError
 from apps.core.common.tables import TableModule
-from apps.core.config import LaunchConfig, RunConfig, check_int8_comms
+from apps.core.config import LaunchConfig, SharedSections, check_int8_comms
 from apps.core.training.app import C, TrainingApp
 from apps.core.training.optim import fuse_embedding_optimizer
 
@@ -107,7 +107,7 @@ def make_topology(
     )
 
 
-def training_topology(cfg: RunConfig, env: DistEnv, gpu_bytes: int = 0) -> Topology:
+def training_topology(cfg: SharedSections, env: DistEnv, gpu_bytes: int = 0) -> Topology:
     """The topology the training app plans with: its world, and on GPUs each rank's HBM.
 
     ``gpu_bytes`` is the memory of this rank's GPU (unused on CPU ranks). A pure function of

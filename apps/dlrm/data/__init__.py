@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from torchrec.datasets.utils import Batch
 
     from apps.core.common.distributed import DistEnv
-    from apps.dlrm.config import TrainConfig
+    from apps.dlrm.config import JobConfig
 
 
 class ClickLogs(Protocol):
@@ -62,7 +62,7 @@ class TrainedColumns:
     checkpoint: str
 
 
-def make_dataset(cfg: TrainConfig, env: DistEnv, trained: TrainedColumns | None = None) -> ClickLogs:
+def make_dataset(cfg: JobConfig, env: DistEnv, trained: TrainedColumns | None = None) -> ClickLogs:
     """This rank's data source of ``cfg``; ``trained``: the columns of the checkpoint whose model
     it feeds (Parquet matches the options' columns, then orders them as that model read them)."""
     # Each source is imported only where it is chosen: the Parquet loader's pyarrow alone adds

@@ -13,10 +13,10 @@ statistics and row counts, not their data). A path that is not here (it may exis
 import glob
 
 from apps.core.urls import is_url
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import JobConfig
 
 
-def check_local_data(cfg: TrainConfig) -> list[str]:
+def check_local_data(cfg: JobConfig) -> list[str]:
     """Raises the loader's ConfigError for local data that ``cfg`` cannot train on; quick
     (metadata only), and silent for synthetic data and URLs. Returns the paths the job reads
     that this machine does not have (for a scheduler that runs the job here to refuse)."""

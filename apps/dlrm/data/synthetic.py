@@ -36,7 +36,7 @@ import torch
 from torchrec.datasets.utils import Batch
 
 from apps.core.common.hashing import GOLDEN_GAMMA, MASK64, mix64, mix64_int, shift_right, signed
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import JobConfig
 from apps.dlrm.data.kjt_layout import FixedLayout
 from apps.dlrm.model import feature_names
 
@@ -95,7 +95,7 @@ class SyntheticClickLogs:
     #: Its features are the options' (see :class:`~apps.dlrm.data.ClickLogs`).
     columns: dict[str, Any] | None = None
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device = CPU) -> None:
+    def __init__(self, cfg: JobConfig, rank: int, world_size: int, device: torch.device = CPU) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size

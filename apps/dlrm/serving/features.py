@@ -32,7 +32,7 @@ from torch import nn
 
 from apps.core.common.errors import ConfigError
 from apps.core.common.hashing import GOLDEN_GAMMA
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import JobConfig
 from apps.dlrm.data.parquet.files import ColumnSpec, column_listing, match_columns, resolve_columns
 from apps.dlrm.data.parquet.loader import assemble_batch
 from apps.dlrm.data.parquet.read import RowDecoder, Rows
@@ -78,7 +78,7 @@ class Features:
     columns: ColumnSpec | None = None
 
     @classmethod
-    def of(cls, cfg: TrainConfig, columns: dict[str, Any] | None = None) -> "Features":
+    def of(cls, cfg: JobConfig, columns: dict[str, Any] | None = None) -> "Features":
         """The features of a model trained with ``cfg`` on ``columns`` (what its checkpoint
         records of them, if anything); one whose ids scoring cannot make as training made them is
         refused: Criteo's multi-hot ids, derived from MLPerf's tables."""
@@ -134,11 +134,11 @@ class Features:
     def keys(self) -> list[str]:
         return feature_names(len(self.table_sizes))
 
-    def reading(self, data_path: str, dense: list[str], sparse: list[str]) -> TrainConfig:
+    def reading(self, data_path: str, dense: list[str], sparse: list[str]) -> JobConfig:
         """The configuration of Parquet data at ``data_path`` whose columns ``dense`` and
         ``sparse`` these features read: what the Parquet reader's checks take."""
         try:
-            return TrainConfig.from_options(
+            return JobConfig.from_options(
                 {
                     "data": "parquet",
                     "data_path": data_path,

@@ -25,7 +25,7 @@ from apps.core.checkpoint.folder import Checkpoint, CheckpointStore
 from apps.core.checkpoint.storage import CheckpointError
 from apps.core.common.errors import ConfigError
 from apps.core.urls import redact_urls
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import JobConfig
 from apps.dlrm.model import build_model
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class NoCheckpoint(CheckpointError):
 class Trained:
     """A trained model, whole, on the CPU and in eval mode, and where it came from."""
 
-    cfg: TrainConfig  #: the training run's configuration, as its checkpoint recorded it
+    cfg: JobConfig  #: the training run's configuration, as its checkpoint recorded it
     model: DLRM
     checkpoint: Checkpoint
     weights_sha256: str  #: of the model's tensors as loaded (see :func:`weights_sha256`)
@@ -98,7 +98,7 @@ def find_checkpoint(checkpoint_dir: str, step: str, option: str = "--checkpoint_
     return found
 
 
-def training_config(checkpoint: Checkpoint) -> TrainConfig:
+def training_config(checkpoint: Checkpoint) -> JobConfig:
     """The configuration of the run that wrote ``checkpoint``, from its manifest; a checkpoint
     that is not this project's, or of a version whose options differ, is refused."""
     record = checkpoint.manifest.get("config")
@@ -108,7 +108,7 @@ def training_config(checkpoint: Checkpoint) -> TrainConfig:
             "config and model): give the --checkpoint_dir of a components.dlrm:train run"
         )
     try:
-        cfg = TrainConfig.from_options(record)
+        cfg = JobConfig.from_options(record)
     except ConfigError as e:
         raise CheckpointError(
             f"{redact_urls(checkpoint.url)} was written by another version of this project ({e}): load it "

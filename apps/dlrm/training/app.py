@@ -16,7 +16,7 @@ from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.training import trainer
 from apps.core.training.app import DataSource
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import JobConfig
 from apps.dlrm.data import ClickLogs, TrainedColumns, make_dataset
 from apps.dlrm.model import TABLES, build_model, speed_up_dense, table_configs
 from apps.dlrm.training.metrics import ClickMetrics
@@ -28,34 +28,34 @@ CEILING_NOTE = (
 
 
 class DLRMApp:
-    """The DLRM app (:class:`~apps.core.training.app.TrainingApp` of :class:`TrainConfig`)."""
+    """The DLRM app (:class:`~apps.core.training.app.TrainingApp` of :class:`JobConfig`)."""
 
     tables: TableModule = TABLES
     curves: tuple[tuple[str, str], ...] = (("auroc", "validation AUROC"), ("log_loss", "validation log loss"))
     notes: dict[str, str] = {"auroc_ceiling": CEILING_NOTE}
 
-    def build_model(self, cfg: TrainConfig, dense_device: torch.device) -> nn.Module:
+    def build_model(self, cfg: JobConfig, dense_device: torch.device) -> nn.Module:
         model = build_model(cfg.model, dense_device=dense_device)
         speed_up_dense(cfg.launch, model, dense_device)
         return model
 
-    def pooling_factors(self, cfg: TrainConfig) -> dict[str, float]:
+    def pooling_factors(self, cfg: JobConfig) -> dict[str, float]:
         """With --multi_hot_sizes, each table's ids per sample."""
         if not cfg.model.multi_hot_sizes:
             return {}
         return {table.name: float(size) for table, size in zip(table_configs(cfg.model), cfg.model.multi_hot_sizes)}
 
-    def make_data(self, cfg: TrainConfig, env: DistEnv, checkpoint: Checkpoint | None = None) -> ClickLogs:
+    def make_data(self, cfg: JobConfig, env: DistEnv, checkpoint: Checkpoint | None = None) -> ClickLogs:
         columns = checkpoint.manifest.get("columns") if checkpoint is not None else None
         trained = TrainedColumns(columns, checkpoint.url) if checkpoint is not None and columns else None
         return make_dataset(cfg, env, trained)
 
-    def eval_metrics(self, cfg: TrainConfig, data: DataSource, split: str, device: torch.device) -> ClickMetrics:
+    def eval_metrics(self, cfg: JobConfig, data: DataSource, split: str, device: torch.device) -> ClickMetrics:
         """Click metrics; on validation data with a teacher (synthetic), its AUROC as the ceiling."""
         clicks = cast(ClickLogs, data)  # what make_data made
         return ClickMetrics(device, clicks.teacher() if split == "val" else None)
 
-    def eval_outputs(self, cfg: TrainConfig, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, ...]:
+    def eval_outputs(self, cfg: JobConfig, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, ...]:
         """``DLRMTrain``'s outputs: (loss, logits, labels), copied: with CUDA graphs (--compile_dense
         reduce-overhead) they are in the graphs' memory, which the next batch overwrites."""
         _, outputs = model(batch)
@@ -79,8 +79,8 @@ class DLRMApp:
 DLRM = DLRMApp()
 
 
-class Trainer(trainer.Trainer[TrainConfig]):
+class Trainer(trainer.Trainer[JobConfig]):
     """A DLRM training run: the shared Trainer, given the DLRM app."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
+    def __init__(self, cfg: JobConfig, env: DistEnv) -> None:
         super().__init__(DLRM, cfg, env)

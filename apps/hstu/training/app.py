@@ -17,7 +17,7 @@ from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.training import trainer
 from apps.core.training.app import DataSource
-from apps.hstu.config import TrainConfig
+from apps.hstu.config import JobConfig
 from apps.hstu.data import make_dataset
 from apps.hstu.data.batch import ACTION, NEGATIVE, SequenceBatch
 from apps.hstu.data.source import SequenceSource
@@ -45,7 +45,7 @@ class SequenceMetrics:
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        cfg: JobConfig,
         device: torch.device,
         ceiling: dict[str, float] | None,
         action_oracle: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -91,7 +91,7 @@ def _mean_auroc(per_action: dict[str, float]) -> float:
 
 
 class HSTUApp:
-    """The HSTU app (:class:`~apps.core.training.app.TrainingApp` of :class:`TrainConfig`)."""
+    """The HSTU app (:class:`~apps.core.training.app.TrainingApp` of :class:`JobConfig`)."""
 
     tables: TableModule = TableModule(TABLES_PATH, "EmbeddingCollection")
     curves: tuple[tuple[str, str], ...] = (
@@ -101,10 +101,10 @@ class HSTUApp:
     )
     notes: dict[str, str] = {f"hr@{K}_ceiling": CEILING_NOTE, "auroc_ceiling": ACTION_CEILING_NOTE}
 
-    def build_model(self, cfg: TrainConfig, dense_device: torch.device) -> nn.Module:
+    def build_model(self, cfg: JobConfig, dense_device: torch.device) -> nn.Module:
         return build_model(cfg.model, dense_device=dense_device)
 
-    def pooling_factors(self, cfg: TrainConfig) -> dict[str, float]:
+    def pooling_factors(self, cfg: JobConfig) -> dict[str, float]:
         """Ids a user looks up in each table, at most: its events (and the item table its
         training negatives too)."""
         ids = {NEGATIVE: cfg.model.num_negatives, ACTION: cfg.model.max_seq_len}
@@ -113,21 +113,21 @@ class HSTUApp:
             for table in table_configs(cfg.model)
         }
 
-    def make_data(self, cfg: TrainConfig, env: DistEnv, checkpoint: Checkpoint | None = None) -> SequenceSource:
+    def make_data(self, cfg: JobConfig, env: DistEnv, checkpoint: Checkpoint | None = None) -> SequenceSource:
         """This rank's sequences; a checkpoint records no columns of them (the options fix them)."""
         training = cfg.training
         return make_dataset(
             cfg.model, cfg.data, training.seed, training.batch_size, env.rank, env.world_size, env.device
         )
 
-    def eval_metrics(self, cfg: TrainConfig, data: DataSource, split: str, device: torch.device) -> SequenceMetrics:
+    def eval_metrics(self, cfg: JobConfig, data: DataSource, split: str, device: torch.device) -> SequenceMetrics:
         """The split's metrics; on validation data with a known ceiling (synthetic), beside it."""
         sequences = cast(SequenceSource, data)  # what make_data made
         if split != "val":
             return SequenceMetrics(cfg, device, None)
         return SequenceMetrics(cfg, device, sequences.ceiling(), sequences.action_oracle())
 
-    def eval_outputs(self, cfg: TrainConfig, model: nn.Module, batch: SequenceBatch) -> EvalOutput:
+    def eval_outputs(self, cfg: JobConfig, model: nn.Module, batch: SequenceBatch) -> EvalOutput:
         """``HSTUTrain.evaluate``: the target's rank among the candidates, or the action logits."""
         # DMP's module: the HSTUTrain inside, its tables sharded (evaluate is no forward to wrap).
         unwrapped = cast(HSTUTrain, model.module if isinstance(model, DistributedModelParallel) else model)
@@ -147,8 +147,8 @@ class HSTUApp:
 HSTU = HSTUApp()
 
 
-class Trainer(trainer.Trainer[TrainConfig]):
+class Trainer(trainer.Trainer[JobConfig]):
     """An HSTU training run: the shared Trainer, given the HSTU app."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
+    def __init__(self, cfg: JobConfig, env: DistEnv) -> None:
         super().__init__(HSTU, cfg, env)

@@ -42,7 +42,7 @@ from torchrec.datasets.utils import Batch
 
 from apps.core.common.errors import ConfigError
 from apps.core.common.splits import Range, held_out_split
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import JobConfig
 from apps.dlrm.data.criteo.layout import DayArrays, check_table_sizes, open_folder
 from apps.dlrm.data.criteo.multi_hot import check_host_memory, expand, multi_hot_tables
 from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES
@@ -63,7 +63,7 @@ class CriteoClickLogs:
     columns: dict[str, Any] | None = None
 
     def __init__(
-        self, cfg: TrainConfig, folder: str, rank: int, world_size: int, pin_memory: bool, local_world_size: int = 1
+        self, cfg: JobConfig, folder: str, rank: int, world_size: int, pin_memory: bool, local_world_size: int = 1
     ) -> None:
         self.cfg = cfg
         self.rank = rank

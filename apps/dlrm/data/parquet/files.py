@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from apps.core.common.errors import ConfigError
 from apps.core.common.splits import Range, held_out_split
 from apps.core.urls import is_url, reaching
-from apps.dlrm.config import TrainConfig, is_pattern
+from apps.dlrm.config import JobConfig, is_pattern
 from apps.dlrm.data import TrainedColumns
 from apps.dlrm.data.criteo.sources import natural_key
 
@@ -186,7 +186,7 @@ class CheckedFiles:
     null_counts: dict[str, int | None]  # per flat column: nulls counted by the statistics (None: unknown)
 
     @classmethod
-    def open(cls, cfg: TrainConfig, labelled: bool = True, trained: TrainedColumns | None = None) -> "CheckedFiles":
+    def open(cls, cfg: JobConfig, labelled: bool = True, trained: TrainedColumns | None = None) -> "CheckedFiles":
         """The files of ``cfg``; ``labelled`` False: rows to score, whose label is not read;
         ``trained``: the columns a checkpoint's model read, in whose order they are fed."""
         fs, files = open_files(cfg.data.data_path)
@@ -196,7 +196,7 @@ class CheckedFiles:
         as_is = cfg.data.categorical_ids == "as_is"
         return cls(fs, files, spec, check_statistics(files, spec, cfg.model.table_sizes if as_is else None))
 
-    def splits(self, cfg: TrainConfig) -> dict[str, Range]:
+    def splits(self, cfg: JobConfig) -> dict[str, Range]:
         """The rows of training, validation and test (:func:`held_out_split`, the files as days)."""
         return held_out_split(
             [file.rows for file in self.files],
@@ -282,7 +282,7 @@ def _footer(fs: fsspec.AbstractFileSystem, path: str, size: int, tail: bytes, ur
         raise ConfigError(f"{url} has a corrupt footer ({e}): write it again") from e
 
 
-def resolve_columns(cfg: TrainConfig, schemas: list[tuple[str, pa.Schema]], labelled: bool = True) -> ColumnSpec:
+def resolve_columns(cfg: JobConfig, schemas: list[tuple[str, pa.Schema]], labelled: bool = True) -> ColumnSpec:
     """The columns of the options, patterns matched against the first schema; every schema (a
     file's, named by its URL) checked to have them with types we read, alike in all of them.
     ``labelled`` False: no label column (rows to score)."""
@@ -322,7 +322,7 @@ def resolve_columns(cfg: TrainConfig, schemas: list[tuple[str, pa.Schema]], labe
     )
 
 
-def _check_counts(cfg: TrainConfig, url: str, matched: dict[str, list[str]]) -> None:
+def _check_counts(cfg: JobConfig, url: str, matched: dict[str, list[str]]) -> None:
     """Refuses feature counts that differ from the columns the patterns match in ``url``: every
     wrong count in one message, so that one correction fixes them all."""
     wrong = [

@@ -39,7 +39,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.common.errors import ConfigError
 from apps.core.common.kjt import sized_kjt
-from apps.dlrm.config import TrainConfig
+from apps.dlrm.config import JobConfig
 from apps.dlrm.data import TrainedColumns
 from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, dense_ranges, null_report, unscaled_dense
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs, run_rows
@@ -68,7 +68,7 @@ class ParquetClickLogs:
     the columns the options match fed in the order a checkpoint's model read them."""
 
     def __init__(
-        self, cfg: TrainConfig, rank: int, world_size: int, pin_memory: bool, trained: TrainedColumns | None = None
+        self, cfg: JobConfig, rank: int, world_size: int, pin_memory: bool, trained: TrainedColumns | None = None
     ) -> None:
         self.cfg = cfg
         self.rank = rank
