@@ -57,8 +57,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector):
-    """Makes a test module that lies outside its tier's folder a collection error (each such
-    module is named, with the fix; pytest then runs nothing), by the report of its collection, so
+    """Makes a test module that lies outside its tier's folder a collection error naming it and
+    the fix, so the run fails. Set on the report of the module's collection, not raised later, so
     that it reads the same with test workers (pytest-xdist) as without."""
     outcome = yield
     report = outcome.get_result()
