@@ -17,7 +17,7 @@
 #   docker build --build-arg DEVICE=cpu --build-arg BASE_IMAGE=debian:bookworm-slim -t torchrec-dlrm:cpu .
 #   docker run --rm torchrec-dlrm:cpu torchx run -s local_cwd components.dlrm:train -j 1x2
 #
-# tests/test_container_image.py builds it (with Podman) and runs that job in it.
+# tests/slow/test_container_image.py builds it (with Podman) and runs that job in it.
 ARG BASE_IMAGE=nvidia/cuda:13.0.3-base-ubuntu24.04
 FROM ${BASE_IMAGE}
 

@@ -263,14 +263,14 @@ def steps(out: Path) -> list[Step]:
             "gpu_tests",
             [
                 *(PY, "-m", "pytest", "-m", "gpu", "-n", "0", "-q", "-p", "no:cacheprovider"),
-                *("tests/test_step_graph.py", "tests/test_train_variants.py"),
+                *("tests/unit/test_step_graph.py", "tests/integration/test_train_variants.py"),
                 *("--junitxml", at("gpu_tests", "junit.xml")),
             ],
             240,
             read_gpu_tests,
         ),
         # Tables of 26 x 500k x 16 (0.83 GB) with 0.5 GiB of HBM: the planner caches most of them
-        # (tests/test_gpu_call.py previews the plan).
+        # (tests/integration/test_gpu_call.py previews the plan).
         Step(
             "uvm_caching",
             [*dlrm, "--num_embeddings", "500000", "--hbm_gb", "0.5", "--output_dir", at("uvm_caching", "run")],

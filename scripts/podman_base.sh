@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares this machine to build and run the project's image with Podman when no Docker engine
-# and no container registry can be reached (tests/test_container_image.py): installs Debian's
+# and no container registry can be reached (tests/slow/test_container_image.py): installs Debian's
 # podman, buildah, runc and debootstrap if they are missing, and makes a Debian base image from a
 # debootstrapped root, the local stand-in for debian:bookworm-slim. The image is built once and
 # reused while `podman image exists` finds it; prints its name on the last line.

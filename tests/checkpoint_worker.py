@@ -1,6 +1,6 @@
 """Trains and resumes the app in one process group, for the tests of checkpoints.
 
-Run under torchrun by tests/test_checkpoint.py and tests/test_reshard.py:
+Run under torchrun by tests/integration/test_checkpoint.py and tests/integration/test_reshard.py:
     torchrun --nproc_per_node N tests/checkpoint_worker.py RUNS.json
 RUNS.json lists runs, done in order, each ``{"args": [APP ARGS...]}`` or
 ``{"args": [...], "resume": [CHECKPOINT_DIR...], "dump": OUT_PREFIX}``. A run without "resume"

@@ -10,10 +10,15 @@ the tiers unseen:
 - ``slurm``: real Slurm clusters in debootstrapped roots (root; the first run builds them);
 - ``gpu``: needs CUDA GPUs, skipped with the reason where there are none;
 - ``slow``: minutes (a container build, the GPU machine's row), left out of ``make test`` (``make test-slow``).
+
+A module lies in the folder of its ``TIER`` (tests/unit, tests/integration, tests/slurm, tests/slow;
+its gpu-marked tests stay in it), so that the folders show what each test needs; one elsewhere is a
+collection error too (:func:`tier_folder_error`). What the modules share stays here in tests/.
 """
 
 import contextlib
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -50,7 +55,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(tier)
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    """Makes a test module that lies outside its tier's folder a collection error naming it and
+    the fix, so the run fails. Set on the report of the module's collection, not raised later, so
+    that it reads the same with test workers (pytest-xdist) as without."""
+    outcome = yield
+    report = outcome.get_result()
+    if isinstance(collector, pytest.Module) and report.passed:
+        error = tier_folder_error(collector.path, getattr(collector.obj, "TIER", None))
+        if error:
+            report.outcome, report.longrepr, report.result = "failed", error, []
+
+
+#: The folder that holds the tier folders and what their modules share.
+TESTS = pathlib.Path(__file__).resolve().parent
+
+
+def tier_folder_error(module: pathlib.Path, tier: str | None) -> str | None:
+    """Why the test module at ``module`` (absolute) with module-level ``TIER`` ``tier`` lies in the
+    wrong folder, in one line naming the fix; None where it lies in tests/<tier>/. A module without
+    a known ``TIER`` (every test marked, or a misspelt tier, which the tier check names) is not
+    checked here."""
+    if tier not in TIERS or module.parent == TESTS / tier:
+        return None
+    where = pathlib.Path(os.path.relpath(module, TESTS.parent))
+    return (
+        f"{where} has TIER = {tier!r} but lies in {where.parent}/: move it to tests/{tier}/ "
+        f"(git mv {where} tests/{tier}/)"
+    )
+
+
+REPO = str(TESTS.parent)
 BIN = os.path.dirname(sys.executable)
 
 # A tiny model that trains in seconds on two CPU processes.

@@ -6,7 +6,7 @@ loops. torch 2.11 and 2.13 key the FX graph and AOTAutograd caches without it: a
 one CPU and read on another (a ``TORCHINDUCTOR_CACHE_DIR`` on shared storage, an image with a warm
 cache) recompiles the first machine's kernels for the second's width. Measured here: TorchRec's
 DLRM interaction, compiled in bf16 with AVX-512 and read back with AVX2, segfaults in its backward
-(tests/test_compile_cache.py). So the instruction set goes into
+(tests/integration/test_compile_cache.py). So the instruction set goes into
 ``torch.compiler.config.cache_key_tag``, after any tag of the user's (``TORCH_COMPILE_CACHE_KEY_TAG``):
 machines of one CPU kind still share their cache, others compile their own.
 """

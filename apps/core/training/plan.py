@@ -19,7 +19,7 @@ from torch import nn
 
 # TorchRec's own per-rank memory accounting, the figures its planner stats table prints. Private,
 # and no public API gives them: their signatures are the same in torchrec 1.6.1 and 1.8.0 as
-# called here (tests/test_plan.py exercises them on both rows: `make test` and `make test-gpu-row`).
+# called here (tests/integration/test_plan.py exercises them on both rows: `make test` and `make test-gpu-row`).
 from torchrec.distributed.planner.stats import (
     _collapse_consecutive_ranks,
     _compute_mem_usage_and_perf,

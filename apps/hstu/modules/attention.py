@@ -70,7 +70,7 @@ def fused_attention() -> Attention:
 
 def _fbgemm_attention(varlen: Callable[..., torch.Tensor]) -> Attention:
     """FBGEMM's kernel behind the :class:`Attention` signature. Its SiLU is divided by the
-    batch's longest sequence, ours by --max_seq_len, hence the rescaling; tests/test_hstu_model.py
+    batch's longest sequence, ours by --max_seq_len, hence the rescaling; tests/unit/test_hstu_model.py
     compares it with :func:`padded_attention` on a GPU where the package is installed (it is on
     neither this project's CPU machines nor its lent GPU machines, so it has not run here)."""
 

@@ -6,7 +6,7 @@ turns each into ``multi_hot_sizes[f]`` ids by a fixed lookup table per feature: 
 table of feature ``f`` is ``i`` itself followed by ``multi_hot_sizes[f] - 1`` ids drawn uniformly
 from ``[0, rows_f)``. The tables are drawn once, feature after feature, from NumPy's legacy
 generator seeded with 0, so every rank and every run derives the same ids. We draw them the same
-way, which makes our multi-hot Criteo batches those of the MLPerf reference (tests/test_multi_hot.py
+way, which makes our multi-hot Criteo batches those of the MLPerf reference (tests/integration/test_multi_hot.py
 checks ours against the reference's output on a sample).
 
 The tables are held in memory by every training process, as in the reference: 4 bytes per id

@@ -3,7 +3,7 @@ carry the sizes TorchRec's input distribution would read back from the device (n
 or ``.item()`` in one ``input_dist``), and the DLRM's ``PooledSparseArch`` gives TorchRec's
 ``SparseArch``'s output without its ``to_dict`` and ``cat``.
 
-The losses of whole runs with both, against the unsharded reference, are tests/test_equivalence.py's.
+The losses of whole runs with both, against the unsharded reference, are tests/integration/test_equivalence.py's.
 """
 
 from typing import Any, Callable

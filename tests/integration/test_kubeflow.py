@@ -2,7 +2,7 @@
 on them.
 
 Generated objects are checked offline against the operators' published models, strictly
-(tests/kubeflow_validation.py; the 2-node p4d goldens are in tests/test_dryrun.py). The verbs run as a
+(tests/kubeflow_validation.py; the 2-node p4d goldens are in tests/integration/test_dryrun.py). The verbs run as a
 user runs them, ``torchx run/status/describe/list/log/cancel`` (or TorchX's runner, where many cases
 need no second process), against a Kubernetes API on loopback (tests/kubeflow_server.py) that replays
 what the operators write at each stage (tests/kubeflow_responses/): no kube-apiserver can be had here.

@@ -24,7 +24,7 @@ from apps.dlrm.data.criteo.tables import MLPERF_MULTI_HOT_SIZES, TABLE_SIZE_PRES
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 from benchmarks.equivalence import STEPS, TOLERANCE, compare
 from tests.conftest import TINY, assert_ok, run, torchrun
-from tests.test_criteo_data import TABLES, dataset, rows_of, write_folder
+from tests.unit.test_criteo_data import TABLES, dataset, rows_of, write_folder
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"

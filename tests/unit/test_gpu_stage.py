@@ -17,7 +17,7 @@ from benchmarks.train_profile import busy_seconds, device_figures
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("slim_fbgemm", REPO / "scripts" / "gpu_stage" / "slim_fbgemm.py")
 assert _spec and _spec.loader
 slim_fbgemm = importlib.util.module_from_spec(_spec)

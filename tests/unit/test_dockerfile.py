@@ -4,7 +4,7 @@ These tests read the Dockerfile with BuildKit's own parser (the `dockerfile` pac
 what the image depends on: its torch / fbgemm-gpu / torchrec come from scripts/install.sh
 (DEVICE=cuda unless told otherwise) in a layer that a source edit does not rebuild, its CUDA
 base is torch's CUDA, and a role's `torchrun -m apps.dlrm.train` finds both the venv and the
-project. tests/test_container_image.py builds the CPU image for real (slow).
+project. tests/slow/test_container_image.py builds the CPU image for real (slow).
 """
 
 import fnmatch
@@ -168,7 +168,7 @@ def run_stack_step(tmp_path, **env: str) -> dict[str, str]:
     "given, index",
     [
         (None, CPU_INDEX),  # the CPU image's torch: PyTorch's CPU build, not PyPI's CUDA one
-        ("", ""),  # empty: pip's configuration (tests/test_container_image.py: a local wheel)
+        ("", ""),  # empty: pip's configuration (tests/slow/test_container_image.py: a local wheel)
         ("https://mirror.example/whl/cpu", "https://mirror.example/whl/cpu"),
     ],
 )

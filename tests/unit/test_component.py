@@ -18,11 +18,10 @@ from apps.dlrm.config import JobConfig, train_config
 from components import dlrm, hstu
 from components.launch import DEFAULT_ENV
 from components.signature import InvalidComponentArgument
+from tests.conftest import REPO
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def app_command(app: specs.AppDef) -> list[str]:

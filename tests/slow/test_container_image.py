@@ -32,7 +32,7 @@ TIER = "slow"
 # may set (Podman's defaults exceed this machine's hard limits).
 PODMAN_OPTS = ["--runtime", "runc", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 WORKDIR = "/workspace/torchrec-dlrm"  # the Dockerfile's
-EDIT = "# a source edit by tests/test_container_image.py\n"
+EDIT = "# a source edit by tests/slow/test_container_image.py\n"
 EDITED = "apps/dlrm/train.py"
 
 
@@ -277,7 +277,7 @@ def test_the_main_job_succeeds_and_learns_in_the_image(image, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 100
     assert summary["device"] == "cpu"
-    # 100 steps are not the main job's 1500 (tests/test_main_job.py: within 0.05 of the best
+    # 100 steps are not the main job's 1500 (tests/integration/test_main_job.py: within 0.05 of the best
     # AUROC), but well past chance (0.5): within 0.1 of the best possible.
     ceiling = summary["auroc_ceiling"]
     assert 0.75 < ceiling < 0.9

@@ -541,7 +541,7 @@ def test_columns_named_at_predict_feed_the_trained_features_in_order_their_ids_o
 
 # --- the components, on every scheduler ----------------------------------------------------------
 
-#: What each scheduler needs to render a request without a cluster (as tests/test_dryrun.py gives).
+#: What each scheduler needs to render a request without a cluster (as tests/integration/test_dryrun.py gives).
 SCHEDULER_CFG = {
     "kubernetes": {"queue": "dlrm", "validate_spec": False},
     "kubeflow": {"queue": "dlrm"},

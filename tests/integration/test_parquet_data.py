@@ -30,7 +30,7 @@ from apps.dlrm.data.parquet.order import Pieces, block_permutation, eval_runs
 from apps.dlrm.data.parquet.read import text_fingerprints
 from testing.moto_server import REGION
 from tests.conftest import assert_ok, run, tiny
-from tests.test_criteo_data import rows_of, take
+from tests.unit.test_criteo_data import rows_of, take
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"

@@ -2,7 +2,7 @@
 lookup against the sharded module's own forward.
 
 Its losses against TorchRec's sharded step and the unsharded reference, one-hot and multi-hot,
-are tests/test_equivalence.py's; the benchmark that measures it is tests/test_benchmarks.py's.
+are tests/integration/test_equivalence.py's; the benchmark that measures it is tests/integration/test_benchmarks.py's.
 """
 
 import pytest

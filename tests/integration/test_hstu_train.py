@@ -23,9 +23,9 @@ from apps.core.common.errors import ConfigError
 from apps.hstu.config import HSTU_SYNTHETIC_STEPS, train_config
 from tests.conftest import BIN, assert_ok, run
 from tests.golden_files import assert_matches_golden
-from tests.test_aws_batch import QUEUE, _normalized
-from tests.test_aws_batch import torchx as torchx_aws
-from tests.test_dryrun import JOB_2X8, KUBEFLOW_CFG, KUBERNETES_CFG, dryrun, normalised
+from tests.integration.test_aws_batch import QUEUE, _normalized
+from tests.integration.test_aws_batch import torchx as torchx_aws
+from tests.integration.test_dryrun import JOB_2X8, KUBEFLOW_CFG, KUBERNETES_CFG, dryrun, normalised
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"

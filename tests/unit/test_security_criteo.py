@@ -19,7 +19,7 @@ from apps.dlrm.data.criteo.fetch import local_folder
 from apps.dlrm.data.criteo.layout import MANIFEST, day_files, day_report_file, open_folder, write_json
 from apps.dlrm.data.criteo.pipeline import preprocess
 from testing.criteo_files import generate_day, write_day
-from tests.test_criteo_data import write_folder
+from tests.unit.test_criteo_data import write_folder
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"

@@ -415,7 +415,7 @@ COLUMN_BLOCKS = {"column_wise": ((0, 128), (128, 128))}
 @pytest.mark.parametrize("current", SHARDING_TYPES[1:])
 def test_which_sharding_changes_keep_the_optimizer_state(saved, current):
     """All of them: a checkpoint of the same model resumes under any sharding, and its
-    optimizer state comes along (tests/test_reshard.py resumes each pair). Row-wise state is
+    optimizer state comes along (tests/integration/test_reshard.py resumes each pair). Row-wise state is
     exact but where whole rows become column shards: each shard then gets the row's mean."""
     cfg = train_config(embedding_dim=256, dense_arch_layer_sizes=[64, 256])
     manifest = {"model": cfg.model_signature(), "sharding_plan": {"t_cat_0": {"type": saved, "ranks": [0, 1]}}}

@@ -16,7 +16,7 @@ from components import dlrm
 from testing.moto_server import REGION, aws_env, moto_server
 from tests.conftest import TINY, assert_ok, torchrun
 from tests.hosts import DISK, wait_all
-from tests.test_criteo_data import write_folder
+from tests.unit.test_criteo_data import write_folder
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"

@@ -28,7 +28,7 @@ from apps.dlrm.serving.export import export
 from apps.dlrm.serving.package import MANIFEST_FILE, PROGRAM_FILE, check_archive
 from testing.click_parquet import write_click_parquet
 from tests.conftest import assert_ok, run
-from tests.test_security_checkpoint import RunsCode
+from tests.integration.test_security_checkpoint import RunsCode
 
 # Tier (tests/conftest.py): real processes (training, predict, export in a mount namespace).
 TIER = "integration"

@@ -22,7 +22,7 @@ import pytest
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 #: Packages above the app: what builds and submits jobs.
 ABOVE_THE_APP = ("components", "schedulers", "torchx_plugins")
 #: What measures and checks the app, and what those share: the app never needs them to run.

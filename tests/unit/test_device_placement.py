@@ -24,9 +24,9 @@ from apps.dlrm.config import train_config as dlrm_config
 from apps.dlrm.training.app import DLRM
 from apps.hstu.config import train_config as hstu_config
 from apps.hstu.training.app import HSTU
+from tests.integration.test_parquet_data import DENSE, SPARSE, TABLES, write_files
 from tests.other_device import DEVICE, OnDevice, OtherDevice
-from tests.test_hstu_data import write_per_event
-from tests.test_parquet_data import DENSE, SPARSE, TABLES, write_files
+from tests.unit.test_hstu_data import write_per_event
 
 # Tier (tests/conftest.py): in this process, seconds.
 TIER = "unit"

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import LOCAL_TRAIN_1X2, REPO, assert_ok, process_env, run, tiny
-from tests.test_criteo_data import write_folder
+from tests.unit.test_criteo_data import write_folder
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
