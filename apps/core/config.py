@@ -171,8 +171,8 @@ class LaunchConfig:
     )
     step_graph: str = option(
         "auto",
-        "auto: on a GPU, where the lean step runs and the batches' shapes are fixed (the app's data "
-        "says whether they are), capture the whole training step (forward, backward with "
+        "auto: on a GPU, where the lean step runs and every batch has the same shapes (features "
+        "of fixed sizes), capture the whole training step (forward, backward with "
         "the fused table update, dense optimizer step) in one CUDA graph and replay it, captured "
         "again when the learning rate changes (eager while it changes every step); validation "
         "and test replay a forward-only graph. false: eager steps. Does nothing on CPUs; the log "
