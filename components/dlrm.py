@@ -22,9 +22,10 @@ from apps.core.options import to_argv
 from apps.dlrm.config import JobConfig, PlanConfig
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.serving.config import ExportConfig, PredictConfig
+from apps.dlrm.spec import SPEC
 from components import torchx_logs
 from components.cpu_launch import CpuLaunch
-from components.launch import Launch, plan_preview
+from components.launch import Launch, named_after, plan_preview
 from components.plan_check import PlanCheck, check_tables_fit
 from components.preflight import check_before_submitting, needing_here
 from components.signature import component_args, reject_unknown, take
@@ -32,8 +33,12 @@ from components.signature import component_args, reject_unknown, take
 # Before `torchx run` logs them: see components/torchx_logs.py for why here.
 torchx_logs.drop_notices()
 
+#: The launcher's arguments, the job named after the app (its folder: outputs/dlrm-<id>).
+DLRMLaunch = named_after(Launch, SPEC)
+DLRMCpuLaunch = named_after(CpuLaunch, SPEC)
 
-@component_args(Launch, PlanCheck, JobConfig)
+
+@component_args(DLRMLaunch, PlanCheck, JobConfig)
 def train(**kwargs: Any) -> specs.AppDef:
     """Trains, validates and tests a DLRM whose embedding tables are sharded across all ranks.
 
@@ -44,14 +49,14 @@ def train(**kwargs: Any) -> specs.AppDef:
     --output_dir, by default a new folder per run under outputs/ (named by the job's name and app
     id), where Slurm also writes the job's logs, and torchrun each attempt's logs and error files.
     """
-    reject_unknown(kwargs, Launch, PlanCheck, JobConfig)
-    launch = take(Launch, kwargs)
+    reject_unknown(kwargs, DLRMLaunch, PlanCheck, JobConfig)
+    launch = take(DLRMLaunch, kwargs)
     cfg = take(JobConfig, kwargs)
-    take(PlanCheck, kwargs).run(launch, cfg, "apps.dlrm.plan")
+    take(PlanCheck, kwargs).run(launch, cfg, SPEC)
     sizes = "--num_embeddings_per_feature" if cfg.model.num_embeddings_per_feature else "--num_embeddings"
     check_tables_fit(launch, cfg.model.table_sizes, cfg.model.embedding_dim, sizes)
     missing = check_before_submitting(launch, cfg)
-    return needing_here(launch.training_app("apps.dlrm.train", cfg), missing)
+    return needing_here(launch.training_app(SPEC, cfg), missing)
 
 
 @component_args(PlanTarget, PlanConfig)
@@ -67,10 +72,10 @@ def plan(**kwargs: Any) -> specs.AppDef:
     reject_unknown(kwargs, PlanTarget, PlanConfig)
     target = take(PlanTarget, kwargs)
     cfg = take(PlanConfig, kwargs)
-    return plan_preview("dlrm", target, cfg)
+    return plan_preview(SPEC, target, cfg)
 
 
-@component_args(CpuLaunch, PreprocessConfig)
+@component_args(DLRMCpuLaunch, PreprocessConfig)
 def preprocess(**kwargs: Any) -> specs.AppDef:
     """Converts Criteo TSV click logs (1TB or Kaggle) into the binary files --data criteo trains on.
 
@@ -79,13 +84,13 @@ def preprocess(**kwargs: Any) -> specs.AppDef:
     streaming, so memory does not grow with the file size. Bad lines are skipped or repaired
     and counted per kind in --output/report.json; a rerun skips the days that are complete.
     """
-    reject_unknown(kwargs, CpuLaunch, PreprocessConfig)
-    launch = take(CpuLaunch, kwargs)
+    reject_unknown(kwargs, DLRMCpuLaunch, PreprocessConfig)
+    launch = take(DLRMCpuLaunch, kwargs)
     cfg = take(PreprocessConfig, kwargs)
     return launch.python_app("apps.dlrm.preprocess", to_argv(cfg))
 
 
-@component_args(CpuLaunch, ExportConfig)
+@component_args(DLRMCpuLaunch, ExportConfig)
 def export(**kwargs: Any) -> specs.AppDef:
     """Turns a training run's checkpoint into an inference package for serving and batch scoring.
 
@@ -96,13 +101,13 @@ def export(**kwargs: Any) -> specs.AppDef:
     their transforms, the model's options, the run's validations, the source checkpoint),
     atomically and never over anything.
     """
-    reject_unknown(kwargs, CpuLaunch, ExportConfig)
-    launch = take(CpuLaunch, kwargs)
+    reject_unknown(kwargs, DLRMCpuLaunch, ExportConfig)
+    launch = take(DLRMCpuLaunch, kwargs)
     cfg = take(ExportConfig, kwargs)
     return launch.python_app("apps.dlrm.export", to_argv(cfg))
 
 
-@component_args(Launch, PredictConfig)
+@component_args(DLRMLaunch, PredictConfig)
 def predict(**kwargs: Any) -> specs.AppDef:
     """Scores Parquet files, a preprocessed Criteo folder or Criteo click logs with a package or a checkpoint.
 
@@ -112,7 +117,7 @@ def predict(**kwargs: Any) -> specs.AppDef:
     scored and skipped, and why). An --output that holds anything is refused, so a job restarted
     (--max_retries) after it began writing stops there: score into a new --output.
     """
-    reject_unknown(kwargs, Launch, PredictConfig)
-    launch = take(Launch, kwargs)
+    reject_unknown(kwargs, DLRMLaunch, PredictConfig)
+    launch = take(DLRMLaunch, kwargs)
     cfg = take(PredictConfig, kwargs)
     return launch.torchrun_app("apps.dlrm.predict", to_argv(cfg))

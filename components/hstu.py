@@ -11,16 +11,15 @@ own ``dist.torchrun``; the app's options are the component's arguments, so
 ``torchx run components.hstu:train --help`` is the app's manual too.
 """
 
-from dataclasses import dataclass
 from typing import Any
 
 from torchx import specs
 
 from apps.core.launch.target import PlanTarget
-from apps.core.options import option
 from apps.hstu.config import JobConfig, PlanConfig
+from apps.hstu.spec import SPEC
 from components import torchx_logs
-from components.launch import Launch, plan_preview
+from components.launch import Launch, named_after, plan_preview
 from components.plan_check import PlanCheck
 from components.preflight import check_devices
 from components.signature import component_args, reject_unknown, take
@@ -29,11 +28,8 @@ from components.signature import component_args, reject_unknown, take
 torchx_logs.drop_notices()
 
 
-@dataclass
-class HSTULaunch(Launch):
-    """The launcher's arguments, the job named after the app (its folder: outputs/hstu-<id>)."""
-
-    name: str = option("hstu", "Job name: {experiment}/{run}, {experiment}/ or {run}.")
+#: The launcher's arguments, the job named after the app (its folder: outputs/hstu-<id>).
+HSTULaunch = named_after(Launch, SPEC)
 
 
 @component_args(HSTULaunch, PlanCheck, JobConfig)
@@ -51,9 +47,9 @@ def train(**kwargs: Any) -> specs.AppDef:
     reject_unknown(kwargs, HSTULaunch, PlanCheck, JobConfig)
     launch = take(HSTULaunch, kwargs)
     cfg = take(JobConfig, kwargs)
-    take(PlanCheck, kwargs).run(launch, cfg, "apps.hstu.plan")
+    take(PlanCheck, kwargs).run(launch, cfg, SPEC)
     check_devices(launch, cfg)
-    return launch.training_app("apps.hstu.train", cfg)
+    return launch.training_app(SPEC, cfg)
 
 
 @component_args(PlanTarget, PlanConfig)
@@ -68,4 +64,4 @@ def plan(**kwargs: Any) -> specs.AppDef:
     reject_unknown(kwargs, PlanTarget, PlanConfig)
     target = take(PlanTarget, kwargs)
     cfg = take(PlanConfig, kwargs)
-    return plan_preview("hstu", target, cfg)
+    return plan_preview(SPEC, target, cfg)

@@ -1,14 +1,19 @@
-"""Where and how a role runs: the launcher arguments every DLRM component shares."""
+"""Where and how a role runs: the launcher arguments every app's components share.
+
+The job's name is the app's: each app's components declare :class:`Launch` with its name as the
+default (:func:`named_after`), so that its jobs, and their run folders, are named after it."""
 
 import dataclasses
 import os
 import re
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 from torchx import specs
 from torchx.components import dist, utils
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
+from apps.core.app_spec import AppSpec
 from apps.core.common.errors import ConfigError
 from apps.core.config import SharedSections
 from apps.core.launch.job_shape import JobShape
@@ -18,7 +23,8 @@ from apps.core.training.run_folder import TORCHRUN_LOGS, output_folder
 from schedulers.metadata import LOG_DIR
 from schedulers.node_request import DEFAULT_HOST_REQUEST
 
-#: The image built by the repository's Dockerfile (``docker build -t torchrec-dlrm .``).
+#: The image built by the repository's Dockerfile (``docker build -t torchrec-dlrm .``): the
+#: project's, which holds every app.
 DEFAULT_IMAGE = "torchrec-dlrm:latest"
 
 #: Environment every trainer gets; the user's ``env`` is merged over it.
@@ -64,9 +70,13 @@ MAX_NAME_LENGTH = 100
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+#: The help of --name, whose default each app gives (:func:`named_after`).
+NAME_HELP = "Job name: {experiment}/{run}, {experiment}/ or {run}."
+
+
 @dataclass
 class Launch:
-    name: str = option("dlrm", "Job name: {experiment}/{run}, {experiment}/ or {run}.")
+    name: str = dataclasses.field(metadata={"help": NAME_HELP, "choices": None})  # the app's: named_after
     image: str = option(
         DEFAULT_IMAGE,
         "Container image with this project installed (ignored by local_cwd, which runs in the current directory).",
@@ -193,10 +203,11 @@ class Launch:
             role.metadata[DEFAULT_HOST_REQUEST] = ",".join(self._default_host_request())  # clusters refuse it
         return app
 
-    def training_app(self, module: str, cfg: SharedSections) -> specs.AppDef:
-        """The job of a training app (``python -m module`` with ``cfg``'s options) under torchrun
-        on every node, its logs beside the run's results (any app's: the folder is shared)."""
-        app = self.torchrun_app(module, to_argv(cfg))
+    def training_app(self, spec: AppSpec, cfg: SharedSections) -> specs.AppDef:
+        """The job of an app's training (``python -m apps.<app>.train`` with ``cfg``'s options)
+        under torchrun on every node, its logs beside the run's results (any app's: the folder is
+        shared)."""
+        app = self.torchrun_app(spec.module("train"), to_argv(cfg))
         if cfg.evaluation.output_dir:
             # The folder the run will write to (the app names it alike: app.name is the job's name that
             # TorchX gives it), for the schedulers that write logs beside the job (-s slurm). torchrun's
@@ -216,6 +227,16 @@ class Launch:
         return [name for name in ("cpu", "memMB") if getattr(self, name) == defaults[name]]
 
 
+L = TypeVar("L")
+
+
+def named_after(launch: type[L], app: AppSpec) -> type[L]:
+    """``launch`` (:class:`Launch`, or a part of it) for ``app``'s components: the same arguments,
+    the job named after the app where the user names it not (its run folders: ``outputs/<app>-<id>``)."""
+    field = ("name", str, option(app.name, NAME_HELP))
+    return cast(type[L], dataclasses.make_dataclass(launch.__name__, [field], bases=(launch,)))
+
+
 def _through_our_torchrun(command: str, module: str) -> str:
     """TorchX's ``torchrun ...`` command line, run instead by the torchrun command of the app whose
     ``module`` it runs (``python -m apps.dlrm.torchrun`` for ``apps.dlrm.train``: apps/core/torchrun.py).
@@ -230,14 +251,14 @@ def _through_our_torchrun(command: str, module: str) -> str:
     return f"python -m {app}.torchrun " + command[len(head) :]
 
 
-def plan_preview(app: str, target: PlanTarget, cfg: Options) -> specs.AppDef:
+def plan_preview(app: AppSpec, target: PlanTarget, cfg: Options) -> specs.AppDef:
     """The job of an app's plan preview (``python -m apps.<app>.plan``): one process on any
     machine, no GPU, for the job shape ``target`` and the app's options ``cfg``."""
     return utils.python(
         *to_argv(target),
         *to_argv(cfg),
-        m=f"apps.{app}.plan",
+        m=app.module("plan"),
         image=DEFAULT_IMAGE,
-        name=f"{app}-plan",
+        name=f"{app.name}-plan",
         memMB=4096,  # torch, torchrec and the planner's search on a meta-device model
     )

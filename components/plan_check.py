@@ -1,16 +1,16 @@
 """``train --check_plan true``: preview the job's sharding plan and refuse to submit one that
 does not fit, with the preview of the app's ``plan`` component run in-process while TorchX builds
-the job (so ``--dryrun`` checks too). Any app's train component takes it: the preview is the
-app's ``check_plan_fits`` (``apps/<app>/plan.py``)."""
+the job (so ``--dryrun`` checks too). Any app's train component takes it: the preview is
+:func:`apps.core.training.plan.check_plan_fits` of the app."""
 
 import contextlib
-import importlib
 import logging
 from dataclasses import dataclass
 from typing import Iterator
 
 from torchx import specs
 
+from apps.core.app_spec import AppSpec
 from apps.core.common.errors import ConfigError
 from apps.core.config import SharedSections
 from apps.core.launch.target import PlanTarget, check_hbm_gb, known_hbm_gib
@@ -30,9 +30,9 @@ class PlanCheck:
         "do not fit in the ranks' memory.",
     )
 
-    def run(self, launch: Launch, cfg: SharedSections, plan_module: str) -> None:
-        """Raises InvalidComponentArgument, with the plan's verdict, if the plan of the app whose
-        preview ``plan_module`` holds (``apps.dlrm.plan``) does not fit.
+    def run(self, launch: Launch, cfg: SharedSections, app: AppSpec) -> None:
+        """Raises InvalidComponentArgument, with the plan's verdict, if the plan of ``app``'s job
+        does not fit.
 
         The preview plans with the job's own --hbm_gb (a JobConfig field, which the app also
         plans with), so it predicts the plan the job makes. Without --check_plan, an --hbm_gb that
@@ -47,7 +47,9 @@ class PlanCheck:
             )
             with _info_logs_off():
                 # Imported only when asked: planning loads torch and torchrec, building a job does not.
-                preview = importlib.import_module(plan_module).check_plan_fits(cfg, target)
+                from apps.core.training.plan import check_plan_fits
+
+                preview = check_plan_fits(app.training().app, cfg, target)
         except ConfigError as e:
             raise InvalidComponentArgument(str(e)) from None
         for line in [*preview.notes(), preview.verdict()]:

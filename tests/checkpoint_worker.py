@@ -4,11 +4,12 @@ Run under torchrun by tests/integration/test_checkpoint.py and tests/integration
     torchrun --nproc_per_node N tests/checkpoint_worker.py RUNS.json
 RUNS.json lists runs, done in order, each ``{"args": [APP ARGS...]}`` or
 ``{"args": [...], "resume": [CHECKPOINT_DIR...], "dump": OUT_PREFIX}``. A run without "resume"
-trains as the app does (apps.dlrm.train.train: it saves a checkpoint to its --checkpoint_dir). A
-run with it builds the app's model once and resumes it from each checkpoint dir i in turn; rank r
-writes OUT_PREFIX.{i}.rank{r}.pt: the step, the plan and every tensor of the model and optimizer
-state, as the pieces (offsets, values) the rank holds under its own sharding. One process for
-many runs: starting torchrun and importing TorchRec take most of a small run's time.
+trains as the app's command does (apps.core.training.command.train: it saves a checkpoint to its
+--checkpoint_dir). A run with it builds the app's model once and resumes it from each checkpoint
+dir i in turn; rank r writes OUT_PREFIX.{i}.rank{r}.pt: the step, the plan and every tensor of
+the model and optimizer state, as the pieces (offsets, values) the rank holds under its own
+sharding. One process for many runs: starting torchrun and importing TorchRec take most of a
+small run's time.
 """
 
 import json
@@ -19,8 +20,8 @@ import torch.distributed as dist
 
 from apps.core.checkpoint.checkpointer import Checkpointer, TrainState, open_checkpoints
 from apps.core.common.distributed import DistEnv, init_distributed
+from apps.core.training import command
 from apps.dlrm.config import parse_train_config
-from apps.dlrm.train import train
 from apps.dlrm.training.app import Trainer
 from tests.shards import local_pieces
 
@@ -57,7 +58,7 @@ def main() -> None:
         if "resume" in spec:
             resume_each(spec["args"], spec["resume"], spec["dump"], env)
         else:
-            train(parse_train_config(spec["args"]), env)
+            command.train(Trainer(parse_train_config(spec["args"]), env))
     dist.destroy_process_group()
 
 

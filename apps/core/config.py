@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Protocol, TypeVar
 
 from apps.core.common.errors import ConfigError
-from apps.core.options import field_default, option
+from apps.core.options import C, check_choices, field_default, option, parse_config
 
 SHARDING_TYPES = (
     "auto",
@@ -59,7 +59,7 @@ class TrainingConfig:
     gpu_batch_size: ClassVar[int | None] = 16384
 
     seed: int = option(
-        0, "Seed of the model initialisation, of the synthetic data and of the Criteo and Parquet shuffling."
+        0, "Seed of the model initialisation, of the synthetic data and of the shuffling of files' rows."
     )
     batch_size: int = option(
         512,
@@ -68,12 +68,12 @@ class TrainingConfig:
     )
     steps: int = option(
         0,
-        "Training steps (batches per rank), at most. 0: --epochs of finite data (Criteo, Parquet), "
+        "Training steps (batches per rank), at most. 0: --epochs of finite data (files), "
         f"{SYNTHETIC_STEPS} steps of synthetic data (which never repeats, so has no epochs).",
     )
     epochs: int = option(
         1,
-        "Passes over the training rows of finite data (Criteo, Parquet), as TorchRec's dlrm_main; "
+        "Passes over the training rows of finite data (files), as TorchRec's examples count them; "
         "--steps, when given, stops earlier. The log says at start how many steps an epoch is.",
     )
     learning_rate: float = option(0.05, "Learning rate of the embedding tables.")
@@ -90,9 +90,8 @@ class TrainingConfig:
     )
     lr_decay_steps: int = option(
         0,
-        "Steps of polynomial (power 2) decay of the learning rates, as in TorchRec's DLRM "
-        "example (MLPerf: --lr_warmup_steps 2750 --lr_decay_start 49315 --lr_decay_steps 27772); "
-        "0: no decay.",
+        "Steps of polynomial (power 2) decay of the learning rates, as in MLPerf's recommendation "
+        "benchmark (--lr_warmup_steps 2750 --lr_decay_start 49315 --lr_decay_steps 27772); 0: no decay.",
     )
     embedding_optimizer: str = option(
         "rowwise_adagrad",
@@ -172,8 +171,8 @@ class LaunchConfig:
     )
     step_graph: str = option(
         "auto",
-        "auto: on a GPU, where the lean step runs and the batches' shapes are fixed (synthetic, "
-        "Criteo, fixed multi-hot sizes), capture the whole training step (forward, backward with "
+        "auto: on a GPU, where the lean step runs and every batch has the same shapes (features "
+        "of fixed sizes), capture the whole training step (forward, backward with "
         "the fused table update, dense optimizer step) in one CUDA graph and replay it, captured "
         "again when the learning rate changes (eager while it changes every step); validation "
         "and test replay a forward-only graph. false: eager steps. Does nothing on CPUs; the log "
@@ -237,12 +236,12 @@ class EvaluationConfig:
     )
     val_batches: int = option(
         40,
-        "Validation batches per rank; 0: the whole split (of criteo, parquet; synthetic splits have no end, "
+        "Validation batches per rank; 0: the whole split (of files; synthetic splits have no end, "
         "so it is refused there).",
     )
     test_batches: int = option(
         40,
-        "Test batches per rank, run once after training; 0: the whole split (of criteo, parquet; synthetic "
+        "Test batches per rank, run once after training; 0: the whole split (of files; synthetic "
         "splits have no end, so it is refused there).",
     )
     early_stopping_patience: int = option(
@@ -361,6 +360,52 @@ class SharedSections(Protocol):
         optimizers' states): a checkpoint's manifest records them, and a run whose differ is
         refused its checkpoints."""
         ...
+
+
+class CheckedJob(SharedSections, Protocol):
+    """What :func:`check_job` asks of an app's ``JobConfig`` besides the shared sections."""
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether the run trains on synthetic data, which never ends: no epochs, no whole splits."""
+        ...
+
+    def check_own_sections(self) -> None:
+        """Refuses a bad value of the app's own sections (its model and data), in the order the
+        app's checks need (one may complete a section for the next)."""
+        ...
+
+    def check_with_shared(self) -> None:
+        """Refuses the app's options that do not go with the shared sections' (checked by then)."""
+        ...
+
+
+def check_job(cfg: CheckedJob) -> None:
+    """Every app's ``JobConfig`` checks itself in this order (its ``__post_init__``), so that a
+    configuration wrong in several ways is refused for the same one in every app: the choices,
+    the app's own sections, what the data's length allows (:func:`check_run_length`), the shared
+    sections one by one, the app's options against the shared ones, and last what evaluating a
+    checkpoint needs."""
+    check_choices(cfg)
+    cfg.check_own_sections()
+    check_run_length(cfg.training, cfg.evaluation, synthetic=cfg.synthetic)
+    for shared in (cfg.training, cfg.launch, cfg.evaluation, cfg.checkpoint):
+        shared.check()
+    cfg.check_with_shared()
+    check_evaluation_only(cfg.evaluation, cfg.checkpoint)
+
+
+def parse_train_command(cls: type[C], app: str, trains: str, argv: list[str] | None) -> C:
+    """``python -m apps.<app>.train``'s command line ``argv`` as a validated ``cls`` (the app's
+    ``JobConfig``); its help says that the command trains ``trains`` (``"a sharded DLRM"``).
+    A bad value exits 2, naming it."""
+    return parse_config(
+        cls,
+        argv,
+        prog=f"python -m apps.{app}.train",
+        description=f"Train, validate and test {trains} with TorchRec. Run it under torchrun (or "
+        f"`torchx run components.{app}:train`); alone it trains on one process.",
+    )
 
 
 def with_device_defaults(cfg: R, device_type: str) -> tuple[R, str]:

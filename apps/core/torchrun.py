@@ -28,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args
 
+from apps.core.app_spec import AppSpec
 from apps.core.common.distributed import REFUSALS_FOLDER, record_refusal
 from apps.core.common.errors import REFUSED, ConfigError
 from apps.core.launch.agent import (
@@ -44,8 +45,9 @@ from apps.core.training.run_folder import torchrun_log_dir
 logger = logging.getLogger(LAUNCHER_LOGGER)
 
 
-def main(prog: str, argv: list[str] | None = None) -> None:
-    """The command ``python -m prog``: its lines say ``prog`` (the app's launcher module)."""
+def main(app: AppSpec, argv: list[str] | None = None) -> None:
+    """The command ``python -m apps.<app>.torchrun``: its lines say that module's name."""
+    prog = app.module("torchrun")
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"%(asctime)s {prog}: %(message)s", "%H:%M:%S"))
     logger.addHandler(handler)
@@ -54,7 +56,7 @@ def main(prog: str, argv: list[str] | None = None) -> None:
     try:
         args, variables = multi_node_args(args, dict(os.environ))
         os.environ.update(variables)
-        _prepare_trainers(args)
+        _prepare_trainers(args, app.name)
     except ConfigError as e:
         _exit_refused(f"{prog}: {e}")
     report_restarts()
@@ -88,11 +90,12 @@ def _exit_refused(line: str) -> NoReturn:
     sys.exit(REFUSED)
 
 
-def _prepare_trainers(args: list[str]) -> None:
-    """Sets the trainers' OMP_NUM_THREADS, and names and checks the run's folder in torchrun's log
-    folder (PET_LOG_DIR, which the training component sets; a --log_dir flag would take
-    precedence) before torchrun writes into it: ConfigError for a folder the trainers would refuse."""
+def _prepare_trainers(args: list[str], app: str) -> None:
+    """Sets the trainers' OMP_NUM_THREADS, and names (after the job, else after the ``app``) and
+    checks the run's folder in torchrun's log folder (PET_LOG_DIR, which the training component
+    sets; a --log_dir flag would take precedence) before torchrun writes into it: ConfigError for
+    a folder the trainers would refuse."""
     parsed = parse_args(args)  # torchrun's own reading: its flags, else their PET_ variables
     os.environ.update(trainer_threads(parsed.nproc_per_node, dict(os.environ)))
     if "PET_LOG_DIR" in os.environ:
-        os.environ["PET_LOG_DIR"] = torchrun_log_dir(os.environ["PET_LOG_DIR"], os.environ, parsed.rdzv_id)
+        os.environ["PET_LOG_DIR"] = torchrun_log_dir(os.environ["PET_LOG_DIR"], os.environ, parsed.rdzv_id, app)

@@ -15,14 +15,17 @@ from apps.core.config import (
     EvaluationConfig,
     LaunchConfig,
     TrainingConfig,
-    check_evaluation_only,
-    check_run_length,
+    check_job,
+    parse_train_command,
     require_positive,
 )
-from apps.core.options import Options, check_choices, field_default, option, options_of, parse_config, section
+from apps.core.options import Options, field_default, option, options_of, section
 from apps.dlrm import presets
 from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, PRESET_CHOICES, PRESET_HELP, preset_table_sizes
 
+#: The app's name: its modules (apps.dlrm.*) and components (components.dlrm), and its jobs' and
+#: run folders' where the user gives none (apps/dlrm/spec.py).
+NAME = "dlrm"
 INTERACTIONS = ("dot", "dcn", "projection")
 DATASETS = ("synthetic", "criteo", "parquet")
 DENSE_TRANSFORMS = ("none", "log1p")
@@ -344,17 +347,21 @@ class JobConfig(Options):
     checkpoint: CheckpointConfig = section(CheckpointConfig)
 
     def __post_init__(self) -> None:
-        check_choices(self)
+        check_job(self)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.data.data == "synthetic"
+
+    def check_own_sections(self) -> None:
+        """The preset and the data first: the data decides the feature counts the model checks."""
         self._check_preset()
         self.data.check()
-        check_run_length(self.training, self.evaluation, synthetic=self.data.data == "synthetic")
         self._count_features()
         self.model.check()
-        self.training.check()
-        self.launch.check()
-        self.evaluation.check()
-        self.checkpoint.check()
-        check_evaluation_only(self.evaluation, self.checkpoint)
+
+    def check_with_shared(self) -> None:
+        pass  # the DLRM's sections need nothing of the shared ones
 
     def app_gpu_only_options(self) -> Iterator[str]:
         return iter(())  # the DLRM's GPU-only options are all shared ones
@@ -471,13 +478,7 @@ def _fmt(sizes: list[int]) -> str:
 
 
 def parse_train_config(argv: list[str] | None = None) -> JobConfig:
-    return parse_config(
-        JobConfig,
-        argv,
-        prog="python -m apps.dlrm.train",
-        description="Train, validate and test a sharded DLRM with TorchRec. Run it under "
-        "torchrun (or `torchx run components.dlrm:train`); alone it trains on one process.",
-    )
+    return parse_train_command(JobConfig, NAME, "a sharded DLRM", argv)
 
 
 def train_config(**options: Any) -> JobConfig:

@@ -1,13 +1,13 @@
 """Preview the sharding plan of a DLRM training job: ``python -m apps.dlrm.plan --help``.
 
-The shared preview (:mod:`apps.core.training.plan`) of the DLRM app, with the options of
-:class:`~apps.dlrm.config.PlanConfig`; ``components.dlrm:train --check_plan true`` runs
-:func:`check_plan_fits` before it launches.
+The shared preview (:mod:`apps.core.training.plan`) given the DLRM app (:data:`apps.dlrm.spec.SPEC`),
+with the options of :class:`~apps.dlrm.config.PlanConfig`; ``components.dlrm:train --check_plan
+true`` runs its :func:`~apps.core.training.plan.check_plan_fits` before it launches.
 """
 
-from apps.core.launch.target import PlanTarget
 from apps.core.training import plan
-from apps.dlrm.config import JobConfig, PlanConfig
+from apps.dlrm.config import JobConfig
+from apps.dlrm.spec import SPEC
 from apps.dlrm.training.app import DLRM
 
 
@@ -16,13 +16,8 @@ def preview(cfg: JobConfig, cluster: plan.Cluster) -> plan.Preview:
     return plan.preview(DLRM, cfg, cluster)
 
 
-def check_plan_fits(cfg: JobConfig, target: PlanTarget) -> plan.Preview:
-    """The preview of a DLRM job about to be launched; raises ConfigError if its plan does not fit."""
-    return plan.check_plan_fits(DLRM, cfg, target)
-
-
 def main(argv: list[str] | None = None) -> None:
-    plan.main(DLRM, PlanConfig, "dlrm", argv)
+    plan.main(SPEC, argv)
 
 
 if __name__ == "__main__":

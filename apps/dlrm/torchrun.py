@@ -2,6 +2,7 @@
 starts its trainers (:mod:`apps.core.torchrun`); its lines name this command."""
 
 from apps.core import torchrun
+from apps.dlrm.spec import SPEC
 
 if __name__ == "__main__":
-    torchrun.main("apps.dlrm.torchrun")
+    torchrun.main(SPEC)

@@ -16,12 +16,15 @@ from apps.core.config import (
     EvaluationConfig,
     LaunchConfig,
     TrainingConfig,
-    check_evaluation_only,
-    check_run_length,
+    check_job,
+    parse_train_command,
     require_positive,
 )
-from apps.core.options import Options, check_choices, option, options_of, parse_config, section
+from apps.core.options import Options, option, options_of, section
 
+#: The app's name: its modules (apps.hstu.*) and components (components.hstu), and its jobs' and
+#: run folders' where the user gives none (apps/hstu/spec.py).
+NAME = "hstu"
 OBJECTIVES = ("retrieval", "ranking")
 ATTENTION_KERNELS = ("pytorch", "fused")
 FUSED_NEEDS_CUDA = (
@@ -244,18 +247,20 @@ class JobConfig(Options):
     checkpoint: CheckpointConfig = section(CheckpointConfig)
 
     def __post_init__(self) -> None:
-        check_choices(self)
+        check_job(self)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.data.data == "synthetic"
+
+    def check_own_sections(self) -> None:
         self.model.check()
         self.data.check()
         self.data.check_with(self.model)
-        self.training.check()
-        self.launch.check()
-        check_run_length(self.training, self.evaluation, synthetic=self.data.data == "synthetic")
-        self.evaluation.check()
-        self.checkpoint.check()
+
+    def check_with_shared(self) -> None:
         self._check_metric()
         self._check_sharding()
-        check_evaluation_only(self.evaluation, self.checkpoint)
 
     @classmethod
     def preset_defaults(cls, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -294,13 +299,7 @@ class JobConfig(Options):
 
 
 def parse_train_config(argv: list[str] | None = None) -> JobConfig:
-    return parse_config(
-        JobConfig,
-        argv,
-        prog="python -m apps.hstu.train",
-        description="Train, validate and test a sharded HSTU generative recommender with TorchRec. Run it "
-        "under torchrun (or `torchx run components.hstu:train`); alone it trains on one process.",
-    )
+    return parse_train_command(JobConfig, NAME, "a sharded HSTU generative recommender", argv)
 
 
 def train_config(**options: Any) -> JobConfig:

@@ -1,23 +1,16 @@
 """Preview the sharding plan of an HSTU training job: ``python -m apps.hstu.plan --help``.
 
-The shared preview (:mod:`apps.core.training.plan`) of the HSTU app, with the options of
-:class:`~apps.hstu.config.PlanConfig`; ``components.hstu:train --check_plan true`` runs
-:func:`check_plan_fits` before it launches.
+The shared preview (:mod:`apps.core.training.plan`) given the HSTU app (:data:`apps.hstu.spec.SPEC`),
+with the options of :class:`~apps.hstu.config.PlanConfig`; ``components.hstu:train --check_plan
+true`` runs its :func:`~apps.core.training.plan.check_plan_fits` before it launches.
 """
 
-from apps.core.launch.target import PlanTarget
 from apps.core.training import plan
-from apps.hstu.config import JobConfig, PlanConfig
-from apps.hstu.training.app import HSTU
-
-
-def check_plan_fits(cfg: JobConfig, target: PlanTarget) -> plan.Preview:
-    """The preview of an HSTU job about to be launched; raises ConfigError if its plan does not fit."""
-    return plan.check_plan_fits(HSTU, cfg, target)
+from apps.hstu.spec import SPEC
 
 
 def main(argv: list[str] | None = None) -> None:
-    plan.main(HSTU, PlanConfig, "hstu", argv)
+    plan.main(SPEC, argv)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ import pytest
 
 from apps.core.common.errors import ConfigError
 from apps.core.options import options_of, to_argv
+from apps.dlrm import config as dlrm_config
 from apps.dlrm.config import JobConfig, parse_train_config, train_config
+from apps.hstu import config as hstu_config
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"
@@ -153,3 +155,18 @@ def test_dense_transform_is_refused_where_the_data_has_its_own(data):
     options = dict(data=data, data_path="/data/criteo" if data == "criteo" else "", dense_transform="log1p")
     with pytest.raises(ConfigError, match="--dense_transform log1p is read only with --data parquet: --data criteo"):
         train_config(**options)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("app", [dlrm_config, hstu_config], ids=["dlrm", "hstu"])
+def test_every_app_checks_its_config_in_the_order_core_keeps(app):
+    """A value wrong in two ways is refused for the same one in every app (apps.core.config.
+    check_job): the data's length before the shared sections (--epochs 0 of synthetic data is
+    refused for having no epochs, not for being 0), each app's own sections and its cross checks
+    in their places, evaluating a checkpoint's needs last."""
+    with pytest.raises(ConfigError, match="^--epochs 0: synthetic data never repeats"):
+        app.train_config(epochs=0)
+    with pytest.raises(ConfigError, match="^--keep_last 0 must be positive"):
+        app.train_config(keep_last=0, evaluate_checkpoint="best")
+    with pytest.raises(ConfigError, match="^--learning_rate -1.0 must be positive"):
+        app.train_config(learning_rate=-1.0, evaluate_checkpoint="best")

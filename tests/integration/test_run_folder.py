@@ -51,8 +51,8 @@ def entries(folder) -> list[str]:
 @pytest.mark.unit
 def test_runs_started_in_the_same_second_get_folders_of_their_own_and_latest_the_newest(tmp_path):
     out = str(tmp_path / "outputs" / "{run}")
-    first = make_run_folder(out, "run-a", False, {}, NOON)
-    second = make_run_folder(out, "run-b", False, {}, NOON)
+    first = make_run_folder(out, "run-a", False, {}, NOON, "dlrm")
+    second = make_run_folder(out, "run-b", False, {}, NOON, "dlrm")
     assert first == str(tmp_path / "outputs" / "dlrm-20250601-120000")
     assert second == first + "-2"
     assert not os.path.lexists(tmp_path / "outputs" / "latest")  # not before a run trains or evaluates
@@ -76,7 +76,7 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own_and_latest_the
     ],
 )
 def test_a_run_is_named_by_its_torchx_app_id_else_by_its_start(tmp_path, environ, name):
-    folder = make_run_folder(str(tmp_path / "{run}"), "r", False, environ, NOON)
+    folder = make_run_folder(str(tmp_path / "{run}"), "r", False, environ, NOON, "dlrm")
     assert folder == str(tmp_path / name)
     assert os.path.dirname(folder) == str(tmp_path)
 
@@ -84,20 +84,20 @@ def test_a_run_is_named_by_its_torchx_app_id_else_by_its_start(tmp_path, environ
 @pytest.mark.unit
 def test_a_restarted_job_goes_on_in_its_folder_and_a_new_job_never_does(tmp_path):
     out = str(tmp_path / "{run}")
-    folder = make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD, NOON)
+    folder = make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD, NOON, "dlrm")
     (tmp_path / "dlrm-k3x9f2" / "summary.json").write_text("{}")  # it ended, then a trainer failed
-    assert make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD | RESTARTED, NOON) == folder
+    assert make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD | RESTARTED, NOON, "dlrm") == folder
     # The same id, not a restart nor a resume (a rerun of a bare torchrun --rdzv_id, a reused Slurm job id)
     with pytest.raises(ConfigError, match="holds the summary.json of run dlrm-k3x9f2, which ended"):
-        make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD, NOON)
+        make_run_folder(out, "dlrm-k3x9f2", False, LOCAL_CWD, NOON, "dlrm")
 
 
 @pytest.mark.unit
 def test_a_run_resuming_from_its_checkpoint_may_write_into_its_own_folder(tmp_path):
     out = str(tmp_path / "results")
-    make_run_folder(out, "run-a", False, {}, NOON)
+    make_run_folder(out, "run-a", False, {}, NOON, "dlrm")
     (tmp_path / "results" / "summary.json").write_text("{}")
-    assert make_run_folder(out, "run-a", True, {}, NOON) == out
+    assert make_run_folder(out, "run-a", True, {}, NOON, "dlrm") == out
 
 
 @pytest.mark.unit
@@ -120,7 +120,7 @@ def test_a_folder_of_another_run_is_refused_and_left_as_it_was(tmp_path, owner, 
     before = files(tmp_path)
     for resuming in (False, True):
         with pytest.raises(ConfigError) as refused:
-            make_run_folder(str(folder), "run-b", resuming, RESTARTED, NOON)
+            make_run_folder(str(folder), "run-b", resuming, RESTARTED, NOON, "dlrm")
         assert str(refused.value).startswith(message.format(folder=folder))
         assert "--output_dir" in str(refused.value).split(": ", 1)[1] and "\n" not in str(refused.value)  # the fix
     assert files(tmp_path) == before
@@ -136,14 +136,14 @@ def test_a_given_folder_new_or_empty_is_taken_and_a_latest_that_is_no_link_is_th
     (tmp_path / "launched" / "slurm-42-train-0.err").write_text("")
     for name in ("new", "empty", "launched"):
         folder = str(tmp_path / name)
-        assert make_run_folder(folder, "run-a", False, {"SLURM_JOB_ID": "42"}, NOON) == folder
+        assert make_run_folder(folder, "run-a", False, {"SLURM_JOB_ID": "42"}, NOON, "dlrm") == folder
         assert (tmp_path / name / "RUN").read_text() == "run-a\n"
     assert not (tmp_path / "latest").exists()
     # Something of the user's named latest is never replaced by the link.
     (tmp_path / "outputs").mkdir()
     (tmp_path / "outputs" / "latest").write_text("mine")
     out = str(tmp_path / "outputs" / "{run}")
-    point_latest_at(out, make_run_folder(out, "run-b", False, {}, NOON))
+    point_latest_at(out, make_run_folder(out, "run-b", False, {}, NOON, "dlrm"))
     assert (tmp_path / "outputs" / "latest").read_text() == "mine"
 
 
@@ -167,8 +167,10 @@ def test_a_folder_of_the_users_files_is_refused_in_one_line_and_left_as_it_was(t
         f"--output_dir {folder} is not a run's folder (it has no RUN file) and holds files ({shown}) that no run wrote"
     )
     for refuse in (
-        lambda: make_run_folder(str(folder), "run-a", False, {"SLURM_JOB_ID": "42"}, NOON),
-        lambda: torchrun_log_dir(str(folder / TORCHRUN_LOGS), LOCAL_CWD | {"SLURM_JOB_ID": "42"}, "dlrm-k3x9f2"),
+        lambda: make_run_folder(str(folder), "run-a", False, {"SLURM_JOB_ID": "42"}, NOON, "dlrm"),
+        lambda: torchrun_log_dir(
+            str(folder / TORCHRUN_LOGS), LOCAL_CWD | {"SLURM_JOB_ID": "42"}, "dlrm-k3x9f2", "dlrm"
+        ),
     ):
         with pytest.raises(ConfigError) as refused:
             refuse()
@@ -184,8 +186,8 @@ def test_an_unwritable_output_dir_is_refused_in_one_line_by_the_launcher_and_the
     refuses this job's: before, torchrun's or the trainer's traceback."""
     for output_dir in ("/sys/h36-no-such-run", "/sys/h36-no-such-runs/{run}"):
         for refuse, args in (
-            (torchrun_log_dir, (os.path.join(output_dir, TORCHRUN_LOGS), LOCAL_CWD, "dlrm-k3x9f2")),
-            (make_run_folder, (output_dir, "run-a", False, LOCAL_CWD, NOON)),
+            (torchrun_log_dir, (os.path.join(output_dir, TORCHRUN_LOGS), LOCAL_CWD, "dlrm-k3x9f2", "dlrm")),
+            (make_run_folder, (output_dir, "run-a", False, LOCAL_CWD, NOON, "dlrm")),
         ):
             with pytest.raises(ConfigError) as refused:
                 refuse(*args)
@@ -203,9 +205,11 @@ def test_torchrun_never_logs_into_a_folder_of_another_run(tmp_path):
     folder.mkdir()
     (folder / "RUN").write_text("run-a\n")
     logs = str(folder / TORCHRUN_LOGS)
-    assert torchrun_log_dir(logs, LOCAL_CWD, "dlrm-k3x9f2") == ""
-    assert torchrun_log_dir(logs, LOCAL_CWD, "run-a") == logs  # this job's first attempt claimed it
-    assert torchrun_log_dir(str(tmp_path / "new" / TORCHRUN_LOGS), LOCAL_CWD, "dlrm-k3x9f2").startswith(str(tmp_path))
+    assert torchrun_log_dir(logs, LOCAL_CWD, "dlrm-k3x9f2", "dlrm") == ""
+    assert torchrun_log_dir(logs, LOCAL_CWD, "run-a", "dlrm") == logs  # this job's first attempt claimed it
+    assert torchrun_log_dir(str(tmp_path / "new" / TORCHRUN_LOGS), LOCAL_CWD, "dlrm-k3x9f2", "dlrm").startswith(
+        str(tmp_path)
+    )
     assert os.listdir(folder) == ["RUN"]
     assert os.listdir(tmp_path / "new") == []  # made (torchrun writes there next), nothing in it
 
@@ -223,7 +227,7 @@ def test_the_component_and_the_app_name_a_slurm_jobs_folder_alike(tmp_path):
     (role,) = materialize_appdef(dlrm.train, ["--name", "ctr/dlrm1"]).roles
     assert role.metadata["slurm/log_dir"] == "outputs/dlrm1-${app_id}"
     seen_by_the_app = dict(role.env, TORCHX_JOB_ID="slurm://torchx/42", TORCHELASTIC_RUN_ID="42")
-    folder = make_run_folder(str(tmp_path / "outputs" / "{run}"), "42", False, seen_by_the_app, NOON)
+    folder = make_run_folder(str(tmp_path / "outputs" / "{run}"), "42", False, seen_by_the_app, NOON, "dlrm")
     assert folder == str(tmp_path / role.metadata["slurm/log_dir"].replace("${app_id}", "42"))
     assert output_folder("", "dlrm", "42") == ""  # --output_dir "": no folder, and no log folder
     assert "slurm/log_dir" not in materialize_appdef(dlrm.train, ["--output_dir", ""]).roles[0].metadata
@@ -240,10 +244,14 @@ def test_torchruns_logs_go_into_the_run_folder_the_trainers_write(tmp_path, sche
     its {run} by the job's rendezvous id, as the trainers name their folder."""
     (role,) = materialize_appdef(dlrm.train, ["--output_dir", str(tmp_path / "{run}")]).roles
     seen = dict(role.env, **scheduler_env)
-    log_dir = torchrun_log_dir(seen["PET_LOG_DIR"], seen, rdzv_id=scheduler_env["TORCHELASTIC_RUN_ID"])
-    assert log_dir == os.path.join(make_run_folder(str(tmp_path / "{run}"), "r", False, seen, NOON), TORCHRUN_LOGS)
-    assert torchrun_log_dir(seen["PET_LOG_DIR"], {}, rdzv_id="demo") == ""  # no TorchX job: torchrun's own folder
-    assert torchrun_log_dir("/given/logs", seen, rdzv_id="42") == "/given/logs"
+    log_dir = torchrun_log_dir(seen["PET_LOG_DIR"], seen, rdzv_id=scheduler_env["TORCHELASTIC_RUN_ID"], app="dlrm")
+    assert log_dir == os.path.join(
+        make_run_folder(str(tmp_path / "{run}"), "r", False, seen, NOON, "dlrm"), TORCHRUN_LOGS
+    )
+    assert (
+        torchrun_log_dir(seen["PET_LOG_DIR"], {}, rdzv_id="demo", app="dlrm") == ""
+    )  # no TorchX job: torchrun's own folder
+    assert torchrun_log_dir("/given/logs", seen, rdzv_id="42", app="dlrm") == "/given/logs"
     (role,) = materialize_appdef(dlrm.train, ["--env", "PET_LOG_DIR=/mine"]).roles
     assert role.env["PET_LOG_DIR"] == "/mine"
 
@@ -359,11 +367,11 @@ def test_checkpoints_inside_the_runs_folder_are_the_runs_own(tmp_path):
 def test_a_checkpoint_folder_inside_counts_as_the_runs_only_when_it_is_its_checkpoint_dir(tmp_path):
     folder = tmp_path / "exp"
     (folder / "ckpt").mkdir(parents=True)
-    assert make_run_folder(str(folder), "run-a", False, {}, NOON, str(folder / "ckpt")) == str(folder)
+    assert make_run_folder(str(folder), "run-a", False, {}, NOON, "dlrm", str(folder / "ckpt")) == str(folder)
     other = tmp_path / "other"
     (other / "ckpt").mkdir(parents=True)
     with pytest.raises(ConfigError, match=r"holds files \(ckpt\) that no run wrote"):
-        make_run_folder(str(other), "run-b", False, {}, NOON, str(tmp_path / "elsewhere"))
+        make_run_folder(str(other), "run-b", False, {}, NOON, "dlrm", str(tmp_path / "elsewhere"))
 
 
 def test_runs_without_results_leave_latest_and_the_finished_runs_folder_as_they_were(tmp_path):
@@ -395,3 +403,15 @@ def test_runs_without_results_leave_latest_and_the_finished_runs_folder_as_they_
     assert os.readlink(outputs / "latest") == name
     assert json.loads((outputs / "latest" / "summary.json").read_text())["steps"] == 5
     assert files(outputs / name) == finished and entries(outputs / name) == finished_entries
+
+
+def test_a_run_that_torchx_did_not_name_is_named_after_its_app(tmp_path):
+    """``python -m apps.hstu.train`` alone (no TorchX, so no job name): its folder under outputs/
+    is the HSTU's, ``hstu-<start>``, not another app's."""
+    result = run(
+        [sys.executable, "-m", "apps.hstu.train", "--steps", "2", "--val_batches", "1", "--test_batches", "1"],
+        cwd=str(tmp_path),
+    )
+    assert_ok(result)
+    (folder,) = [name for name in os.listdir(tmp_path / "outputs") if name != "latest"]
+    assert folder.startswith("hstu-") and json.loads((tmp_path / "outputs" / folder / "summary.json").read_text())

@@ -6,8 +6,9 @@ it:
 - the app imports neither the benchmarks nor the tests nor what they share (testing/), and the
   benchmarks never import the tests (what both need lives in testing/);
 - apps/core/ holds what every app shares (common/, launch/, checkpoint/, training/, the shared
-  config sections, options, URLs) and imports no app; apps/dlrm/ and apps/hstu/ are apps on top
-  of it, and neither imports the other;
+  config sections, options, URLs) and imports no app, nor names one in its code (its docstrings
+  and comments may): an app hands core its name with the rest of what is its own (its AppSpec);
+  apps/dlrm/ and apps/hstu/ are apps on top of it, and neither imports the other;
 - the rooms: common/ imports nothing else from the apps; data/ imports neither launch/ nor the
   checkpoints; training/ (core's and each app's) builds on data/ and checkpoint/; launch/ does not import data/; serving/ (export and prediction)
   builds on the model, the data and the checkpoints, not on training, and only the commands
@@ -16,6 +17,7 @@ it:
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -101,6 +103,72 @@ def test_core_imports_no_app(path):
         "model signature, its tables' TableModule, a TrainingApp) instead of core importing the app"
     )
     assert_imports_none(path, *APPS, fix=fix)
+
+
+#: What names an app (case-insensitive): the apps' names and the DLRM's own data set.
+APP_NAMES = re.compile(r"dlrm|hstu|criteo", re.IGNORECASE)
+
+
+def app_names_in(source: str) -> list[str]:
+    """Each identifier and string of the Python ``source`` that names an app (:data:`APP_NAMES`),
+    as ``line: text``. Docstrings (and any string standing alone as a statement) and comments
+    are prose, not code, and may."""
+    tree = ast.parse(source)
+    prose = {
+        id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            texts = [node.value]
+        elif isinstance(node, ast.alias):
+            texts = [node.name, node.asname or ""]
+        else:
+            texts = [
+                getattr(node, field) or "" for field in ("id", "attr", "name", "arg", "module") if hasattr(node, field)
+            ]
+        found += [f"{node.lineno}: {text!r}" for text in texts if isinstance(text, str) and APP_NAMES.search(text)]
+    return found
+
+
+@pytest.mark.parametrize("path", sources(CORE), ids=name)
+def test_core_names_no_app(path):
+    found = app_names_in(path.read_text())
+    assert not found, (
+        f"{name(path)} names an app in its code ({', '.join(found)}): apps/core/ is what every app shares; "
+        "take the name from the app (its AppSpec, its TrainingApp), or say it in a docstring or comment"
+    )
+
+
+@pytest.mark.parametrize(
+    "planted, found",
+    [
+        ('logger = logging.getLogger("apps.dlrm")', "apps.dlrm"),  # a string
+        ('prog = f"python -m apps.HSTU.{command}"', "python -m apps.HSTU."),  # an f-string's text, any case
+        ("def criteo_rows(path): ...", "criteo_rows"),  # a function's name
+        ("rows = data.criteo", "criteo"),  # an attribute
+        ("from apps.core.app_spec import AppSpec as DlrmSpec", "DlrmSpec"),  # an import's name
+        ("run(app=hstu)", "hstu"),  # a name
+    ],
+)
+def test_the_check_finds_an_app_named_in_core_code(planted, found):
+    """The rule holds only if its check fails on a violation: one planted in a source of core's."""
+    assert app_names_in(planted) == [f"1: {found!r}"]
+    source = (CORE / "config.py").read_text()
+    assert app_names_in(source) == [] and app_names_in(source + "\n" + planted) != []
+
+
+def test_the_check_leaves_prose_alone():
+    prose = """\"\"\"The DLRM's run.\"\"\"
+
+
+class Folder:
+    \"\"\"Criteo's days.\"\"\"
+
+    rows = 1  # as the HSTU counts them
+    \"\"\"hstu: an attribute's docstring.\"\"\"
+"""
+    assert app_names_in(prose) == []
 
 
 @pytest.mark.parametrize("path", sources(REPO / "apps" / "hstu"), ids=name)

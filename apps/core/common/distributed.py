@@ -124,7 +124,7 @@ def exit_refused(error: Exception, env: DistEnv) -> NoReturn:
         with open(refusal_file(folder, os.getpid()), "w") as f:
             f.write(str(error))
     elif env.is_main:
-        logging.getLogger("apps.dlrm").error("%s", error)
+        logger.error("%s", error)
     else:
         time.sleep(MAIN_RANK_GRACE_SECONDS)
     sys.exit(REFUSED)

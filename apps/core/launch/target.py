@@ -69,7 +69,7 @@ class PlanTarget:
 
     j: str = option(
         "1x2",
-        "Job size of the training job, as for components.dlrm:train: NNODESxNPROC_PER_NODE "
+        "Job size of the training job, as for the app's train component: NNODESxNPROC_PER_NODE "
         "(e.g. 2x8), MIN:MAXxNPROC_PER_NODE (planned for MIN nodes, where each rank holds the "
         "most), or NPROC for one node (with -h: a node count, one process per GPU).",
     )

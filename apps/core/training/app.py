@@ -63,6 +63,9 @@ class EvalMetrics(Protocol):
 class TrainingApp(Protocol[C]):
     """An app, as the shared Trainer and plan code see it."""
 
+    #: The app's name (:attr:`apps.core.app_spec.AppSpec.name`): its runs' folders are named after
+    #: it where TorchX did not name the job.
+    name: str
     #: Where the model's TorchRec table collection is (what plans and checkpoints key on).
     tables: TableModule
     #: Validation metrics drawn in curves.png beside the training loss: (metric, title) each.

@@ -1,6 +1,7 @@
-"""Every app's training command (``python -m apps.<app>.train``): parse the configuration, join the
-process group, and let the app's :class:`~apps.core.training.trainer.Trainer` run the training; a
-configuration error is one line, exit 2. Any other error is a traceback, unless torchrun restarts
+"""Every app's training command (``python -m apps.<app>.train``: :func:`main`, given the app's
+:class:`~apps.core.app_spec.AppSpec`): parse the configuration, join the process group, and let
+the app's :class:`~apps.core.training.trainer.Trainer` run the training; a configuration error is
+one line, exit 2. Any other error is a traceback, unless torchrun restarts
 the trainers after it: then the traceback goes to the rank's error file only, and torchrun's agent
 says in one line which rank failed and how (apps/core/launch/agent.py).
 """
@@ -8,12 +9,14 @@ says in one line which rank failed and how (apps/core/launch/agent.py).
 import sys
 from typing import Any, Callable
 
-from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
+from apps.core.app_spec import AppSpec
 from apps.core.checkpoint.lease import release_held
 from apps.core.checkpoint.storage import SaveFailed
 from apps.core.common.distributed import DistEnv, exit_refused, init_distributed, leave_process_group, restarts_left
 from apps.core.common.errors import ConfigError
+from apps.core.common.startup import imports_uncollected
 from apps.core.config import SharedSections
 from apps.core.training.report import setup_logging
 from apps.core.training.trainer import Trainer
@@ -34,10 +37,18 @@ def train(trainer: Trainer) -> dict[str, Any]:
         trainer.close()  # the last save, still being written, commits before the job ends
 
 
+@record  # a failing rank's traceback goes to torchrun's error file, which TorchX reports
+def main(app: AppSpec, argv: list[str] | None = None) -> None:
+    """The command ``python -m apps.<app>.train``: ``argv`` (else the process's) parsed by the
+    app, then the run of its Trainer in this process's group."""
+    cfg = app.parse_train_config(argv)
+    with imports_uncollected():  # the app's model and data modules, as its command imports the rest
+        make_trainer = app.training().trainer
+    run(cfg, make_trainer)
+
+
 def run(cfg: SharedSections, make_trainer: MakeTrainer) -> None:
-    """The command, once its configuration is parsed: the run in this process's group. Wrap the
-    app's ``main`` in torchrun's ``@record``, so that a failing rank's traceback goes to torchrun's
-    error file, which TorchX reports."""
+    """The command, once its configuration is parsed: the run in this process's group."""
     env = init_distributed()
     setup_logging(env.rank)
     try:

@@ -35,10 +35,11 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ShardingPlan
 
+from apps.core.app_spec import AppSpec
 from apps.core.common.errors import ConfigError
-from apps.core.config import check_int8_comms, with_device_defaults
+from apps.core.config import SharedSections, check_int8_comms, with_device_defaults
 from apps.core.launch.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
-from apps.core.options import Options, add_options, build_parser, options_of
+from apps.core.options import add_options, build_parser, options_of
 from apps.core.training.app import C, TrainingApp
 from apps.core.training.device_support import check_device_support
 from apps.core.training.sharding import (
@@ -327,21 +328,21 @@ def _columns(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
-def main(app: TrainingApp[C], config: type[Options], name: str, argv: list[str] | None = None) -> None:
-    """The command ``python -m apps.<name>.plan``: the preview of ``app``'s job whose options
-    ``config`` (the app's PlanConfig) offers."""
+def main(app: AppSpec, argv: list[str] | None = None) -> None:
+    """The command ``python -m apps.<app>.plan``: the preview of the app's job whose options its
+    PlanConfig offers."""
     parser = build_parser(
         PlanTarget,
-        prog=f"python -m apps.{name}.plan",
+        prog=f"python -m {app.module('plan')}",
         description="Preview TorchRec's sharding plan and each rank's memory for a training job "
-        f"(the same -j/-h and model options as components.{name}:train), on any machine, and say "
+        f"(the same -j/-h and model options as components.{app.name}:train), on any machine, and say "
         f"whether it fits. Exits {DOES_NOT_FIT} if it does not (2: a bad option). Options of the "
         "training job that the plan does not depend on are not taken.",
     )
     parser.epilog = (
         "--hbm_gb 0 plans with the HBM of the GPU of the -h instance type, known for: " + ", ".join(GPU_HBM_GIB) + "."
     )
-    add_options(parser, config)
+    add_options(parser, app.plan_config)
     parsed, unknown = parser.parse_known_args(argv)
     args = vars(parsed)
     try:
@@ -352,10 +353,10 @@ def main(app: TrainingApp[C], config: type[Options], name: str, argv: list[str] 
             )
         target_names = {field.name for field in options_of(PlanTarget)}
         target_args = {name: args.pop(name) for name in target_names & set(args)}
-        cfg = cast(C, config.from_options(args))  # the app's PlanConfig: a config of the app
+        cfg = cast(SharedSections, app.plan_config.from_options(args))  # the app's PlanConfig: a JobConfig
         # The job's --hbm_gb, which its training app plans with too (apps/core/training/sharding.py).
         target = PlanTarget(**target_args, hbm_gb=cfg.launch.hbm_gb)
-        result = preview(app, cfg, target.cluster)
+        result = preview(app.training().app, cfg, target.cluster)
     except ConfigError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)  # a value's fault: no usage dump
         sys.exit(2)

@@ -3,7 +3,8 @@
 Where ``--output_dir``'s last folder is ``{run}`` (the default: ``outputs/{run}``), each run gets
 a folder of its own, named by :func:`run_folder_name`: the TorchX app id (``dlrm-k3x9f2`` on
 ``local_cwd``; ``dlrm-1234`` on Slurm, whose app ids are job numbers), the same for every
-attempt of the job, else the job's name and start time. ``latest`` beside it links to the
+attempt of the job, else the job's name and start time. A job that TorchX did not name (``python
+-m apps.hstu.train``, a bare torchrun) is named after its app (``hstu-20250601-120000``). ``latest`` beside it links to the
 newest run that trains or evaluates, from the moment it starts to (:func:`point_latest_at`): a run
 that fails at start-up, or has nothing left to do, leaves it at the last run with results. Any
 folder, made here or given, records the run that writes it in ``RUN`` (the run id of
@@ -42,8 +43,6 @@ RUN_FILE = "RUN"
 TORCHRUN_LOGS = "torchrun"
 #: The link beside the runs' folders that points at the newest.
 LATEST = "latest"
-#: The job's name where TorchX gave none (``python -m apps.dlrm.train``, a bare torchrun).
-DEFAULT_JOB_NAME = "dlrm"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -71,9 +70,12 @@ def is_restart(environ: Mapping[str, str]) -> bool:
     return any(int(environ.get(name) or 0) > 0 for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
 
 
-def open_output_dir(output_dir: str, run_id: str, resuming: bool, env: "DistEnv", checkpoint_dir: str = "") -> str:
-    """Collective. The folder this run writes its results to ('' for none), made this run's by
-    rank 0 (:func:`claim`), or the ConfigError that refuses it, on every rank. ``checkpoint_dir``:
+def open_output_dir(
+    output_dir: str, run_id: str, resuming: bool, env: "DistEnv", app: str, checkpoint_dir: str = ""
+) -> str:
+    """Collective. The folder this run of the app named ``app`` writes its results to ('' for
+    none), made this run's by rank 0 (:func:`claim`), or the ConfigError that refuses it, on every
+    rank. ``checkpoint_dir``:
     the run's --checkpoint_dir, which may lie inside that folder (``--output_dir D
     --checkpoint_dir D/ckpt``, torchtitan's layout) and is made before it is claimed."""
     # Imported here, in the job: torch takes seconds to import, which every `torchx run` of the
@@ -83,7 +85,7 @@ def open_output_dir(output_dir: str, run_id: str, resuming: bool, env: "DistEnv"
     if not output_dir:
         return ""
     return decided_by_main(
-        lambda: make_run_folder(output_dir, run_id, resuming, os.environ, datetime.datetime.now(), checkpoint_dir),
+        lambda: make_run_folder(output_dir, run_id, resuming, os.environ, datetime.datetime.now(), app, checkpoint_dir),
         env,
     )
 
@@ -94,10 +96,12 @@ def make_run_folder(
     resuming: bool,
     environ: Mapping[str, str],
     now: datetime.datetime,
+    app: str,
     checkpoint_dir: str = "",
 ) -> str:
     """Rank 0: the folder ``output_dir`` names, made and claimed for ``run_id``; with ``{run}``, a
-    folder of this run's own (the app id's, else a new one). ``latest`` moves later, once the run
+    folder of this run's own (the app id's, else a new one named after the job, which is named
+    after the app ``app`` where TorchX did not name it). ``latest`` moves later, once the run
     trains or evaluates (:func:`point_latest_at`). A ``checkpoint_dir`` inside the folder is the
     run's own, not a file of the user's."""
     resuming = resuming or is_restart(environ)
@@ -109,8 +113,8 @@ def make_run_folder(
     with writing(head or "."):
         os.makedirs(head or ".", exist_ok=True)
         # Every attempt of a TorchX job: the same folder. Otherwise a new one, named by the time.
-        folder = job_folder(output_dir, environ, _torchx_app_id(environ)) or _new_folder(
-            head, run_folder_name(_job_name(environ), None, now)
+        folder = job_folder(output_dir, environ, app, _torchx_app_id(environ)) or _new_folder(
+            head, run_folder_name(_job_name(environ, app), None, now)
         )
         claim(folder, run_id, resuming, environ)
     return folder
@@ -139,18 +143,19 @@ def point_latest_at(output_dir: str, folder: str) -> None:
         point_latest(head, os.path.basename(folder))
 
 
-def job_folder(output_dir: str, environ: Mapping[str, str], app_id: str | None) -> str | None:
-    """The folder that the run of TorchX app ``app_id`` writes to, as :func:`make_run_folder` names
-    it, and before it does; None for a ``{run}`` folder without an app id (named when made)."""
+def job_folder(output_dir: str, environ: Mapping[str, str], app: str, app_id: str | None) -> str | None:
+    """The folder that the run of TorchX app ``app_id`` (of the app named ``app``) writes to, as
+    :func:`make_run_folder` names it, and before it does; None for a ``{run}`` folder without an
+    app id (named when made)."""
     head, last = os.path.split(output_dir.rstrip("/"))
     if last != RUN_PLACEHOLDER:
         return output_dir
-    return os.path.join(head, run_folder_name(_job_name(environ), app_id)) if app_id else None
+    return os.path.join(head, run_folder_name(_job_name(environ, app), app_id)) if app_id else None
 
 
-def torchrun_log_dir(log_dir: str, environ: Mapping[str, str], rdzv_id: str) -> str:
-    """torchrun's ``--log_dir``, checked and with its run folder named, before torchrun writes
-    into it. The training component gives it as ``<--output_dir>/torchrun`` (TORCHRUN_LOGS):
+def torchrun_log_dir(log_dir: str, environ: Mapping[str, str], rdzv_id: str, app: str) -> str:
+    """torchrun's ``--log_dir`` for a job of the app named ``app``, checked and with its run folder
+    named, before torchrun writes into it. The training component gives it as ``<--output_dir>/torchrun`` (TORCHRUN_LOGS):
 
     - a ``{run}`` folder, which only the job can name, by its app id (torchrun's rendezvous id);
       empty (torchrun's temporary folder) where the job cannot;
@@ -165,7 +170,7 @@ def torchrun_log_dir(log_dir: str, environ: Mapping[str, str], rdzv_id: str) -> 
     if logs != TORCHRUN_LOGS:
         return log_dir
     if os.path.basename(output_dir) == RUN_PLACEHOLDER:
-        folder = job_folder(output_dir, environ, _torchx_app_id({**environ, "TORCHELASTIC_RUN_ID": rdzv_id}))
+        folder = job_folder(output_dir, environ, app, _torchx_app_id({**environ, "TORCHELASTIC_RUN_ID": rdzv_id}))
         return _made(os.path.join(folder, logs), folder) if folder else ""
     owner = _owner(output_dir) if os.path.isdir(output_dir) else None
     if owner is None:
@@ -306,9 +311,9 @@ def _torchx_app_id(environ: Mapping[str, str]) -> str | None:
     return rendezvous
 
 
-def _job_name(environ: Mapping[str, str]) -> str:
-    """The job's name that TorchX gave it, made safe for a folder's name."""
-    return _safe(environ.get("TORCHX_TRACKING_RUN_NAME", "")) or DEFAULT_JOB_NAME
+def _job_name(environ: Mapping[str, str], app: str) -> str:
+    """The job's name that TorchX gave it, made safe for a folder's name; else the name of its ``app``."""
+    return _safe(environ.get("TORCHX_TRACKING_RUN_NAME", "")) or app
 
 
 def _safe(text: str) -> str:

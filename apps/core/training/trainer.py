@@ -88,7 +88,12 @@ class Trainer(Generic[C]):
         self.run_id = folder.run_id
         # So does an --output_dir of another run; a resumed run may write into its own.
         output_dir = open_output_dir(
-            cfg.evaluation.output_dir, self.run_id, folder.resume_from is not None, env, cfg.checkpoint.checkpoint_dir
+            cfg.evaluation.output_dir,
+            self.run_id,
+            folder.resume_from is not None,
+            env,
+            app.name,
+            cfg.checkpoint.checkpoint_dir,
         )
         self.reporter = Reporter(output_dir, enabled=env.is_main)
         if device_defaults:

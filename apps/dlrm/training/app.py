@@ -16,7 +16,7 @@ from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.training import trainer
 from apps.core.training.app import DataSource
-from apps.dlrm.config import JobConfig
+from apps.dlrm.config import NAME, JobConfig
 from apps.dlrm.data import ClickLogs, TrainedColumns, make_dataset
 from apps.dlrm.model import TABLES, build_model, speed_up_dense, table_configs
 from apps.dlrm.training.metrics import ClickMetrics
@@ -30,6 +30,7 @@ CEILING_NOTE = (
 class DLRMApp:
     """The DLRM app (:class:`~apps.core.training.app.TrainingApp` of :class:`JobConfig`)."""
 
+    name: str = NAME
     tables: TableModule = TABLES
     curves: tuple[tuple[str, str], ...] = (("auroc", "validation AUROC"), ("log_loss", "validation log loss"))
     notes: dict[str, str] = {"auroc_ceiling": CEILING_NOTE}

@@ -17,7 +17,7 @@ from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.training import trainer
 from apps.core.training.app import DataSource
-from apps.hstu.config import JobConfig
+from apps.hstu.config import NAME, JobConfig
 from apps.hstu.data import make_dataset
 from apps.hstu.data.batch import ACTION, NEGATIVE, SequenceBatch
 from apps.hstu.data.source import SequenceSource
@@ -93,6 +93,7 @@ def _mean_auroc(per_action: dict[str, float]) -> float:
 class HSTUApp:
     """The HSTU app (:class:`~apps.core.training.app.TrainingApp` of :class:`JobConfig`)."""
 
+    name: str = NAME
     tables: TableModule = TableModule(TABLES_PATH, "EmbeddingCollection")
     curves: tuple[tuple[str, str], ...] = (
         (f"ndcg@{K}", f"validation NDCG@{K}"),

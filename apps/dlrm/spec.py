@@ -1,0 +1,14 @@
+"""The DLRM app as the shared commands and its components take it (:class:`~apps.core.app_spec.AppSpec`)."""
+
+from apps.core.app_spec import AppSpec, AppTraining
+from apps.dlrm.config import NAME, JobConfig, PlanConfig, parse_train_config
+
+
+def _training() -> AppTraining:
+    from apps.dlrm.training.app import DLRM, Trainer  # torch and torchrec: imported where the app trains
+
+    return AppTraining(DLRM, Trainer)
+
+
+#: The DLRM app.
+SPEC = AppSpec(NAME, JobConfig, PlanConfig, parse_train_config, _training)

@@ -1,0 +1,14 @@
+"""The HSTU app as the shared commands and its components take it (:class:`~apps.core.app_spec.AppSpec`)."""
+
+from apps.core.app_spec import AppSpec, AppTraining
+from apps.hstu.config import NAME, JobConfig, PlanConfig, parse_train_config
+
+
+def _training() -> AppTraining:
+    from apps.hstu.training.app import HSTU, Trainer  # torch and torchrec: imported where the app trains
+
+    return AppTraining(HSTU, Trainer)
+
+
+#: The HSTU app.
+SPEC = AppSpec(NAME, JobConfig, PlanConfig, parse_train_config, _training)
