@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import boto3
 import torchx
@@ -39,9 +39,7 @@ from torchx.schedulers.api import (
     DescribeAppResponse,
     ListAppResponse,
     Scheduler,
-    Stream,
     StructuredOpts,
-    filter_regex,
 )
 from torchx.schedulers.devices import get_device_mounts
 from torchx.schedulers.ids import make_unique
@@ -67,6 +65,7 @@ from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
 from apps.core.common.errors import REFUSED
 from apps.core.urls import AWS_CREDENTIALS_FIX, unreachable_aws_fix
+from schedulers.combined_logs import CombinedLogs
 from schedulers.docker_builds import DryRunWithoutDockerMixin
 from schedulers.node_request import NodeRequestCheck
 from schedulers.setup_checks import SetupError, first_line
@@ -169,7 +168,7 @@ class BatchJobRequest:
         return json.dumps({"registerJobDefinition": self.job_definition, "submitJob": self.job}, indent=2)
 
 
-class AWSBatchScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, Scheduler[AWSBatchOpts]):
+class AWSBatchScheduler(NodeRequestCheck, CombinedLogs, DryRunWithoutDockerMixin, Scheduler[AWSBatchOpts]):
     """Runs TorchX apps as AWS Batch multi-node parallel jobs.
 
     Credentials, region and endpoint come from boto3's usual sources (``AWS_PROFILE``,
@@ -337,28 +336,22 @@ class AWSBatchScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, Scheduler[AW
 
     # ── logs ─────────────────────────────────────────────────────────────────────────────
 
-    def log_iter(
+    ONE_STREAM = "aws_batch has one log stream per node (stdout and stderr together)"
+
+    def _replica_log(
         self,
         app_id: str,
         role_name: str,
-        k: int = 0,
-        regex: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        should_tail: bool = False,
-        streams: Stream | None = None,
-    ) -> Iterable[str]:
-        if streams not in (None, Stream.COMBINED):
-            raise ValueError(
-                f"aws_batch has one log stream per node (stdout and stderr together): "
-                f"use --streams {Stream.COMBINED.value} or leave it out, not {streams.value}"
-            )
+        k: int,
+        since: datetime | None,
+        until: datetime | None,
+        should_tail: bool,
+    ) -> Iterator[str]:
         job = self._find_job(app_id)
         if job is None:
             raise ValueError(f"no AWS Batch job for app `{app_id}`")
         node = _node_index(job, role_name, k)
-        lines = self._log_lines(app_id, job, node, since, until, should_tail)
-        return filter_regex(regex, lines) if regex else lines
+        return self._log_lines(app_id, job, node, since, until, should_tail)
 
     def _log_lines(
         self,

@@ -34,8 +34,6 @@ from torchx.schedulers.api import (
     DescribeAppResponse,
     ListAppResponse,
     Scheduler,
-    Stream,
-    filter_regex,
     split_lines,
 )
 from torchx.schedulers.kubernetes_scheduler import LABEL_APP_NAME, LABEL_ORGANIZATION
@@ -51,6 +49,7 @@ from torchx.specs import (
 from urllib3 import HTTPResponse
 from urllib3.exceptions import HTTPError
 
+from schedulers.combined_logs import CombinedLogs
 from schedulers.kube_config import api_client
 from schedulers.kubeflow.kinds import JobKind, single_role
 from schedulers.kubeflow.options import KubeflowOpts, check_opts
@@ -133,7 +132,7 @@ class KubeflowJob:
         return yaml.safe_dump(self.resource, sort_keys=False, width=2**31)
 
 
-class KubeflowScheduler(NodeRequestCheck, Scheduler[KubeflowOpts]):
+class KubeflowScheduler(NodeRequestCheck, CombinedLogs, Scheduler[KubeflowOpts]):
     """Runs TorchX apps as Kubeflow PyTorchJobs or TrainJobs (``-cfg api=``), optionally queued by Kueue.
 
     Mounts: ``type=bind,src=HOST_PATH,dst=PATH[,readonly]`` (hostPath),
@@ -233,22 +232,17 @@ class KubeflowScheduler(NodeRequestCheck, Scheduler[KubeflowOpts]):
 
     # ── logs ─────────────────────────────────────────────────────────────────────────────
 
-    def log_iter(
+    ONE_STREAM = "a pod's log has stdout and stderr together"
+
+    def _replica_log(
         self,
         app_id: str,
         role_name: str,
-        k: int = 0,
-        regex: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        should_tail: bool = False,
-        streams: Stream | None = None,
-    ) -> Iterable[str]:
-        if streams not in (None, Stream.COMBINED):
-            raise ValueError(
-                f"a pod's log has stdout and stderr together: use --streams {Stream.COMBINED.value} or leave it "
-                f"out, not {streams.value}"
-            )
+        k: int,
+        since: datetime | None,
+        until: datetime | None,
+        should_tail: bool,
+    ) -> Iterator[str]:
         ref = JobRef.parse(app_id)
         job = self._get(ref)
         if job is None:
@@ -275,9 +269,7 @@ class KubeflowScheduler(NodeRequestCheck, Scheduler[KubeflowOpts]):
         if until is not None:
             query["timestamps"] = True  # to stop at `until`; taken off each line again
         lines = self._log_lines(query, should_tail)
-        if until is not None:
-            lines = _until(lines, _aware(until))
-        return filter_regex(regex, lines) if regex else lines
+        return _until(lines, _aware(until)) if until is not None else lines
 
     def _log_lines(self, query: dict[str, Any], should_tail: bool) -> Iterator[str]:
         with _api_errors(f"reading the log of pod {query['namespace']}/{query['name']}"):
