@@ -79,10 +79,7 @@ def preprocess(**kwargs: Any) -> specs.AppDef:
     streaming, so memory does not grow with the file size. Bad lines are skipped or repaired
     and counted per kind in --output/report.json; a rerun skips the days that are complete.
     """
-    reject_unknown(kwargs, CpuLaunch, PreprocessConfig)
-    launch = take(CpuLaunch, kwargs)
-    cfg = take(PreprocessConfig, kwargs)
-    return launch.python_app("apps.dlrm.preprocess", to_argv(cfg))
+    return CpuLaunch.component_app(kwargs, PreprocessConfig, "apps.dlrm.preprocess")
 
 
 @component_args(CpuLaunch, ExportConfig)
@@ -96,10 +93,7 @@ def export(**kwargs: Any) -> specs.AppDef:
     their transforms, the model's options, the run's validations, the source checkpoint),
     atomically and never over anything.
     """
-    reject_unknown(kwargs, CpuLaunch, ExportConfig)
-    launch = take(CpuLaunch, kwargs)
-    cfg = take(ExportConfig, kwargs)
-    return launch.python_app("apps.dlrm.export", to_argv(cfg))
+    return CpuLaunch.component_app(kwargs, ExportConfig, "apps.dlrm.export")
 
 
 @component_args(Launch, PredictConfig)
