@@ -7,6 +7,7 @@ replica's lines by ``--regex`` (which TorchX leaves to each scheduler's ``log_it
 """
 
 import abc
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, TypeAlias
 
@@ -16,6 +17,20 @@ if TYPE_CHECKING:
     _Base: TypeAlias = Scheduler[Any]
 else:  # TorchX reads a scheduler's run options' type from its first Scheduler[...] base
     _Base = abc.ABC
+
+
+@dataclass(frozen=True)
+class LogRequest:
+    """What ``torchx log`` asks of one replica: the lines of replica ``k`` of role ``role_name`` of
+    ``app_id`` logged between ``since`` and ``until`` (either None: no bound), followed until the
+    replica ends if ``should_tail``."""
+
+    app_id: str
+    role_name: str
+    k: int
+    since: datetime | None
+    until: datetime | None
+    should_tail: bool
 
 
 class CombinedLogs(_Base):
@@ -41,19 +56,10 @@ class CombinedLogs(_Base):
             raise ValueError(
                 f"{self.ONE_STREAM}: use --streams {Stream.COMBINED.value} or leave it out, not {streams.value}"
             )
-        lines = self._replica_log(app_id, role_name, k, since, until, should_tail)
+        lines = self._replica_log(LogRequest(app_id, role_name, k, since, until, should_tail))
         return filter_regex(regex, lines) if regex else lines
 
     @abc.abstractmethod
-    def _replica_log(
-        self,
-        app_id: str,
-        role_name: str,
-        k: int,
-        since: datetime | None,
-        until: datetime | None,
-        should_tail: bool,
-    ) -> Iterable[str]:
-        """The lines of replica ``k`` of role ``role_name`` of ``app_id`` logged between ``since``
-        and ``until`` (either None: no bound), followed until the replica ends if ``should_tail``;
-        raises ValueError naming what is not there (the app, the role, the replica)."""
+    def _replica_log(self, asked: LogRequest) -> Iterable[str]:
+        """The lines ``asked`` for; raises ValueError naming what is not there (the app, the role,
+        the replica)."""
