@@ -62,17 +62,7 @@ class CpuLaunch:
     def python_app(self, module: str, app_args: list[str]) -> specs.AppDef:
         """The app that runs ``python -m module app_args`` as one process (TorchX's utils.python)."""
         launch = self.launch()
-        app = utils.python(
-            *app_args,
-            m=module,
-            image=launch.image,
-            name=launch.name,
-            h=launch.h or None,
-            cpu=launch.cpu,
-            gpu=0,
-            memMB=launch.memMB,
-            mounts=launch.mounts or None,
-        )
+        app = utils.python(*app_args, m=module, **launch.node_args)
         (role,) = app.roles
         role.env.update(launch.merged_env)
         role.max_retries = launch.max_retries
