@@ -57,7 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from apps.core.common.teardown import exit_without_teardown  # noqa: E402
 from apps.core.config import SHARDING_TYPES  # noqa: E402  (light: the worker imports torch)
-from benchmarks.cli import positive  # noqa: E402
+from benchmarks import cli  # noqa: E402
 from benchmarks.moto_s3 import add_targets_argument, s3_bucket  # noqa: E402
 
 SAVED_SHARDING = "table_wise"
@@ -415,8 +415,7 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, res
         if env.is_main:
             print(describe(name, report[name]), flush=True)
     if env.is_main:
-        with open(results, "w") as f:
-            json.dump(report, f, indent=2)
+        cli.write_report(results, report)
     dist.destroy_process_group()
 
 
@@ -424,15 +423,10 @@ def worker(urls: list[str], rows: int, reshard_to: str | None, repeats: int, res
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of each of the 8 tables")
-    parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument(
-        "--repeats",
-        type=positive,
-        default=3,
-        help="measurements of each side, alternating; medians are reported (default 3)",
-    )
+    cli.add_nproc(parser)
+    cli.add_repeats(parser, 3, "measurements of each side, alternating; medians are reported")
     add_targets_argument(parser)
     parser.add_argument(
         "--reshard_to",
@@ -443,7 +437,7 @@ def parse_args() -> argparse.Namespace:
         help=f"also load each checkpoint (saved {SAVED_SHARDING}) into a model sharded "
         f"this way and check its tables equal the saved ones (alone: {DEFAULT_RESHARD})",
     )
-    parser.add_argument("--json", metavar="FILE", help="rank 0 also writes the figures of each target to FILE")
+    cli.add_json(parser, "the figures of each target")
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
     parser.add_argument("--results", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -454,13 +448,8 @@ def launch(opts: argparse.Namespace, folder: str, env: dict[str, str], urls: lis
     results = os.path.join(folder, "results.json")
     reshard = ["--reshard_to", opts.reshard_to] if opts.reshard_to else []
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(opts.nproc),
+        cli.torchrun_command(
+            opts.nproc,
             os.path.abspath(__file__),
             "--rows",
             str(opts.rows),
@@ -471,8 +460,8 @@ def launch(opts: argparse.Namespace, folder: str, env: dict[str, str], urls: lis
             results,
             "--worker",
             *urls,
-        ],
-        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        ),
+        env=cli.rank_env(OMP_NUM_THREADS="1", **env),
         check=True,
     )
     with open(results) as f:
@@ -492,9 +481,7 @@ def main() -> None:
         urls = [{"local": os.path.join(local, "ckpt"), "s3": "s3://bench/ckpt"}[t] for t in opts.targets]
         print(f"tables: 8 x {opts.rows:,} x 32 float32 + row-wise Adagrad state, {opts.nproc} ranks", flush=True)
         report = launch(opts, local, env, urls)
-    if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(report, f, indent=2)
+    cli.write_report(opts.json, report)
     failed = [target for target, figures in report.items() if figures.get("reshard_equal") is False]
     if failed:
         sys.exit(

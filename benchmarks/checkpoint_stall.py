@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -27,9 +26,9 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import cli  # noqa: E402
 from benchmarks.moto_s3 import add_targets_argument, s3_bucket  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = {"async": "true", "sync": "false"}
 TARGET = 0.2
 
@@ -89,13 +88,7 @@ class Target:
 def run_job(args: list[str], mode: str, nproc: int, target: Target, workdir: str) -> dict:
     """One training run with ``mode`` saves into a fresh folder of ``target``; its summary."""
     out = tempfile.mkdtemp(dir=workdir)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(nproc),
+    train = [
         "-m",
         "apps.dlrm.train",
         *args,
@@ -106,10 +99,7 @@ def run_job(args: list[str], mode: str, nproc: int, target: Target, workdir: str
         "--output_dir",
         out,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **target.env}
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
-    if result.returncode != 0:
-        sys.exit(f"benchmark run failed ({target.name}, {mode}): {' '.join(cmd)}\n{result.stderr[-4000:]}")
+    cli.torchrun(nproc, train, target.env, f"{target.name}, {mode}")
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)
 
@@ -164,7 +154,7 @@ def measure(job: Job, opts: argparse.Namespace, target: Target, workdir: str) ->
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--rows", type=int, help="rows of each of the 8 tables (default: per target, JOBS)")
     parser.add_argument("--steps", type=int, help="training steps of each run (default: per target)")
     parser.add_argument(
@@ -173,10 +163,10 @@ def main(argv: list[str] | None = None) -> dict:
         help="steps between checkpoints (default: per target): long enough for a background "
         "write to end, as in real runs (a save that finds the last one writing waits)",
     )
-    parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    cli.add_nproc(parser)
+    cli.add_repeats(parser, 3, "runs of each kind of save, alternating")
     add_targets_argument(parser)
-    parser.add_argument("--json", default="", help="also write the figures to this file")
+    cli.add_json(parser)
     opts = parser.parse_args(argv)
     record = {"nproc": opts.nproc, "repeats": opts.repeats}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as workdir:
@@ -189,9 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
                 )
                 job = Job(**{field: getattr(opts, field) or default for field, default in vars(JOBS[name]).items()})
                 record[name] = measure(job, opts, target, workdir)
-    if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(record, f, indent=2)
+    cli.write_report(opts.json, record)
     return record
 
 

@@ -17,7 +17,6 @@ figure is samples/s delivered into the device, host-to-device copies included.
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -33,6 +32,7 @@ from apps.dlrm.config import train_config  # noqa: E402
 from apps.dlrm.data.criteo.layout import ARRAYS, FORMAT, FORMAT_VERSION, array_file, day_report_file, write_json  # noqa: E402
 from apps.dlrm.data.criteo.loader import CriteoClickLogs  # noqa: E402
 from apps.dlrm.data.criteo.tables import TABLE_SIZE_PRESETS  # noqa: E402
+from benchmarks import cli  # noqa: E402
 
 DAYS = 4
 ROW_BYTES = 4 * (13 + 26 + 1)  # float32 dense, int32 ids, int32 label
@@ -145,7 +145,7 @@ def medians(results: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument(
         "--rows",
         type=int,
@@ -158,14 +158,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--shuffle_block_rows", type=int, default=1024)
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false")
     parser.add_argument("--world_size", type=int, default=1, help="ranks the rows are split over")
-    parser.add_argument("--repeats", type=int, default=3)
+    cli.add_repeats(parser, 3, "measurements of each loop")
     parser.add_argument(
         "--device",
         choices=("cpu", "cuda"),
         default="cpu",
         help="where batches are delivered: cpu (no copy) or cuda (pinned, copied to the GPU)",
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
+    cli.add_json(parser)
     return parser.parse_args()
 
 
@@ -201,12 +201,8 @@ def main() -> None:
             f"  {name:5s}: {figures[f'{name}_samples_per_sec'] / 1e6:6.2f} M samples/s (wall)   "
             f"{figures[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second"
         )
-    if args.json:
-        report = {
-            name: getattr(args, name) for name in ("device", "rows", "batch_size", "world_size", "shuffle", "repeats")
-        }
-        with open(args.json, "w") as f:
-            json.dump({**report, **figures}, f, indent=2)
+    shape = {name: getattr(args, name) for name in ("device", "rows", "batch_size", "world_size", "shuffle", "repeats")}
+    cli.write_report(args.json, {**shape, **figures})
 
 
 if __name__ == "__main__":

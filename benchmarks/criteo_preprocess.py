@@ -12,7 +12,6 @@ long (streaming: it must not grow with the file), and the wall-clock rows/s of t
 preprocessing (all cores) over 4 copies of the day.
 """
 
-import argparse
 import os
 import resource
 import shutil
@@ -28,6 +27,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from apps.dlrm.data.criteo.config import PreprocessConfig  # noqa: E402
 from apps.dlrm.data.criteo.pipeline import preprocess  # noqa: E402
+from benchmarks import cli  # noqa: E402
 from testing.criteo_files import generate_day, write_day  # noqa: E402
 
 # Our conversion alone, in a fresh process: prints its peak resident memory in MB (VmHWM, which,
@@ -80,9 +80,9 @@ def peak_memory_mb(path: str, out: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--rows", type=int, default=300_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    cli.add_repeats(parser, 3, "runs of each side, alternating")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         day = write_day(generate_day(args.rows, seed=0, malformed=False, cat_pool=100_000), os.path.join(tmp, "day_0"))

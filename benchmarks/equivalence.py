@@ -40,6 +40,7 @@ from apps.dlrm.training.app import DLRM  # noqa: E402
 from apps.hstu import config as hstu_config  # noqa: E402
 from apps.hstu import model as hstu_model  # noqa: E402
 from apps.hstu.training.app import HSTU  # noqa: E402
+from benchmarks import cli  # noqa: E402
 from benchmarks.unsharded_reference import DLRMReference, HSTUReference, UnshardedReference  # noqa: E402
 
 STEPS = 20
@@ -167,13 +168,8 @@ def compare_types(
     init = spec.build_model(configs[0]).state_dict()
     init_path, out_path = os.path.join(workdir, "init.pt"), os.path.join(workdir, "losses.json")
     torch.save(init, init_path)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(world_size),
+    cmd = cli.torchrun_command(
+        world_size,
         os.path.abspath(__file__),
         "--worker",
         app,
@@ -182,10 +178,10 @@ def compare_types(
         str(steps),
         ",".join(sharding_types),
         *to_argv(configs[0]),
-    ]
+    )
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     result = subprocess.run(
-        cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": str(threads)}
+        cmd, capture_output=True, text=True, cwd=REPO, env=cli.rank_env(OMP_NUM_THREADS=str(threads))
     )
     if result.returncode != 0:
         raise RuntimeError(f"sharded training failed (exit {result.returncode}):\n{result.stderr[-6000:]}")
@@ -232,17 +228,16 @@ def worker(app: str, init_path: str, out_path: str, steps: str, sharding_types: 
         results[kind] = {"losses": losses, "plan": plan, "lean": not trainer.not_lean}
         trainer.close()
     if env.is_main:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
+        cli.write_report(out_path, results)
     dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> list[Comparison]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--app", default="dlrm", choices=sorted(APPS))
-    parser.add_argument("--nproc", type=int, default=2, help="ranks of the sharded side")
+    cli.add_nproc(parser, "ranks of the sharded side")
     parser.add_argument("--sharding_types", default="", help="comma-separated; default: every type the app admits")
-    parser.add_argument("--json", default="", help="also write the results to this file")
+    cli.add_json(parser, "the results")
     parser.add_argument("--multi_hot_sizes", default="", help="DLRM: ids per sample of each of the 26 features")
     parser.add_argument("--pooling", default="", choices=dlrm_config.POOLINGS, help="DLRM: the tables' pooling")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -266,11 +261,7 @@ def main(argv: list[str] | None = None) -> list[Comparison]:
             f"{len(result.sharded)} steps: {'equal' if result.equal else 'DIFFERENT'}",
             flush=True,
         )
-    if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(
-                [{**asdict(r), "max_difference": r.max_difference, "equal": r.equal} for r in results], f, indent=2
-            )
+    cli.write_report(opts.json, [{**asdict(r), "max_difference": r.max_difference, "equal": r.equal} for r in results])
     if not all(r.equal for r in results):
         sys.exit(1)
     return results

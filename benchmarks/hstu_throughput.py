@@ -20,7 +20,6 @@ repeat timing ``--iters`` steps of each; medians of ``--repeats``; ``ratio`` is 
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -34,10 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from apps.hstu.modules.attention import padded_attention  # noqa: E402
 from apps.hstu.modules.jagged import JaggedLayout  # noqa: E402
 from apps.hstu.modules.layer import HSTULayer  # noqa: E402
+from benchmarks import cli  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--users", type=int, default=32)
     parser.add_argument("--max_seq_len", type=int, default=128)
     parser.add_argument("--embedding_dim", type=int, default=64)
@@ -46,11 +46,11 @@ def main() -> None:
     parser.add_argument("--attention_dim", type=int, default=32)
     parser.add_argument("--linear_dim", type=int, default=32)
     parser.add_argument("--iters", type=int, default=5, help="steps of each side per repeat")
-    parser.add_argument("--repeats", type=int, default=5)
+    cli.add_repeats(parser, 5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", help="also write the figures here")
+    cli.add_json(parser)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.exit(2, "hstu_throughput: --device cuda needs a CUDA GPU: use --device cpu\n")
@@ -63,9 +63,7 @@ def main() -> None:
         f"({figures['tokens']} tokens of {figures['users']} users, {figures['padded_tokens']} padded; "
         f"max_abs_diff {figures['max_abs_diff']:.1e})"
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+    cli.write_report(args.json, figures)
 
 
 class ReferenceLayer(torch.nn.Module):

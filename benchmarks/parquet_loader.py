@@ -40,7 +40,6 @@ pages: 0.05 to 0.64 s of system time for the same scan) moved the ratio 0.6-1.3 
 import argparse
 import contextlib
 import itertools
-import json
 import os
 import resource
 import statistics
@@ -61,7 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from apps.dlrm.config import train_config  # noqa: E402
 from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, TABLE_SIZE_PRESETS  # noqa: E402
 from apps.dlrm.data.parquet.loader import ParquetClickLogs  # noqa: E402
-from benchmarks.cli import positive  # noqa: E402
+from benchmarks import cli  # noqa: E402
 
 TARGETS = ("local", "s3")
 BASELINES = ("scanner", "row_groups")
@@ -217,17 +216,17 @@ def figures(results: dict[str, list[tuple[float, float, float]]]) -> dict[str, f
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows of all files together")
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--row_group_rows", type=int, default=131_072)
     parser.add_argument("--batch_size", type=int, default=8192)
-    parser.add_argument("--repeats", type=positive, default=5, help="measurements of each side, alternating; medians")
-    parser.add_argument("--passes", type=positive, default=3, help="reads of the whole data set per measurement")
+    cli.add_repeats(parser, 5, "measurements of each side, alternating; medians")
+    parser.add_argument("--passes", type=cli.positive, default=3, help="reads of the whole data set per measurement")
     parser.add_argument(
         "--targets", default=",".join(TARGETS), help="comma separated: local (page cache), s3 (moto on loopback)"
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
+    cli.add_json(parser)
     args = parser.parse_args()
     args.targets = [t for t in TARGETS if t in args.targets.split(",")]
     if not args.targets:
@@ -265,23 +264,25 @@ def main() -> None:
         )
         for target, target_sides in sides.items():
             report[target] = figures(measure(target_sides, args.repeats))
-            f = report[target]
-            for name in target_sides:
-                print(
-                    f"  {target:5s} {name:10s}: {f[f'{name}_samples_per_sec'] / 1e6:6.2f} M samples/s (wall)  "
-                    f"{f[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second "
-                    f"({f[f'{name}_system_share']:.0%} of it in the kernel)"
-                )
-            for baseline in BASELINES:
-                ratio = f"ours_over_{baseline}"
-                print(
-                    f"  {target:5s} ours / {baseline}: {f[f'{ratio}_samples_per_sec']:.2f} (wall), "
-                    f"{f[f'{ratio}_samples_per_cpu_sec']:.2f} (per CPU-second; {f[f'{ratio}_samples_per_cpu_sec_min']:.2f}"
-                    f"-{f[f'{ratio}_samples_per_cpu_sec_max']:.2f} over the repeats)"
-                )
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(report, out, indent=2)
+            print_figures(target, list(target_sides), report[target])
+    cli.write_report(args.json, report)
+
+
+def print_figures(target: str, names: list[str], f: dict[str, float]) -> None:
+    """A line of the :func:`figures` ``f`` of each side of ``target``, then one of ours over each baseline."""
+    for name in names:
+        print(
+            f"  {target:5s} {name:10s}: {f[f'{name}_samples_per_sec'] / 1e6:6.2f} M samples/s (wall)  "
+            f"{f[f'{name}_samples_per_cpu_sec'] / 1e6:6.2f} M samples per CPU-second "
+            f"({f[f'{name}_system_share']:.0%} of it in the kernel)"
+        )
+    for baseline in BASELINES:
+        ratio = f"ours_over_{baseline}"
+        print(
+            f"  {target:5s} ours / {baseline}: {f[f'{ratio}_samples_per_sec']:.2f} (wall), "
+            f"{f[f'{ratio}_samples_per_cpu_sec']:.2f} (per CPU-second; {f[f'{ratio}_samples_per_cpu_sec_min']:.2f}"
+            f"-{f[f'{ratio}_samples_per_cpu_sec_max']:.2f} over the repeats)"
+        )
 
 
 if __name__ == "__main__":

@@ -50,26 +50,25 @@ from apps.dlrm.serving.config import ExportConfig  # noqa: E402
 from apps.dlrm.serving.export import export  # noqa: E402
 from apps.dlrm.serving.features import RowScorer  # noqa: E402
 from apps.dlrm.serving.program import quantize_tables  # noqa: E402
+from benchmarks import cli  # noqa: E402
 from testing.click_parquet import write_click_parquet  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--rows_per_file", type=int, default=131_072)
     parser.add_argument("--num_embeddings", type=int, default=200_000)
     parser.add_argument("--batch_size", type=int, default=8192, help="rows per batch, evaluation and scoring")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", help="also write the figures here")
+    cli.add_repeats(parser, 3)
+    cli.add_json(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         figures = measure(args, tmp)
     for name, value in figures.items():
         print(f"{name:44s} {value:,.3f}" if isinstance(value, float) else f"{name:44s} {value}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
+    cli.write_report(args.json, figures)
 
 
 def measure(args: argparse.Namespace, tmp: str) -> dict:

@@ -23,7 +23,6 @@ shares alike.
 """
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.cli import positive  # noqa: E402
+from benchmarks import cli  # noqa: E402
 
 PLAIN_LOOP = os.path.join(REPO, "benchmarks", "plain_torchrec_loop.py")
 POLL_S = 0.02
@@ -113,30 +112,18 @@ def sides(nproc: int, runs: str) -> tuple[Side, Side]:
     )
     plain = Side(
         "plain",
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(nproc),
-            PLAIN_LOOP,
-            "--steps",
-            "1",
-        ],
+        cli.torchrun_command(nproc, PLAIN_LOOP, "--steps", "1"),
         re.compile(r'^\{"samples_per_sec"', re.MULTILINE),
     )
     return ours, plain
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=positive, default=3, help="starts of each side, alternating (default 3)")
-    parser.add_argument(
-        "--nproc", type=positive, default=2, help="trainer processes (default 2: the main job's -j 1x2)"
-    )
+    parser = cli.parser(__doc__)
+    cli.add_repeats(parser, 3, "starts of each side, alternating")
+    cli.add_nproc(parser, "trainer processes, as the main job's -j 1x2")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a start may take to reach step 1")
-    parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    cli.add_json(parser)
     return parser.parse_args()
 
 
@@ -164,9 +151,7 @@ def main() -> None:
         f"components.dlrm:train {report['ours_s']:.2f} s vs plain torchrun {report['plain_s']:.2f} s "
         f"= {report['ratio']:.2f} (target <= 1.2)"
     )
-    if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(report, f, indent=2)
+    cli.write_report(opts.json, report)
 
 
 if __name__ == "__main__":

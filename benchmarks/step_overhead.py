@@ -38,9 +38,8 @@ from typing import Any, Callable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.cli import positive  # noqa: E402
+from benchmarks import cli  # noqa: E402
 from benchmarks.steps import app_step, plain_step  # noqa: E402
-from benchmarks.train_throughput import torchrun  # noqa: E402
 
 SIDES = ("lean", "sharded", "plain")
 #: The issue's tiny shapes: 26 tables (the app's default count) of 64 rows x 8, batch 8.
@@ -103,8 +102,7 @@ def worker(opts: argparse.Namespace) -> None:
 
 def run_side(side: str, opts: argparse.Namespace) -> dict[str, float]:
     counts = ["--steps", str(opts.steps), "--warmup", str(opts.warmup), "--count_steps", str(opts.count_steps)]
-    result = torchrun(1, [os.path.abspath(__file__), "--worker", side, *counts, "--", *TINY, *opts.app_args])
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return cli.torchrun_figures(1, [os.path.abspath(__file__), "--worker", side, *counts, "--", *TINY, *opts.app_args])
 
 
 FIGURES = ("host_ms_per_step", "wall_ms_per_step", "ops_per_step")
@@ -141,14 +139,14 @@ def report(runs: dict[str, list[dict[str, float]]], opts: argparse.Namespace) ->
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=positive, default=500, help="timed steps of each run")
-    parser.add_argument("--warmup", type=positive, default=50, help="steps of each run before the timed ones")
-    parser.add_argument("--count_steps", type=positive, default=5, help="steps whose operators are counted")
-    parser.add_argument("--repeats", type=positive, default=3, help="runs of each side, alternating")
-    parser.add_argument("--json", default="", help="also write the figures to this file")
+    parser = cli.parser(__doc__)
+    parser.add_argument("--steps", type=cli.positive, default=500, help="timed steps of each run")
+    parser.add_argument("--warmup", type=cli.positive, default=50, help="steps of each run before the timed ones")
+    parser.add_argument("--count_steps", type=cli.positive, default=5, help="steps whose operators are counted")
+    cli.add_repeats(parser, 3, "runs of each side, alternating")
+    cli.add_json(parser)
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
-    parser.add_argument("app_args", nargs="*", help="more app options, after --")
+    cli.add_app_args(parser)
     opts = parser.parse_args(argv)
     if opts.worker:
         worker(opts)
@@ -164,9 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 flush=True,
             )
     record = report(runs, opts)
-    if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(record, f, indent=2)
+    cli.write_report(opts.json, record)
     return record
 
 

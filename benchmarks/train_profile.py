@@ -14,7 +14,6 @@ the CPU's operators instead (a quick check of the script, no figure of a GPU).
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -32,6 +31,7 @@ from apps.core.common.distributed import init_distributed, leave_process_group  
 from apps.core.common.teardown import exit_without_teardown  # noqa: E402
 from apps.dlrm.config import parse_train_config  # noqa: E402
 from apps.dlrm.training.app import Trainer  # noqa: E402
+from benchmarks import cli  # noqa: E402
 from benchmarks.train_throughput import PRESETS  # noqa: E402
 
 
@@ -157,23 +157,21 @@ def report(record: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), help="train_throughput.py's model and batch")
     parser.add_argument("--warmup", type=int, default=30, help="steps trained before the profile")
     parser.add_argument("--steps", type=int, default=20, help="steps profiled")
     parser.add_argument("--top", type=int, default=15, help="kernels (operators on CPU) listed")
-    parser.add_argument("--json", default="", help="also write the figures to this file")
+    cli.add_json(parser)
     parser.add_argument("--trace", default="", help="also write the profile as a Chrome trace (Perfetto) here")
-    parser.add_argument("app_args", nargs="*", help="more app options, after --")
+    cli.add_app_args(parser)
     opts = parser.parse_args(argv)
     if opts.warmup < 1 or opts.steps < 1:
         parser.error(f"--warmup {opts.warmup} and --steps {opts.steps} must both be at least 1")
     app_args = (PRESETS[opts.preset].args if opts.preset else []) + opts.app_args
     record = profile_steps(opts, app_args)
     report(record)
-    if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(record, f, indent=2)
+    cli.write_report(opts.json, record)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from benchmarks.cli import positive  # noqa: E402
+from benchmarks import cli  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -105,18 +104,9 @@ LEVERS = {
 GPU_LEVERS = {"cuda_graphs", "semi_sync", "fused_sparse_dist", "prefetch", "eager_step"}
 
 
-def torchrun(nproc: int, target: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *target]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    if result.returncode != 0:
-        sys.exit(f"benchmark run failed: {' '.join(cmd)}\n{result.stderr[-4000:]}")
-    return result
-
-
 def app_samples_per_sec(nproc: int, args: list[str]) -> float:
     with tempfile.TemporaryDirectory() as out:
-        torchrun(
+        cli.torchrun(
             nproc, ["-m", "apps.dlrm.train", *args, "--val_batches", "1", "--test_batches", "1", "--output_dir", out]
         )
         with open(os.path.join(out, "summary.json")) as f:
@@ -124,8 +114,7 @@ def app_samples_per_sec(nproc: int, args: list[str]) -> float:
 
 
 def plain_samples_per_sec(nproc: int, args: list[str]) -> float:
-    result = torchrun(nproc, [os.path.join(HERE, "plain_torchrec_loop.py"), *args])
-    return json.loads(result.stdout.strip().splitlines()[-1])["samples_per_sec"]
+    return cli.torchrun_figures(nproc, [os.path.join(HERE, "plain_torchrec_loop.py"), *args])["samples_per_sec"]
 
 
 def with_lever(args: list[str], lever: str) -> list[str]:
@@ -157,8 +146,7 @@ def steady_samples_per_sec(opts: argparse.Namespace, side: str, args: list[str],
     """One run of ``side`` (plain or app) timed in its ranks (:func:`worker`): its steady
     samples/s and which step it took."""
     worker_args = ["--worker", side, "--window", str(opts.window), *(["--pool"] if pool else []), "--", *args]
-    result = torchrun(opts.nproc, [os.path.abspath(__file__), *worker_args])
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return cli.torchrun_figures(opts.nproc, [os.path.abspath(__file__), *worker_args])
 
 
 def window_rates(step: Callable[[], Any], steps: int, window: int, samples_per_step: int) -> list[float]:
@@ -274,16 +262,16 @@ def report(opts: argparse.Namespace, runs: dict[str, list[float]], steps: dict[s
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--nproc", type=int, default=2, help="ranks on this machine")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration")
+    cli.add_nproc(parser)
+    cli.add_repeats(parser, 3, "runs of each configuration")
     parser.add_argument("--levers", default="", help=f"all, or some of: {','.join(LEVERS)}")
-    parser.add_argument("--window", type=positive, default=100, help="steps of a steady window (steady presets)")
-    parser.add_argument("--json", default="", help="also write the table to this file")
+    parser.add_argument("--window", type=cli.positive, default=100, help="steps of a steady window (steady presets)")
+    cli.add_json(parser, "the table")
     parser.add_argument("--worker", choices=("plain", "app"), help=argparse.SUPPRESS)
     parser.add_argument("--pool", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("app_args", nargs="*", help="more app options, after --")
+    cli.add_app_args(parser)
     opts = parser.parse_args(argv)
     if opts.worker:
         worker(opts)
@@ -293,9 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
     if PRESETS[opts.preset].steady:
         check_windows(opts)
     record = report(opts, *measure(opts, parse_levers(opts.levers, torch.cuda.is_available())))
-    if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(record, f, indent=2)
+    cli.write_report(opts.json, record)
     return record
 
 

@@ -1,4 +1,4 @@
-"""Where and how a single-process CPU role runs (components.dlrm:preprocess).
+"""Where and how a single-process CPU role runs (components.dlrm:preprocess and :export).
 
 ``CpuLaunch`` has the arguments of :class:`components.launch.Launch` that mean something for one
 process without GPUs. Its fields are Launch's own (names, defaults, help) and Launch validates
@@ -12,7 +12,9 @@ from typing import Any
 from torchx import specs
 from torchx.components import utils
 
+from apps.core.options import to_argv
 from components.launch import Launch
+from components.signature import reject_unknown, take
 
 _LAUNCH = {f.name: f for f in dataclasses.fields(Launch)}
 
@@ -46,23 +48,21 @@ class CpuLaunch:
         """The Launch these arguments stand for: one process, no GPU."""
         return Launch(j="1x1", gpu=0, **dataclasses.asdict(self))
 
-    def python_app(self, module: str, app_args: list[str]) -> specs.AppDef:
-        """The app that runs ``python -m module app_args`` as one process (TorchX's utils.python).
+    @classmethod
+    def component_app(cls, kwargs: dict[str, Any], config: type, module: str) -> specs.AppDef:
+        """The app of a component whose arguments (``kwargs``, as TorchX hands them over) are
+        CpuLaunch's and ``config``'s: ``python -m module`` with ``config``'s options.
 
-        A method rather than a function in components/dlrm.py, which TorchX lists as components.
+        A method rather than a function, which TorchX would list as a component wherever a
+        component module imports it.
         """
+        reject_unknown(kwargs, cls, config)
+        return take(cls, kwargs).python_app(module, to_argv(take(config, kwargs)))
+
+    def python_app(self, module: str, app_args: list[str]) -> specs.AppDef:
+        """The app that runs ``python -m module app_args`` as one process (TorchX's utils.python)."""
         launch = self.launch()
-        app = utils.python(
-            *app_args,
-            m=module,
-            image=launch.image,
-            name=launch.name,
-            h=launch.h or None,
-            cpu=launch.cpu,
-            gpu=0,
-            memMB=launch.memMB,
-            mounts=launch.mounts or None,
-        )
+        app = utils.python(*app_args, m=module, **launch.node_args)
         (role,) = app.roles
         role.env.update(launch.merged_env)
         role.max_retries = launch.max_retries

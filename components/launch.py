@@ -7,7 +7,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from torchx import specs
 from torchx.components import dist, utils
@@ -172,6 +172,20 @@ class Launch:
     def merged_env(self) -> dict[str, str]:
         return {**DEFAULT_ENV, **self.instance_env, **self.env}
 
+    @property
+    def node_args(self) -> dict[str, Any]:
+        """What TorchX's app builders (``dist.torchrun``, ``utils.python``) take alike: the job's
+        name, the image, and each node's resources and mounts."""
+        return {
+            "name": self.name,
+            "image": self.image,
+            "h": self.h or None,
+            "cpu": self.cpu,
+            "gpu": self.gpu,
+            "memMB": self.memMB,
+            "mounts": self.mounts or None,
+        }
+
     def torchrun_app(self, module: str, app_args: list[str]) -> specs.AppDef:
         """The app that runs ``python -m module app_args`` under torchrun on every node.
 
@@ -185,17 +199,11 @@ class Launch:
         app = dist.torchrun(
             *app_args,
             m=module,
-            image=self.image,
-            name=self.name,
-            h=self.h or None,
-            cpu=self.cpu,
-            gpu=self.gpu,
-            memMB=self.memMB,
             j=self.j,
             env=env,
             max_retries=self.max_retries,
             rdzv_port=self.rdzv_port,
-            mounts=self.mounts or None,
+            **self.node_args,
         )
         (role,) = app.roles
         role.args = [*role.args[:-1], _through_our_torchrun(role.args[-1], module)]

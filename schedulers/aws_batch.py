@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import boto3
 import torchx
@@ -39,9 +39,7 @@ from torchx.schedulers.api import (
     DescribeAppResponse,
     ListAppResponse,
     Scheduler,
-    Stream,
     StructuredOpts,
-    filter_regex,
 )
 from torchx.schedulers.devices import get_device_mounts
 from torchx.schedulers.ids import make_unique
@@ -67,6 +65,7 @@ from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
 from apps.core.common.errors import REFUSED
 from apps.core.urls import AWS_CREDENTIALS_FIX, unreachable_aws_fix
+from schedulers.combined_logs import CombinedLogs, LogRequest
 from schedulers.docker_builds import DryRunWithoutDockerMixin
 from schedulers.node_request import NodeRequestCheck
 from schedulers.setup_checks import SetupError, first_line
@@ -169,7 +168,7 @@ class BatchJobRequest:
         return json.dumps({"registerJobDefinition": self.job_definition, "submitJob": self.job}, indent=2)
 
 
-class AWSBatchScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, Scheduler[AWSBatchOpts]):
+class AWSBatchScheduler(NodeRequestCheck, CombinedLogs, DryRunWithoutDockerMixin, Scheduler[AWSBatchOpts]):
     """Runs TorchX apps as AWS Batch multi-node parallel jobs.
 
     Credentials, region and endpoint come from boto3's usual sources (``AWS_PROFILE``,
@@ -337,46 +336,23 @@ class AWSBatchScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, Scheduler[AW
 
     # ── logs ─────────────────────────────────────────────────────────────────────────────
 
-    def log_iter(
-        self,
-        app_id: str,
-        role_name: str,
-        k: int = 0,
-        regex: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        should_tail: bool = False,
-        streams: Stream | None = None,
-    ) -> Iterable[str]:
-        if streams not in (None, Stream.COMBINED):
-            raise ValueError(
-                f"aws_batch has one log stream per node (stdout and stderr together): "
-                f"use --streams {Stream.COMBINED.value} or leave it out, not {streams.value}"
-            )
-        job = self._find_job(app_id)
-        if job is None:
-            raise ValueError(f"no AWS Batch job for app `{app_id}`")
-        node = _node_index(job, role_name, k)
-        lines = self._log_lines(app_id, job, node, since, until, should_tail)
-        return filter_regex(regex, lines) if regex else lines
+    ONE_STREAM = "aws_batch has one log stream per node (stdout and stderr together)"
 
-    def _log_lines(
-        self,
-        app_id: str,
-        job: dict[str, Any],
-        node: int,
-        since: datetime | None,
-        until: datetime | None,
-        should_tail: bool,
-    ) -> Iterator[str]:
+    def _replica_log(self, asked: LogRequest) -> Iterator[str]:
+        job = self._find_job(asked.app_id)
+        if job is None:
+            raise ValueError(f"no AWS Batch job for app `{asked.app_id}`")
+        return self._log_lines(asked, job, _node_index(job, asked.role_name, asked.k))
+
+    def _log_lines(self, asked: LogRequest, job: dict[str, Any], node: int) -> Iterator[str]:
         query: dict[str, Any] = {"logGroupName": LOG_GROUP, "startFromHead": True}
-        if since is not None:
-            query["startTime"] = _millis(since)
-        if until is not None:
-            query["endTime"] = _millis(until)
+        if asked.since is not None:
+            query["startTime"] = _millis(asked.since)
+        if asked.until is not None:
+            query["endTime"] = _millis(asked.until)
         while True:
             # Decided before reading, so that the read after the job ended sees every line.
-            ended = not should_tail or is_terminal(JOB_STATE[job["status"]])
+            ended = not asked.should_tail or is_terminal(JOB_STATE[job["status"]])
             stream = query.get("logStreamName") or self._log_stream(job, node)
             page = self._log_page({**query, "logStreamName": stream}) if stream else None
             if page is not None:
@@ -390,7 +366,7 @@ class AWSBatchScheduler(NodeRequestCheck, DryRunWithoutDockerMixin, Scheduler[AW
             if ended:
                 return
             time.sleep(_TAIL_POLL_SECONDS)
-            job = self._find_job(app_id) or job
+            job = self._find_job(asked.app_id) or job
 
     def _log_page(self, query: dict[str, Any]) -> dict[str, Any] | None:
         try:

@@ -34,8 +34,6 @@ from torchx.schedulers.api import (
     DescribeAppResponse,
     ListAppResponse,
     Scheduler,
-    Stream,
-    filter_regex,
     split_lines,
 )
 from torchx.schedulers.kubernetes_scheduler import LABEL_APP_NAME, LABEL_ORGANIZATION
@@ -51,6 +49,7 @@ from torchx.specs import (
 from urllib3 import HTTPResponse
 from urllib3.exceptions import HTTPError
 
+from schedulers.combined_logs import CombinedLogs, LogRequest
 from schedulers.kube_config import api_client
 from schedulers.kubeflow.kinds import JobKind, single_role
 from schedulers.kubeflow.options import KubeflowOpts, check_opts
@@ -133,7 +132,7 @@ class KubeflowJob:
         return yaml.safe_dump(self.resource, sort_keys=False, width=2**31)
 
 
-class KubeflowScheduler(NodeRequestCheck, Scheduler[KubeflowOpts]):
+class KubeflowScheduler(NodeRequestCheck, CombinedLogs, Scheduler[KubeflowOpts]):
     """Runs TorchX apps as Kubeflow PyTorchJobs or TrainJobs (``-cfg api=``), optionally queued by Kueue.
 
     Mounts: ``type=bind,src=HOST_PATH,dst=PATH[,readonly]`` (hostPath),
@@ -233,51 +232,40 @@ class KubeflowScheduler(NodeRequestCheck, Scheduler[KubeflowOpts]):
 
     # ── logs ─────────────────────────────────────────────────────────────────────────────
 
-    def log_iter(
-        self,
-        app_id: str,
-        role_name: str,
-        k: int = 0,
-        regex: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        should_tail: bool = False,
-        streams: Stream | None = None,
-    ) -> Iterable[str]:
-        if streams not in (None, Stream.COMBINED):
-            raise ValueError(
-                f"a pod's log has stdout and stderr together: use --streams {Stream.COMBINED.value} or leave it "
-                f"out, not {streams.value}"
-            )
-        ref = JobRef.parse(app_id)
-        job = self._get(ref)
-        if job is None:
-            raise ValueError(f"no {ref} for app `{app_id}`")
-        role = ref.kind.role(job)
-        if role_name != role.name or not 0 <= k < role.num_replicas:
-            raise ValueError(
-                f"{ref} runs role `{role.name}` with replicas 0 to {role.num_replicas - 1}, not `{role_name}` {k}: "
-                f"use {role.name}/0"
-            )
-        tries = self._replica_pods(ref, job).get(k)
-        if not tries:
-            raise ValueError(
-                f"replica {k} of {ref} has no pod yet (the job is {_job_state(ref.kind, job)[0]}): "
-                "try again once it runs"
-            )
+    ONE_STREAM = "a pod's log has stdout and stderr together"
+
+    def _replica_log(self, asked: LogRequest) -> Iterator[str]:
+        ref = JobRef.parse(asked.app_id)
         query: dict[str, Any] = {
-            "name": tries[-1]["metadata"]["name"],
+            "name": self._replica_pod(ref, asked),
             "namespace": ref.namespace,
             "container": ref.kind.container,
         }
-        if since is not None:
-            query["since_seconds"] = max(int((datetime.now(timezone.utc) - _aware(since)).total_seconds()), 1)
-        if until is not None:
+        if asked.since is not None:
+            query["since_seconds"] = max(int((datetime.now(timezone.utc) - _aware(asked.since)).total_seconds()), 1)
+        if asked.until is not None:
             query["timestamps"] = True  # to stop at `until`; taken off each line again
-        lines = self._log_lines(query, should_tail)
-        if until is not None:
-            lines = _until(lines, _aware(until))
-        return filter_regex(regex, lines) if regex else lines
+        lines = self._log_lines(query, asked.should_tail)
+        return _until(lines, _aware(asked.until)) if asked.until is not None else lines
+
+    def _replica_pod(self, ref: JobRef, asked: LogRequest) -> str:
+        """The name of the newest pod of the replica ``asked`` for; raises ValueError naming what is not there."""
+        job = self._get(ref)
+        if job is None:
+            raise ValueError(f"no {ref} for app `{asked.app_id}`")
+        role = ref.kind.role(job)
+        if asked.role_name != role.name or not 0 <= asked.k < role.num_replicas:
+            raise ValueError(
+                f"{ref} runs role `{role.name}` with replicas 0 to {role.num_replicas - 1}, "
+                f"not `{asked.role_name}` {asked.k}: use {role.name}/0"
+            )
+        tries = self._replica_pods(ref, job).get(asked.k)
+        if not tries:
+            raise ValueError(
+                f"replica {asked.k} of {ref} has no pod yet (the job is {_job_state(ref.kind, job)[0]}): "
+                "try again once it runs"
+            )
+        return tries[-1]["metadata"]["name"]
 
     def _log_lines(self, query: dict[str, Any], should_tail: bool) -> Iterator[str]:
         with _api_errors(f"reading the log of pod {query['namespace']}/{query['name']}"):
