@@ -84,14 +84,7 @@ def preprocess(**kwargs: Any) -> specs.AppDef:
     streaming, so memory does not grow with the file size. Bad lines are skipped or repaired
     and counted per kind in --output/report.json; a rerun skips the days that are complete.
     """
-<<<<<<< HEAD
-    reject_unknown(kwargs, DLRMCpuLaunch, PreprocessConfig)
-    launch = take(DLRMCpuLaunch, kwargs)
-    cfg = take(PreprocessConfig, kwargs)
-    return launch.python_app("apps.dlrm.preprocess", to_argv(cfg))
-=======
-    return CpuLaunch.component_app(kwargs, PreprocessConfig, "apps.dlrm.preprocess")
->>>>>>> h38-dups
+    return DLRMCpuLaunch.component_app(kwargs, PreprocessConfig, "apps.dlrm.preprocess")
 
 
 @component_args(DLRMCpuLaunch, ExportConfig)
@@ -105,14 +98,7 @@ def export(**kwargs: Any) -> specs.AppDef:
     their transforms, the model's options, the run's validations, the source checkpoint),
     atomically and never over anything.
     """
-<<<<<<< HEAD
-    reject_unknown(kwargs, DLRMCpuLaunch, ExportConfig)
-    launch = take(DLRMCpuLaunch, kwargs)
-    cfg = take(ExportConfig, kwargs)
-    return launch.python_app("apps.dlrm.export", to_argv(cfg))
-=======
-    return CpuLaunch.component_app(kwargs, ExportConfig, "apps.dlrm.export")
->>>>>>> h38-dups
+    return DLRMCpuLaunch.component_app(kwargs, ExportConfig, "apps.dlrm.export")
 
 
 @component_args(DLRMLaunch, PredictConfig)
