@@ -19,13 +19,19 @@ TIER = "unit"
 PARQUET = dict(data="parquet", data_path="/data/clicks")
 
 
+def validated_steps(cfg, steps_per_epoch: int | None) -> list[int]:
+    """The steps a run of ``cfg`` validates after, on data of ``steps_per_epoch``."""
+    run = RunLength.of(cfg, steps_per_epoch)
+    validations = Validations.of(cfg.evaluation, run)
+    return [step for step in range(1, run.steps + 1) if validations.due(step)]
+
+
 def test_finite_data_trains_one_epoch_by_default_and_validates_after_each():
     run = RunLength.of(train_config(**PARQUET), steps_per_epoch=117)
     assert (run.steps, run.val_every) == (117, 0)  # one epoch: validated once, at its end
-    assert run.validates_after(117) and not run.validates_after(116)
+    assert validated_steps(train_config(**PARQUET), 117) == [117]
     assert run.describe(1024) == "117 steps of 1024 samples: an epoch is 117 steps, so 1 epoch"
-    three = RunLength.of(train_config(**PARQUET, epochs=3), steps_per_epoch=117)
-    assert (three.steps, [s for s in range(1, 352) if three.validates_after(s)]) == (351, [117, 234, 351])
+    assert validated_steps(train_config(**PARQUET, epochs=3), 117) == [117, 234, 351]
 
 
 def test_steps_cap_the_epochs_and_synthetic_data_keeps_its_step_default():
@@ -33,7 +39,7 @@ def test_steps_cap_the_epochs_and_synthetic_data_keeps_its_step_default():
     assert RunLength.of(train_config(**PARQUET, steps=50), steps_per_epoch=117).steps == 50
     synthetic = RunLength.of(train_config(), steps_per_epoch=None)
     assert (synthetic.steps, synthetic.val_every, synthetic.epochs(1500)) == (1500, 0, 0.0)
-    assert RunLength.of(train_config(val_every_steps=100), None).validates_after(300)
+    assert validated_steps(train_config(val_every_steps=100), None) == list(range(100, 1501, 100))
 
 
 @pytest.mark.parametrize(
@@ -78,19 +84,22 @@ def test_warmup_and_decay_as_fractions_of_the_run():
 
 def test_early_stopping_counts_validations_without_improvement_and_resumes_its_count():
     cfg = train_config(**PARQUET, early_stopping_patience=2, early_stopping_min_delta=0.01).evaluation
-    validations = Validations.of(cfg)
+    validations = Validations.of(cfg, RunLength(1000, 10, 10))
     assert validations.add(10, {"auroc": 0.70, "log_loss": 0.60})
     assert validations.add(20, {"auroc": 0.72, "log_loss": 0.58})
     assert not validations.add(30, {"auroc": 0.725, "log_loss": 0.57})  # +0.005 < min_delta
     assert not validations.stopped_early
-    resumed = Validations.of(cfg, validations.record())  # what a checkpoint's manifest carries
+    resumed = Validations.of(cfg, RunLength(1000, 10, 10))
+    resumed.resume(validations.record())  # what a checkpoint's manifest carries
     assert (resumed.best_step, resumed.since_best) == (20, 1)
     assert not resumed.add(40, {"auroc": 0.71, "log_loss": 0.62})
     assert resumed.stopped_early and resumed.best_step == 20 and resumed.best == {"auroc": 0.72, "log_loss": 0.58}
 
 
 def test_log_loss_improves_downwards():
-    validations = Validations.of(train_config(**PARQUET, early_stopping_metric="log_loss").evaluation)
+    validations = Validations.of(
+        train_config(**PARQUET, early_stopping_metric="log_loss").evaluation, RunLength(3, 1, 1)
+    )
     assert validations.add(1, {"auroc": 0.7, "log_loss": 0.5})
     assert not validations.add(2, {"auroc": 0.8, "log_loss": 0.6})
     assert validations.add(3, {"auroc": 0.6, "log_loss": 0.4}) and validations.best_step == 3
@@ -98,7 +107,7 @@ def test_log_loss_improves_downwards():
 
 def test_an_undefined_metric_is_never_best_nor_counted_against_the_patience():
     """AUROC on a validation split of one class is NaN (ClickMetrics): not a best, not a miss."""
-    validations = Validations.of(train_config(**PARQUET, early_stopping_patience=1).evaluation)
+    validations = Validations.of(train_config(**PARQUET, early_stopping_patience=1).evaluation, RunLength(3, 1, 1))
     for step in (1, 2, 3):
         assert not validations.add(step, {"auroc": math.nan, "log_loss": 0.5})
     assert validations.best_step is None and not validations.stopped_early

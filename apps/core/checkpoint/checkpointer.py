@@ -12,8 +12,8 @@ import socket
 import time
 import uuid
 from concurrent.futures import Future as ConcurrentFuture
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -135,7 +135,8 @@ def open_checkpoints(cfg: SharedSections, env: DistEnv) -> CheckpointFolder:
         store.run_id = inherited or _new_run_id()
         resumed_at = checkpoint.step if checkpoint else 0
         # The run's last step is known here only when --steps gives it (else the data decides it).
-        store.check_claimable(lambda step: is_checkpoint_step(cfg, step, cfg.training.steps), after=resumed_at)
+        schedule = SaveSchedule(cfg.checkpoint.checkpoint_every, cfg.training.steps)
+        store.check_claimable(schedule.due, after=resumed_at)
         return checkpoint, store.run_id
 
     resume_from, run_id = decided_by_main(newest, env)
@@ -144,9 +145,18 @@ def open_checkpoints(cfg: SharedSections, env: DistEnv) -> CheckpointFolder:
     return CheckpointFolder(store, resume_from, run_id)
 
 
-def is_checkpoint_step(cfg: SharedSections, step: int, last_step: int) -> bool:
-    """Whether training saves a checkpoint after ``step`` (every --checkpoint_every, and the last)."""
-    return step == last_step or bool(cfg.checkpoint.checkpoint_every and step % cfg.checkpoint.checkpoint_every == 0)
+@dataclass(frozen=True)
+class SaveSchedule:
+    """Which steps a run saves a checkpoint after: every ``every`` steps (--checkpoint_every; 0:
+    none between), its last step wherever that falls, and a step whose model its validations
+    ask to keep (the best so far, the last before stopping early), to be tested at the end."""
+
+    every: int
+    last_step: int
+
+    def due(self, step: int, keep: bool = False) -> bool:
+        """Whether a checkpoint is saved after ``step`` (1-based); ``keep``: the validations keep its model."""
+        return keep or step == self.last_step or bool(self.every and step % self.every == 0)
 
 
 def _new_run_id() -> str:
@@ -185,9 +195,24 @@ def check_shared(store: CheckpointStore, env: DistEnv) -> None:
         )
 
 
+class Recorded(Protocol):
+    """A part of where a run is that checkpoints keep in their manifest (JSON), not as tensors:
+    the run's validations (:class:`apps.core.training.validations.Validations`, which owns them;
+    checkpoint/ cannot import training/)."""
+
+    def record(self) -> dict[str, Any]:
+        """The JSON form a checkpoint's manifest keeps."""
+        ...
+
+    def resume(self, record: dict[str, Any]) -> None:
+        """Takes ``record`` back, as a checkpoint's manifest kept it (empty: an older checkpoint's)."""
+        ...
+
+
 @dataclass
 class TrainState:
-    """Where a run is: the last finished step, its training loss, and this rank's RNG stream.
+    """Where a run is: the last finished step, its training loss, this rank's RNG stream, and
+    its validations.
 
     A checkpoint saves it beside the model and optimizer and a resumed run continues from it:
     its :meth:`state_dict` entries are top-level tensors of the checkpoint (DCP mistakes a nested
@@ -197,9 +222,9 @@ class TrainState:
     rank: int
     step: int = 0
     train_loss: float = float("nan")
-    #: The run's validations so far (:class:`apps.core.training.validations.Validations`'s record),
-    #: kept in the manifest (JSON): not a tensor, so checkpoints of earlier versions still load.
-    validations: dict[str, Any] = field(default_factory=dict)
+    #: The run's validations so far, kept in the manifest (JSON): not a tensor, so checkpoints of
+    #: earlier versions still load. None: a state that keeps none (an explicit load, a tool).
+    validations: Recorded | None = None
 
     @property
     def _rng_key(self) -> str:
@@ -220,7 +245,8 @@ class TrainState:
 
     def progress(self) -> dict[str, Any]:
         """The JSON form, for the manifest."""
-        return {"step": self.step, "train_loss": self.train_loss, "validations": self.validations}
+        validations = self.validations.record() if self.validations is not None else {}
+        return {"step": self.step, "train_loss": self.train_loss, "validations": validations}
 
 
 def make_lazy_state(optimizer: CombinedOptimizer) -> None:
@@ -257,10 +283,10 @@ class Checkpointer:
     """The checkpoints of one training run, built once with what they hold (collective).
 
     Given ``--checkpoint_dir`` already opened (:func:`open_checkpoints`, which runs before the
-    model is built, so that a bad location fails in seconds) and what to save, it says which
-    steps save,
-    saves (in the background with --checkpoint_async: the state is copied to host memory, then
-    written while training goes on) and commits, restores, and has the store prune. At most one
+    model is built, so that a bad location fails in seconds) and what to save, it decides which
+    steps save (:class:`SaveSchedule`: the training loop offers it every step), saves (in the
+    background with --checkpoint_async: the state is copied to host memory, then written while
+    training goes on) and commits, restores, and has the store prune. At most one
     save is in flight: the next one, and :meth:`close`, wait for it. A save commits (its
     ``COMMITTED`` marker is written by rank 0) only once every rank's shards and DCP's
     ``.metadata`` are written, so a run that dies mid-save leaves nothing that counts.
@@ -270,7 +296,7 @@ class Checkpointer:
         self, cfg: SharedSections, env: DistEnv, folder: CheckpointFolder, checkpointed: Checkpointed, last_step: int
     ) -> None:
         self.cfg, self.env = cfg, env
-        self.last_step = last_step  # the run's last step, which always saves
+        self.schedule = SaveSchedule(cfg.checkpoint.checkpoint_every, last_step)
         self.store, self.resume_from = folder.store, folder.resume_from
         self.checkpointed = checkpointed
         self.stalls: list[float] = []  # seconds each save blocked the training loop
@@ -307,9 +333,15 @@ class Checkpointer:
             raise CheckpointError(f"the checkpoint of step {step} in {self._store().url} cannot be read back")
         return checkpoint
 
-    def due(self, step: int) -> bool:
-        """Whether a checkpoint is saved after ``step``."""
-        return self.store is not None and is_checkpoint_step(self.cfg, step, self.last_step)
+    def due(self, step: int, keep: bool = False) -> bool:
+        """Whether a checkpoint is saved after ``step`` (never without --checkpoint_dir); ``keep``:
+        the validations ask to keep the model after it."""
+        return self.store is not None and self.schedule.due(step, keep)
+
+    def save_if_due(self, state: TrainState, keep: bool = False) -> str | None:
+        """Collective. Saves the checkpoint of ``state.step`` if it is :meth:`due` (see :meth:`save`);
+        returns its URL, or None where the step saves nothing."""
+        return self.save(state) if self.due(state.step, keep) else None
 
     def restore(self, state: TrainState, checkpoint: Checkpoint | None = None) -> Checkpoint | None:
         """Collective. Loads ``checkpoint`` (by default the one to resume from, if any) into the
@@ -374,7 +406,8 @@ class Checkpointer:
         resharding.apply()
         optimizer.load_state_dict(optimizer_state)
         state.load_state_dict(entries)
-        state.validations = checkpoint.manifest["progress"].get("validations", {})
+        if state.validations is not None:
+            state.validations.resume(checkpoint.manifest["progress"].get("validations", {}))
         if self.env.is_main and resharding.converted:
             logger.info("%s", _describe_resharding(checkpoint, self.checkpointed.plan, resharding.converted))
 
@@ -387,7 +420,7 @@ class Checkpointer:
         self.waits.append(time.perf_counter() - start)
         self._warn_if_waited(state.step)
         entries, manifest, store = self.entries(state), self._manifest(state), self._store()
-        best_step = state.validations.get("best_step")
+        best_step = manifest["progress"]["validations"].get("best_step")
         if self._async is None:
             store.save(state.step, entries, manifest, self.env, best_step)
         else:

@@ -1,9 +1,10 @@
-"""How long a run trains and when it validates: :class:`RunLength`, fixed once the data is open.
+"""How long a run trains and how often it validates: :class:`RunLength`, fixed once the data is open.
 
 Finite data (Criteo, Parquet) trains ``--epochs`` passes over its training rows, as TorchRec's
 ``dlrm_main`` does (one by default), and ``--steps``, when given, stops it earlier. Synthetic data
 never repeats, so it has no epochs: it trains ``--steps`` (1500 when not given). A run validates
-every ``--val_every_steps``, by default after every epoch, and always after its last step.
+every ``--val_every_steps``, by default after every epoch, and always after its last step
+(:class:`apps.core.training.validations.Validations` decides each step).
 """
 
 from dataclasses import dataclass
@@ -36,10 +37,6 @@ class RunLength:
                 f"it would validate only at the end; give at most {steps}, or 0 (after every epoch)"
             )
         return cls(steps, steps_per_epoch, val_every if val_every < steps else 0)
-
-    def validates_after(self, step: int) -> bool:
-        """Whether the run validates after ``step`` (1-based): every ``val_every`` and the last."""
-        return step == self.steps or bool(self.val_every and step % self.val_every == 0)
 
     def epochs(self, step: int) -> float:
         """Epochs trained after ``step`` steps (None-safe: 0 for data without epochs)."""

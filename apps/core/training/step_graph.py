@@ -40,9 +40,9 @@ data that gives none (synthetic) makes fixed sizes by construction. Batches of a
 last partial batch) run eager; data whose shapes vary from step to step (variable-length
 Parquet lists) runs eager from the warm-up on, said in one line.
 
-The loss guard (the trainer's ``_check_losses``) reads each step's loss on the device at log
-steps, as for eager steps: a replay's loss is copied out of the graph's memory (a device copy,
-no sync), so the guard and its one sync per log step are unchanged.
+The loss guard (``TrainingLog.check``, apps/core/training/train_log.py) reads each step's loss
+on the device at log steps, as for eager steps: a replay's loss is copied out of the graph's
+memory (a device copy, no sync), so the guard and its one sync per log step are unchanged.
 """
 
 import contextlib

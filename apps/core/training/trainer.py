@@ -6,8 +6,7 @@ test with metrics synced across ranks, checkpoint on the way, and write summary.
 """
 
 import contextlib
-import math
-from typing import Any, Generator, Generic, Iterator, NoReturn
+from typing import Any, Generator, Generic, Iterator
 
 import torch
 import torch.distributed as dist
@@ -17,14 +16,14 @@ from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSpar
 
 from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
 from apps.core.checkpoint.folder import Checkpoint
-from apps.core.common.distributed import DistEnv, all_reduce_mean
+from apps.core.common.distributed import DistEnv
 from apps.core.common.errors import ConfigError
 from apps.core.config import LaunchConfig, with_device_defaults
 from apps.core.options import option_values
 from apps.core.training.app import C, EvalMetrics, TrainingApp
 from apps.core.training.device_support import check_device_support
 from apps.core.training.lean import LeanPipeline, call_tables_directly, lean_step_refusal, step_kind
-from apps.core.training.metrics import Stopwatch, Throughput
+from apps.core.training.metrics import Throughput
 from apps.core.training.optim import LRSchedule, LRShape, training_optimizer
 from apps.core.training.precision import set_tf32
 from apps.core.training.report import PLAN_FILE, Reporter
@@ -39,6 +38,7 @@ from apps.core.training.sharding import (
     summarize_plan,
 )
 from apps.core.training.step_graph import GraphedLeanPipeline, graph_kind, lr_holds_for, step_graph_refusal
+from apps.core.training.train_log import TrainingDiverged, TrainingLog
 from apps.core.training.validations import Validations
 from apps.core.urls import config_record, redact_urls
 
@@ -51,11 +51,6 @@ PIPELINE_CLASSES = {
     "sparse_dist_lite": "TrainPipelineSparseDistLite",
     "prefetch": "PrefetchTrainPipelineSparseDist",
 }
-
-
-class TrainingDiverged(ConfigError):
-    """The training loss stopped being finite: the run ends with this one line (exit 2), having
-    committed no checkpoint after the step it names. An error of the run's options or data."""
 
 
 def pipeline_class(cfg: LaunchConfig) -> type[TrainPipeline]:
@@ -131,8 +126,8 @@ class Trainer(Generic[C]):
         else:
             self.pipeline = pipeline_cls(self.model, self.optimizer, env.device)
         self.checkpointer = Checkpointer(cfg, env, folder, self.checkpointed, self.run_length.steps)
-        self.state = TrainState(env.rank)
-        self.validations = Validations.of(cfg.evaluation)
+        self.validations = Validations.of(cfg.evaluation, self.run_length)
+        self.state = TrainState(env.rank, validations=self.validations)  # checkpoints keep them
 
     @property
     def checkpointed(self) -> Checkpointed:
@@ -173,7 +168,7 @@ class Trainer(Generic[C]):
         self.reporter.log("training step: %s", step_kind(self.not_lean, type(self.pipeline).__name__))
         if not self.not_lean:
             self.reporter.log("lean step: %s", graph_kind(self.not_graph))
-        throughput, val = self._train()
+        throughput = self._train()
         tested = self._load_best()
         test = self.evaluate("test", cfg.evaluation.test_batches)
         self.reporter.scalars("test", test, tested)
@@ -181,7 +176,7 @@ class Trainer(Generic[C]):
         which = "the best validation's model" if tested != self.state.step else "the model"
         self.reporter.log("test (%s, after step %d): %s", which, tested, _fmt_metrics(test))
         self.checkpointer.wait()
-        summary = self._summary(val, test, tested, resumed, throughput)
+        summary = self._summary(test, tested, resumed, throughput)
         if self.reporter.write_summary(summary):
             self.reporter.draw_curves(self.app.curves)
             self.reporter.log_results()
@@ -215,7 +210,6 @@ class Trainer(Generic[C]):
         resumed = self.checkpointer.restore(self.state)
         if resumed is not None:
             self._forget_graphs()
-            self.validations = Validations.of(self.cfg.evaluation, self.state.validations)
             self.reporter.log("resumed from %s (step %d)", resumed.url, self.state.step)
             changed = changed_data_options(resumed.manifest.get("config", {}), self.cfg)
             if changed:
@@ -261,100 +255,40 @@ class Trainer(Generic[C]):
             self.reporter.log("wrote %s, with the failure", path)
         self.reporter.close()
 
-    def _train(self) -> tuple[Throughput, dict[str, float]]:
-        """Trains from ``state.step`` to the run's last step, logging, validating and
-        checkpointing on the way, or until early stopping; returns the throughput and the last
-        validation's metrics."""
-        cfg, env, state, reporter, run = self.cfg, self.env, self.state, self.reporter, self.run_length
-        val: dict[str, float] = {}
+    def _train(self) -> Throughput:
+        """Trains from ``state.step`` to the run's last step, or until early stopping, handing
+        each step to those who decide what it is for: the log, the validations, the
+        checkpointer. Returns the run's throughput."""
+        cfg, env, state, run = self.cfg, self.env, self.state, self.run_length
         global_batch = cfg.training.batch_size * env.world_size
-        throughput, window_meter = Throughput(), Throughput()
-        window: list[torch.Tensor] = []
-        reporter.progress(total=run.steps, initial=state.step)
-        stopwatch = Stopwatch()
+        log = TrainingLog(self.reporter, env, state, cfg.evaluation.log_every, run.steps, global_batch)
         # Closed when training ends or fails: a data loader's threads must not outlive it.
         with contextlib.closing(self.data.train_batches(start_step=state.step)) as batches:
             while state.step < run.steps and not self.validations.stopped_early:
-                window.append(self.train_step(batches))
-                step = state.step
-                checkpoint_due = self.checkpointer.due(step)
-                log_due = step % cfg.evaluation.log_every == 0 or step == run.steps or checkpoint_due
-                if log_due or run.validates_after(step):
-                    self._check_losses(window, step)
-                # The only host sync of a training step, on log steps: it waits for the device to
-                # finish, so that the lap below times work done, not work queued.
-                window_losses = torch.stack(window).tolist() if log_due else []
-                elapsed = stopwatch.lap()
-                throughput.add(elapsed, global_batch)
-                window_meter.add(elapsed, global_batch)
-                if log_due:
-                    reporter.step(loss=self._log_window(window_losses, window_meter))
-                    window, window_meter = [], Throughput()
-                else:
-                    reporter.step()
-                best = False
-                if run.validates_after(step):
-                    val = self._validate(step)
-                    best = self.validations.best_step == step
-                # The best validation's model is kept (--checkpoint_dir) to be tested at the end.
-                if checkpoint_due or ((best or self.validations.stopped_early) and self.checkpointer.store is not None):
-                    url = self.checkpointer.save(state)
-                    reporter.log(
-                        "step %d: checkpoint taken for %s (training stopped %.2f s)",
-                        step,
-                        url,
-                        self.checkpointer.stalls[-1],
-                    )
-                stopwatch.lap()  # validation and checkpoint time is not training time
-            if window:  # stopped early between log steps: the last, partial window's loss
-                self._log_window(torch.stack(window).tolist(), window_meter)
-        reporter.close_progress()
-        return throughput, val
+                loss = self.train_step(batches)
+                self._hand_over(state.step, loss, log)
+            log.end()
+        return log.throughput
 
-    def _log_window(self, losses: list[float], meter: Throughput) -> float:
-        """Collective. Reports the training window that ends at this step (``losses``: this
-        rank's, one per step) and makes its last step's loss the run's; returns the window's mean."""
-        env, step = self.env, self.state.step
-        self.state.train_loss = all_reduce_mean(losses[-1], env)
-        window_loss = all_reduce_mean(sum(losses) / len(losses), env)
-        train = {"loss": window_loss, "samples_per_sec": meter.samples_per_sec}
-        self.reporter.scalars("train", train, step)
-        self.reporter.record("train", step, train)
-        self.reporter.log(
-            "step %d/%d  loss %.4f  %.0f samples/s", step, self.run_length.steps, window_loss, meter.samples_per_sec
-        )
-        return window_loss
-
-    def _check_losses(self, window: list[torch.Tensor], step: int) -> None:
-        """Collective. Raises :class:`TrainingDiverged` if the loss of any step of ``window`` (one
-        loss per step up to ``step``, on the device) is not finite on any rank.
-
-        Each step's loss stays on the device until a log step fetches the window's at once, the
-        one host sync training has; a check per step would add one per step (a GPU stall). So the
-        window is checked where its losses are fetched anyway, and wherever else the run syncs
-        before anything can be committed: every checkpoint is taken on a log step, and the best
-        model's (and early stopping's) after a validation, which is checked too. Every step is
-        checked, every loss before its model is validated or saved, and every rank stops
-        together (the first bad step is all-reduced). Its cost: one all-reduce of one number.
-        """
-        n = len(window)
-        finite = torch.isfinite(torch.stack(window))
-        first = torch.where(finite, n, torch.arange(n, device=finite.device)).min().reshape(1)
-        dist.all_reduce(first, op=dist.ReduceOp.MIN)
-        bad = int(first.item())
-        if bad < n:
-            self._diverged(step - n + 1 + bad)
-
-    def _diverged(self, step: int) -> NoReturn:
-        """Ends the run at ``step``, whose loss is not finite: summary.json records it."""
-        error = TrainingDiverged(
-            f"step {step}: the training loss is not finite (NaN or inf); training stopped without "
-            "saving anything from that step on: lower --learning_rate and --dense_learning_rate, or "
-            "scale the dense features (large values overflow)"
-        )
-        self.reporter.close_progress()
-        self.record_failure(error, failed_step=step)
-        raise error
+    def _hand_over(self, step: int, loss: torch.Tensor, log: TrainingLog) -> None:
+        """Collective. What follows training ``step`` (with ``loss``, on the device): its log line
+        (a step the checkpointer saves on its schedule is logged, its loss guarded), its validation
+        and its checkpoint, each where its owner says it is due."""
+        validates = self.validations.due(step)
+        try:
+            log.step(loss, saved=self.checkpointer.due(step), validated=validates)
+        except TrainingDiverged as error:
+            self.reporter.close_progress()
+            self.record_failure(error, failed_step=error.step)
+            raise
+        if validates:
+            self._validate(step)
+        # The best validation's model is kept (--checkpoint_dir) to be tested at the end.
+        url = self.checkpointer.save_if_due(self.state, keep=self.validations.keeps(step))
+        if url is not None:
+            stall = self.checkpointer.stalls[-1]
+            self.reporter.log("step %d: checkpoint taken for %s (training stopped %.2f s)", step, url, stall)
+        log.pause()  # validation and checkpoint time is not training time
 
     def evaluate_checkpoint(self, which: str) -> dict[str, Any]:
         """Evaluation only: loads the checkpoint ``which`` names (best, latest, a step) into this
@@ -411,38 +345,19 @@ class Trainer(Generic[C]):
         self.reporter.log("loaded the best validation's checkpoint %s (step %d) to test it", checkpoint.url, best)
         return best
 
-    def _validate(self, step: int) -> dict[str, float]:
+    def _validate(self, step: int) -> None:
         """Validates after ``step``; reports it and takes it into the run's validations."""
-        cfg, reporter, validations = self.cfg.evaluation, self.reporter, self.validations
-        val = self.evaluate("val", cfg.val_batches)
-        best = validations.add(step, val)
-        self.state.validations = validations.record()
+        reporter, validations = self.reporter, self.validations
+        val = self.evaluate("val", self.cfg.evaluation.val_batches)
+        validations.add(step, val)
         reporter.scalars("val", val, step)
         reporter.record("val", step, val)
-        if best:
-            verdict = "the best so far"
-        elif math.isnan(val[validations.metric]):
-            verdict = (
-                f"{validations.metric} is undefined on this split, which holds one class: hold out more rows "
-                "(--eval_fraction, --eval_days), or follow another --early_stopping_metric"
-            )
-        else:
-            verdict = f"no better than step {validations.best_step}'s ({validations.since_best}"
-            verdict += f" of {validations.patience})" if validations.patience else ")"
-        reporter.log("step %d validation: %s  (%s)", step, _fmt_metrics(val), verdict)
+        reporter.log("step %d validation: %s  (%s)", step, _fmt_metrics(val), validations.verdict(step))
         for name, note in self.app.notes.items():
             if name in val:
                 reporter.note(note)
         if validations.stopped_early:
-            reporter.log(
-                "stopping early after step %d: %d validations without an improvement of %g in %s; the best was step %d",
-                step,
-                validations.patience,
-                validations.min_delta,
-                validations.metric,
-                validations.best_step,
-            )
-        return val
+            reporter.log("%s", validations.stopping(step))
 
     @contextlib.contextmanager
     def _pipeline_paused(self) -> Iterator[nn.Module]:
@@ -461,17 +376,12 @@ class Trainer(Generic[C]):
             yield self.model
 
     def _summary(
-        self,
-        val: dict[str, float],
-        test: dict[str, float],
-        tested: int,
-        resumed: Checkpoint | None,
-        throughput: Throughput,
+        self, test: dict[str, float], tested: int, resumed: Checkpoint | None, throughput: Throughput
     ) -> dict[str, Any]:
         """summary.json: the last validation, the test of the model after step ``tested``, the run."""
-        cfg, env = self.cfg, self.env
+        cfg, env, validations = self.cfg, self.env, self.validations
         return {
-            **self.app.summary(val, test, self.validations.best or {}),
+            **self.app.summary(validations.latest, test, validations.best or {}),
             "final_train_loss": self.state.train_loss,
             "epochs": self.run_length.epochs(self.state.step),
             "stopped_early": self.validations.stopped_early,
