@@ -1,7 +1,8 @@
 """Saving a checkpoint's shards: the collective calls, now or in the background.
 
 These run DCP's save with the checkpoint writer and planner
-(:mod:`apps.core.checkpoint.storage.writer`) and say a full disk in one line; the folder
+(:mod:`apps.core.checkpoint.storage.writer`) and say a full disk in one line
+(:class:`apps.core.checkpoint.storage.errors.SaveFailed`); the folder
 (:mod:`apps.core.checkpoint.folder`) calls them and commits what they wrote.
 """
 
