@@ -148,14 +148,15 @@ def shards_save(app, url: str, local: bool, summed: bool, env) -> float:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    from apps.core.checkpoint import storage
     from apps.core.checkpoint.checkpointer import TrainState
+    from apps.core.checkpoint.storage.saving import save_shards
+    from apps.core.checkpoint.storage.writer import CheckpointSavePlanner
 
     state = app.entries(TrainState(env.rank, 0, 0.0))
     if summed:
-        return timed(lambda: storage.save_shards(state, url, local))
+        return timed(lambda: save_shards(state, url, local))
     writer = FsspecWriter(url, sync_files=local)
-    return timed(lambda: dcp.save(state, storage_writer=writer, planner=storage._SavePlanner()))
+    return timed(lambda: dcp.save(state, storage_writer=writer, planner=CheckpointSavePlanner()))
 
 
 def unchecked(checkpoint):

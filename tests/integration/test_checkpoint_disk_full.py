@@ -58,7 +58,8 @@ def test_a_disk_full_for_a_checkpoints_small_files_is_said_in_one_line(tmp_path,
         f"""
         import os
         from apps.core.checkpoint.folder import CheckpointStore
-        from apps.core.checkpoint.storage import Checksums, SaveFailed
+        from apps.core.checkpoint.storage.checksums import Checksums
+        from apps.core.checkpoint.storage.errors import SaveFailed
 
         store = CheckpointStore({str(disk / "ckpt")!r}, keep_last=2)
         store.run_id = "run-1"

@@ -15,7 +15,7 @@ import pytest
 
 from apps.core.checkpoint.folder import COMMIT_MARKER, CheckpointStore
 from apps.core.checkpoint.lease import LEASE_FILE, Holder, Lease, job_id
-from apps.core.checkpoint.storage import CheckpointError
+from apps.core.checkpoint.storage.errors import CheckpointError
 from tests.conftest import assert_ok, kill_job, run, start_torchrun, tiny, torchrun
 
 # Tier (tests/conftest.py): real processes; the lease's own logic is marked unit.

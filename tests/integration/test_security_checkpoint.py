@@ -19,10 +19,11 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, MetadataIndex
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-from apps.core.checkpoint import storage as checkpoint_storage
 from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
 from apps.core.checkpoint.folder import COMMIT_MARKER, Checkpoint, CheckpointStore
-from apps.core.checkpoint.storage import CheckpointError, CheckpointReader
+from apps.core.checkpoint.storage import stored_tensor
+from apps.core.checkpoint.storage.errors import CheckpointError
+from apps.core.checkpoint.storage.reader import CheckpointReader
 from apps.core.common.distributed import DistEnv, free_port
 from apps.core.training.report import Reporter
 from apps.core.urls import redact_urls
@@ -152,13 +153,13 @@ def test_a_planted_tensor_entry_changes_nothing_shared_by_the_process(tmp_path):
         archive.writestr("archive/version", "3\n")  # so that torch.load unpickles it too
     metadata.storage_data[index] = _StorageInfo(info.relative_path, 0, (folder / info.relative_path).stat().st_size)
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
-    before = checkpoint_storage._layout.__defaults__
+    before = stored_tensor._layout.__defaults__
     try:
         with pytest.raises(CheckpointException):
             CheckpointStore(str(tmp_path), keep_last=2).load(Checkpoint(str(folder), 10, {}), {"x": torch.zeros(4)})
-        assert checkpoint_storage._layout.__defaults__ == before
+        assert stored_tensor._layout.__defaults__ == before
     finally:
-        checkpoint_storage._layout.__defaults__ = before
+        stored_tensor._layout.__defaults__ = before
 
 
 @pytest.mark.unit

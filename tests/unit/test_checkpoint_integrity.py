@@ -13,10 +13,11 @@ import torch
 import torch.distributed as dist
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
-from apps.core.checkpoint import storage as checkpoint_storage
 from apps.core.checkpoint.checkpointer import Checkpointed, Checkpointer, TrainState, open_checkpoints
 from apps.core.checkpoint.folder import CheckpointStore
-from apps.core.checkpoint.storage import CheckpointReader, DamagedCheckpoint
+from apps.core.checkpoint.storage import writer
+from apps.core.checkpoint.storage.errors import DamagedCheckpoint
+from apps.core.checkpoint.storage.reader import CheckpointReader
 from apps.core.common.distributed import DistEnv, free_port
 from apps.dlrm.config import train_config
 from apps.dlrm.model import TABLES
@@ -240,7 +241,7 @@ def location(request, tmp_path):
 )
 def test_a_resharded_load_verifies_the_bytes_it_reads(location, env, pieces, monkeypatch):
     """Checksums of 16-byte blocks here: each piece read, whatever its rows or columns, is checked."""
-    monkeypatch.setattr(checkpoint_storage, "CHECKSUM_BLOCK_BYTES", 16)
+    monkeypatch.setattr(writer, "CHECKSUM_BLOCK_BYTES", 16)
     store = saved(location, env, steps=[10])
     target = {TABLE: sharded(torch.zeros(6, 4), pieces), "progress": torch.zeros(1)}
     store.load(store.newest(), target)

@@ -12,8 +12,10 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from apps.core.checkpoint import storage as checkpoint_storage
-from apps.core.checkpoint.storage import _CheckpointWriter, load_shards, save_shards
+from apps.core.checkpoint.storage import batched_reader
+from apps.core.checkpoint.storage.loading import load_shards
+from apps.core.checkpoint.storage.saving import save_shards
+from apps.core.checkpoint.storage.writer import CheckpointWriter
 from apps.core.common.distributed import free_port
 from tests.shards import sharded, whole
 
@@ -71,7 +73,7 @@ def assert_equal(loaded: dict, saved: dict) -> None:
 @pytest.mark.parametrize(
     "writer",
     [
-        lambda url: _CheckpointWriter(url, sync_files=False),  # the app's saves before _SavePlanner
+        lambda url: CheckpointWriter(url, sync_files=False),  # the app's saves before CheckpointSavePlanner
         lambda url: FsspecWriter(url),  # DCP's own
     ],
     ids=["app's previous save", "DCP's writer"],
@@ -86,7 +88,7 @@ def test_checkpoints_in_dcps_format_load_exactly(tmp_path, local, writer):
 
 def test_object_store_reads_in_many_fetches_load_exactly(tmp_path, monkeypatch):
     # Fetches of at most 64 bytes: about one per entry, each fetched while the last one loads.
-    monkeypatch.setattr(checkpoint_storage, "_READ_BATCH_BYTES", 64)
+    monkeypatch.setattr(batched_reader, "_READ_BATCH_BYTES", 64)
     saved = varied()
     dcp.save(saved, storage_writer=FsspecWriter(str(tmp_path)), no_dist=True)
     loaded = blank(saved)

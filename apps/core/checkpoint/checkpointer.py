@@ -22,12 +22,9 @@ from torchrec.optim.keyed import CombinedOptimizer
 
 from apps.core.checkpoint.folder import Checkpoint, CheckpointStore
 from apps.core.checkpoint.reshard import Resharding, below
-from apps.core.checkpoint.storage import (
-    CheckpointError,
-    CheckpointReader,
-    DamagedCheckpoint,
-    HostStager,
-)
+from apps.core.checkpoint.storage.errors import CheckpointError, DamagedCheckpoint
+from apps.core.checkpoint.storage.reader import CheckpointReader
+from apps.core.checkpoint.storage.saving import HostStager
 from apps.core.common.distributed import DistEnv, decided_by_main
 from apps.core.common.tables import TableModule
 from apps.core.config import SharedSections

@@ -41,18 +41,11 @@ from fsspec.implementations.local import LocalFileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 
 from apps.core.checkpoint.lease import LEASE_FILE, Holder, Lease
-from apps.core.checkpoint.storage import (
-    CheckpointError,
-    CheckpointReader,
-    Checksums,
-    DamagedCheckpoint,
-    HostStager,
-    SaveFailed,
-    load_shards,
-    no_space_left,
-    save_shards,
-    save_shards_async,
-)
+from apps.core.checkpoint.storage.checksums import Checksums
+from apps.core.checkpoint.storage.errors import CheckpointError, DamagedCheckpoint, SaveFailed, no_space_left
+from apps.core.checkpoint.storage.loading import load_shards
+from apps.core.checkpoint.storage.reader import CheckpointReader
+from apps.core.checkpoint.storage.saving import HostStager, save_shards, save_shards_async
 from apps.core.common.distributed import DistEnv, decided_by_main
 from apps.core.common.errors import ConfigError
 from apps.core.urls import is_url, reaching

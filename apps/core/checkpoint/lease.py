@@ -43,7 +43,7 @@ from typing import Callable
 
 from fsspec import AbstractFileSystem
 
-from apps.core.checkpoint.storage import CheckpointError
+from apps.core.checkpoint.storage.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from apps.core.checkpoint.storage import CheckpointError
+from apps.core.checkpoint.storage.errors import CheckpointError
 from apps.core.common.tables import TableModule
 
 #: Per embedding optimizer: each fused (FBGEMM) state of a table -> the same state of a

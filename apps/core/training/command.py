@@ -13,7 +13,7 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 
 from apps.core.app_spec import AppSpec
 from apps.core.checkpoint.lease import release_held
-from apps.core.checkpoint.storage import SaveFailed
+from apps.core.checkpoint.storage.errors import SaveFailed
 from apps.core.common.distributed import DistEnv, exit_refused, init_distributed, leave_process_group, restarts_left
 from apps.core.common.errors import ConfigError
 from apps.core.common.startup import imports_uncollected

@@ -22,7 +22,7 @@ from torchrec.models.dlrm import DLRM
 
 from apps.core.checkpoint.checkpointer import check_compatible
 from apps.core.checkpoint.folder import Checkpoint, CheckpointStore
-from apps.core.checkpoint.storage import CheckpointError
+from apps.core.checkpoint.storage.errors import CheckpointError
 from apps.core.common.errors import ConfigError
 from apps.core.urls import redact_urls
 from apps.dlrm.config import JobConfig
