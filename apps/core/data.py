@@ -41,6 +41,12 @@ class RankShare:
         """Samples of one step over all ranks."""
         return self.batch_size * self.world_size
 
+    def block(self, index: int) -> int:
+        """Of data dealt in blocks of ``batch_size`` samples, the block this rank reads of global
+        batch ``index``: ranks take consecutive blocks, so one process reading blocks
+        ``index * world_size ...`` in turn sees the global batch whole."""
+        return index * self.world_size + self.rank
+
 
 class DataSource(Protocol[BatchT]):
     """A run's data: one rank's batches, each a pure function of (seed, step, rank), so that a

@@ -183,13 +183,13 @@ class SyntheticClickLogs:
         """This rank's training batches from ``start_step`` on, without end."""
         step = start_step
         while True:
-            yield self.block("train", step * self.share.world_size + self.share.rank)
+            yield self.block("train", self.share.block(step))
             step += 1
 
     def eval_batches(self, split: str, num_batches: int) -> Generator[Batch, None, None]:
         """This rank's ``num_batches`` batches of the ``val`` or ``test`` split."""
         for i in range(num_batches):
-            yield self.block(split, i * self.share.world_size + self.share.rank)
+            yield self.block(split, self.share.block(i))
 
 
 def _kjt_order(batch: int, sizes: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

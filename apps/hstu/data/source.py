@@ -107,7 +107,7 @@ class SequenceSource(DataSource[SequenceBatch]):
         """This rank's training batches from ``start_step`` on, without end."""
         step = start_step
         while True:
-            yield self.batch("train", step * self.share.world_size + self.share.rank)
+            yield self.batch("train", self.share.block(step))
             step += 1
 
     def eval_batches(self, split: str, num_batches: int) -> Generator[SequenceBatch, None, None]:
@@ -117,7 +117,7 @@ class SequenceSource(DataSource[SequenceBatch]):
             rounds = -(-self.num_users // self.share.global_batch)
             num_batches = min(num_batches, rounds) if num_batches else rounds
         for i in range(num_batches):
-            yield self.batch(split, i * self.share.world_size + self.share.rank)
+            yield self.batch(split, self.share.block(i))
 
     def batch(self, split: str, block: int) -> SequenceBatch:
         users = self.train_users(block) if split == "train" else self.eval_users(block)

@@ -154,24 +154,20 @@ class CriteoClickLogs:
     def _train_slice(self, step: int) -> tuple[int, int, int]:
         """(epoch, first, last) positions of this rank's rows of ``step`` in the epoch's order."""
         epoch, index = divmod(step, self.steps_per_epoch)
-        first = index * self.share.global_batch + self.share.rank * self.share.batch_size
+        first = self.share.block(index) * self.share.batch_size
         return epoch, first, first + self.share.batch_size
 
     def _eval_ranges(self, split: str, num_batches: int) -> list[Range]:
         start, stop = self.splits[split]
-        b, w, rank, global_batch = (
-            self.share.batch_size,
-            self.share.world_size,
-            self.share.rank,
-            self.share.global_batch,
-        )
-        full, rest = divmod(stop - start, global_batch)
-        firsts = [start + i * global_batch + rank * b for i in range(full)]
+        share = self.share
+        b, w = share.batch_size, share.world_size
+        full, rest = divmod(stop - start, share.global_batch)
+        firsts = [start + share.block(i) * b for i in range(full)]
         ranges = [(first, first + b) for first in firsts]
         if rest >= w:  # the tail: rest // w or rest // w + 1 rows per rank
             sizes = [rest // w + (r < rest % w) for r in range(w)]
-            first = start + full * global_batch + sum(sizes[:rank])
-            ranges.append((first, first + sizes[rank]))
+            first = start + full * share.global_batch + sum(sizes[: share.rank])
+            ranges.append((first, first + sizes[share.rank]))
         if num_batches:
             ranges = ranges[:num_batches]
         return ranges
