@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from apps.core.data import RankShare  # noqa: E402
 from apps.dlrm.config import train_config  # noqa: E402
 from apps.dlrm.data.criteo.layout import ARRAYS, FORMAT, FORMAT_VERSION, array_file, day_report_file, write_json  # noqa: E402
 from apps.dlrm.data.criteo.loader import CriteoClickLogs  # noqa: E402
@@ -183,7 +184,8 @@ def main() -> None:
             shuffle=args.shuffle,
             shuffle_block_rows=args.shuffle_block_rows,
         )
-        data = CriteoClickLogs(cfg, folder, rank=0, world_size=args.world_size, pin_memory=args.device == "cuda")
+        share = RankShare.of(cfg.training, 0, args.world_size)
+        data = CriteoClickLogs(cfg.model, cfg.data, share, folder, pin_memory=args.device == "cuda")
         steps = min(data.steps_per_epoch - 1, 200)
         results = {"train": [], "eval": []}
         for _ in range(args.repeats):

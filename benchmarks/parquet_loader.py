@@ -57,6 +57,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from apps.core.data import RankShare  # noqa: E402
 from apps.dlrm.config import train_config  # noqa: E402
 from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, TABLE_SIZE_PRESETS  # noqa: E402
 from apps.dlrm.data.parquet.loader import ParquetClickLogs  # noqa: E402
@@ -117,7 +118,7 @@ def ours(data_path: str, batch_size: int, passes: int) -> Callable[[], tuple[Ite
     )
 
     def start() -> tuple[Iterator, int | None]:
-        data = ParquetClickLogs(cfg, rank=0, world_size=1, pin_memory=False)
+        data = ParquetClickLogs(cfg.model, cfg.data, RankShare.of(cfg.training), pin_memory=False)
         batches = data.train_batches(0)
 
         def labels() -> Iterator:

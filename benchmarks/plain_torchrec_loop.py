@@ -24,6 +24,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from apps.core.common.teardown import exit_without_teardown
+from apps.core.data import RankShare
 from apps.core.training.precision import set_tf32
 from apps.dlrm.config import JobConfig, parse_train_config
 from apps.dlrm.data.synthetic import SyntheticClickLogs
@@ -73,7 +74,7 @@ def main() -> None:
     cfg = parse_train_config(sys.argv[1:])
     device, rank, world = start(cfg)
     pipeline = plain_pipeline(cfg, device)
-    batches = SyntheticClickLogs(cfg, rank, world, device).train_batches()
+    batches = SyntheticClickLogs(cfg.model, cfg.data, RankShare.of(cfg.training, rank, world), device).train_batches()
     start_time = time.perf_counter()
     for _ in range(cfg.training.steps):
         loss, _, _ = pipeline.progress(batches)

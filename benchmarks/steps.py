@@ -41,6 +41,7 @@ def step_taken(trainer: Any) -> str:
 
 def plain_step(app_args: list[str], pool: bool) -> Callable[[], Any]:
     """plain_torchrec_loop.py's pipeline step (returning its loss) on the app's synthetic batches."""
+    from apps.core.data import RankShare
     from apps.dlrm.config import parse_train_config
     from apps.dlrm.data.synthetic import SyntheticClickLogs
     from benchmarks.plain_torchrec_loop import plain_pipeline, start
@@ -48,7 +49,8 @@ def plain_step(app_args: list[str], pool: bool) -> Callable[[], Any]:
     cfg = parse_train_config(app_args)
     device, rank, world = start(cfg)
     pipeline = plain_pipeline(cfg, device)
-    batches: Iterator[Any] = SyntheticClickLogs(cfg, rank, world, device).train_batches()
+    share = RankShare.of(cfg.training, rank, world)
+    batches: Iterator[Any] = SyntheticClickLogs(cfg.model, cfg.data, share, device).train_batches()
     if pool:
         batches = pooled(batches)
     return lambda: pipeline.progress(batches)[0]

@@ -47,6 +47,7 @@ from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from apps.core.config import SharedSections
+from apps.core.data import RankShare
 from apps.core.training.optim import optimizer_class
 from apps.dlrm.config import JobConfig
 from apps.dlrm.data.synthetic import SyntheticClickLogs
@@ -128,7 +129,7 @@ class DLRMReference(UnshardedReference):
             )
             fused.load_state_dict(sparse_arch.embedding_bag_collection.state_dict())
             sparse_arch.embedding_bag_collection = fused
-        self.data = SyntheticClickLogs(cfg, rank=0, world_size=1)
+        self.data = SyntheticClickLogs(cfg.model, cfg.data, RankShare.of(cfg.training))
 
     def block(self, index: int) -> Batch:
         return self.data.block("train", index)
@@ -213,7 +214,7 @@ class HSTUReference(UnshardedReference):
         configs = hstu_model.table_configs(cfg.model)
         self.tables = FusedSequenceTables(configs, table_cls, table_kwargs)
         self.tables.load({t.name: hstu.embedding_collection.embeddings[t.name].weight for t in configs})
-        self.data = make_dataset(cfg.model, cfg.data, cfg.training.seed, cfg.training.batch_size, 0, 1, CPU)
+        self.data = make_dataset(cfg.model, cfg.data, RankShare.of(cfg.training), CPU)
 
     def block(self, index: int) -> SequenceBatch:
         return self.data.batch("train", index)

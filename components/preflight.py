@@ -20,7 +20,7 @@ def check_before_submitting(launch: Launch, cfg: JobConfig) -> list[str]:
     the job reads that are not on this machine (``--data_path PATH``): see :func:`needing_here`."""
     check_devices(launch, cfg)
     try:
-        return check_local_data(cfg)
+        return check_local_data(cfg.model, cfg.data)
     except ConfigError as e:
         raise InvalidComponentArgument(str(e)) from None
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from apps.core.data import RankShare
 from apps.dlrm.config import train_config
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 
@@ -34,7 +35,7 @@ def write_click_parquet(
     ``text_columns``: the sparse columns whose ids are written as text, ``"id<n>"`` (as user ids
     often come), which ``--categorical_ids hash`` fingerprints."""
     cfg = train_config(num_embeddings=num_embeddings, batch_size=rows_per_file, seed=seed)
-    logs = SyntheticClickLogs(cfg, rank=0, world_size=1)
+    logs = SyntheticClickLogs(cfg.model, cfg.data, RankShare.of(cfg.training))
     os.makedirs(folder, exist_ok=True)
     for f in range(files):
         batch = logs.block("train", f)

@@ -13,16 +13,12 @@ from apps.core.common.compile_cache import key_compile_cache_by_cpu
 from apps.core.common.tables import TableModule
 from apps.core.config import LaunchConfig
 from apps.dlrm.config import ModelConfig
+from apps.dlrm.data.criteo.tables import feature_names
 
 #: Where the tables live inside ``DLRMTrain``: the key of the module in a sharding plan.
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
 #: ... and what they are, for the shared machinery that plans, shards and checkpoints them.
 TABLES = TableModule(EBC_PATH, "EmbeddingBagCollection")
-
-
-def feature_names(num_sparse_features: int) -> list[str]:
-    """Sparse feature names; the first 26 match TorchRec's Criteo names (``cat_0`` ...)."""
-    return [f"cat_{i}" for i in range(num_sparse_features)]
 
 
 def table_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from apps.dlrm.config import train_config
-from apps.dlrm.data.synthetic import SyntheticClickLogs
 from tests.conftest import process_env
+from tests.unit.test_synthetic import synthetic
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
@@ -31,7 +31,7 @@ SMALL = ["--batch_size", "128", "--log_every", "8", "--val_batches", "0", "--tes
 def clicks(tmp_path_factory) -> str:
     """6 Parquet files ("days") of 2048 rows: label, int_0..12, cat_0..25; the last is held out."""
     folder = tmp_path_factory.mktemp("clicks")
-    source = SyntheticClickLogs(train_config(num_embeddings=TABLE_ROWS, batch_size=ROWS_PER_FILE), 0, 1)
+    source = synthetic(train_config(num_embeddings=TABLE_ROWS, batch_size=ROWS_PER_FILE))
     for day in range(FILES):
         batch = source.block("train", day)
         ids = batch.sparse_features.to_dict()

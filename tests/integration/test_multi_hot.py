@@ -15,16 +15,17 @@ import torch
 from torchmetrics.classification import BinaryAUROC
 
 from apps.core.common.errors import ConfigError
+from apps.core.data import RankShare
 from apps.core.options import to_argv
 from apps.dlrm.config import parse_train_config, train_config
 from apps.dlrm.data.criteo import multi_hot
 from apps.dlrm.data.criteo.loader import CriteoClickLogs
 from apps.dlrm.data.criteo.multi_hot import expand, multi_hot_tables
 from apps.dlrm.data.criteo.tables import MLPERF_MULTI_HOT_SIZES, TABLE_SIZE_PRESETS
-from apps.dlrm.data.synthetic import SyntheticClickLogs
 from benchmarks.equivalence import STEPS, TOLERANCE, compare
 from tests.conftest import TINY, assert_ok, run, torchrun
 from tests.unit.test_criteo_data import TABLES, dataset, rows_of, write_folder
+from tests.unit.test_synthetic import synthetic
 
 # Tier (tests/conftest.py): real processes and servers; pure-logic tests are marked unit.
 TIER = "integration"
@@ -44,7 +45,7 @@ def per_sample(batch, key: str, size: int) -> np.ndarray:
 
 @pytest.mark.unit
 def test_synthetic_multi_hot_batches_have_the_sizes_ranges_and_determinism():
-    data = SyntheticClickLogs(CFG, 0, 1)
+    data = synthetic(CFG)
     batch = data.block("train", 3)
     kjt = batch.sparse_features
     for t, (rows, size) in enumerate(zip(ROWS, SIZES)):
@@ -52,7 +53,7 @@ def test_synthetic_multi_hot_batches_have_the_sizes_ranges_and_determinism():
         ids = per_sample(batch, f"cat_{t}", size)
         assert ids.min() >= 0 and ids.max() < rows
     assert not np.all(per_sample(batch, "cat_2", 5) == per_sample(batch, "cat_2", 5)[:, :1])  # not 5 copies
-    again = SyntheticClickLogs(CFG, 0, 1).block("train", 3)
+    again = synthetic(CFG).block("train", 3)
     assert torch.equal(kjt.values(), again.sparse_features.values()) and torch.equal(batch.labels, again.labels)
     assert not torch.equal(kjt.values(), data.block("train", 4).sparse_features.values())
 
@@ -61,7 +62,7 @@ def test_synthetic_multi_hot_batches_have_the_sizes_ranges_and_determinism():
 def test_one_id_per_feature_gives_the_one_hot_batches():
     one_hot = train_config(num_sparse_features=4, num_embeddings_per_feature=ROWS, batch_size=128)
     ones = one_hot.replace(multi_hot_sizes=[1, 1, 1, 1], pooling="mean")
-    a, b = SyntheticClickLogs(one_hot, 0, 1).block("val", 2), SyntheticClickLogs(ones, 0, 1).block("val", 2)
+    a, b = synthetic(one_hot).block("val", 2), synthetic(ones).block("val", 2)
     assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
     assert torch.equal(a.labels, b.labels) and torch.equal(a.dense_features, b.dense_features)
 
@@ -70,14 +71,14 @@ def test_one_id_per_feature_gives_the_one_hot_batches():
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
 def test_teacher_pools_like_the_model_and_sets_a_ceiling(pooling):
     cfg = train_config(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling=pooling)
-    data = SyntheticClickLogs(cfg, 0, 1)
+    data = synthetic(cfg)
     auroc = BinaryAUROC()
     for batch in data.eval_batches("val", 10):
         auroc.update(data.teacher_logits(batch), batch.labels.long())
     assert 0.72 < auroc.compute().item() < 0.9
     # the teacher's logit of a sample is its pooled per-id weights: mean != sum with several ids
-    other = SyntheticClickLogs(
-        train_config(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling="sum" if pooling == "mean" else "mean"), 0, 1
+    other = synthetic(
+        train_config(multi_hot_sizes=MLPERF_MULTI_HOT_SIZES, pooling="sum" if pooling == "mean" else "mean")
     )
     assert not torch.allclose(data.teacher_logits(batch), other.teacher_logits(batch))
 
@@ -144,7 +145,7 @@ def test_multi_hot_tables_that_host_memory_cannot_hold_are_refused_before_they_a
     assert len(dataset(folder, multi_hot_sizes=sizes).keys) == 26  # 3 processes fit
     cfg = train_config(data="criteo", data_path=folder, num_embeddings=TABLES, multi_hot_sizes=sizes, batch_size=50)
     with pytest.raises(ConfigError, match=re.escape("take 9.9 MiB in each of this host's 4 training processes")) as e:
-        CriteoClickLogs(cfg, folder, 0, 4, pin_memory=False, local_world_size=4)
+        CriteoClickLogs(cfg.model, cfg.data, RankShare.of(cfg.training, 0, 4), folder, False, local_world_size=4)
     assert "(39.7 MiB in all), but 30.0 MiB is available" in str(e.value)
 
 

@@ -23,6 +23,7 @@ import torch
 from apps.core.common.errors import ConfigError
 from apps.core.common.hashing import mix64_int
 from apps.core.common.splits import held_out_split
+from apps.core.data import RankShare
 from apps.dlrm.config import train_config
 from apps.dlrm.data.parquet.files import ColumnSpec
 from apps.dlrm.data.parquet.loader import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
@@ -79,7 +80,8 @@ def dataset(path, rank=0, world=1, **kwargs) -> ParquetClickLogs:
         "shuffle_block_rows": 20,
         **kwargs,
     }
-    return ParquetClickLogs(train_config(**options), rank, world, pin_memory=False)
+    cfg = train_config(**options)
+    return ParquetClickLogs(cfg.model, cfg.data, RankShare.of(cfg.training, rank, world), pin_memory=False)
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +187,7 @@ def test_evaluation_gives_every_rank_the_same_number_of_batches(folder):
         rows = sorted(row for batches in per_rank for batch in batches for row in batch)
         assert rows == list(range(start, stop))[: len(rows)] and stop - start - len(rows) < world
         assert [rows_of(b) for b in dataset(folder, 2, world).eval_batches(split, 1)] == per_rank[2][:1]
-    assert eval_runs(10, 100, 1, 3, 2, 0) == [(103, 105), (105, 106)]
+    assert eval_runs(10, 100, RankShare(rank=1, world_size=3, seed=0, batch_size=2), 0) == [(103, 105), (105, 106)]
 
 
 @pytest.mark.unit

@@ -11,10 +11,10 @@ import torch
 from apps.core.common.errors import ConfigError
 from apps.core.training.device_support import check_device_support
 from apps.dlrm.config import parse_train_config, train_config
-from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.model import build_model, speed_up_dense
 from apps.dlrm.training.app import DLRM
 from tests.conftest import LOCAL_TRAIN_1X2, TINY, assert_ok, run, tiny, torchrun
+from tests.unit.test_synthetic import synthetic
 
 # Tier (tests/conftest.py): real processes and servers.
 TIER = "integration"
@@ -171,7 +171,7 @@ def test_each_forward_of_a_compiled_dense_part_is_one_cuda_graph_iteration(monke
     cpu = torch.device("cpu")
     model = build_model(cfg.model, cpu, table_device=cpu)
     speed_up_dense(cfg.launch, model, cpu)
-    data = SyntheticClickLogs(cfg, rank=0, world_size=1)
+    data = synthetic(cfg)
     loss, _ = model(next(data.train_batches()))
     loss.backward()
     assert len(marks) == 1

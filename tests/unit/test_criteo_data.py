@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from apps.core.common.errors import ConfigError
+from apps.core.data import RankShare
 from apps.core.options import to_argv
 from apps.dlrm.config import train_config
 from apps.dlrm.data.criteo.fetch import local_folder
@@ -56,7 +57,7 @@ def write_folder(folder, rows_per_day: list[int], sizes: int = TABLES) -> str:
 
 def dataset(folder, rank=0, world=1, **kwargs) -> CriteoClickLogs:
     cfg = train_config(**{"data": "criteo", "data_path": folder, "num_embeddings": TABLES, "batch_size": 100, **kwargs})
-    return CriteoClickLogs(cfg, folder, rank, world, pin_memory=False)
+    return CriteoClickLogs(cfg.model, cfg.data, RankShare.of(cfg.training, rank, world), folder, pin_memory=False)
 
 
 def rows_of(batch) -> list[int]:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torchrec.datasets.criteo import BinaryCriteoUtils, InMemoryBinaryCriteoIterDataPipe
 
+from apps.core.data import RankShare
 from apps.dlrm.config import train_config
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.data.criteo.loader import CriteoClickLogs
@@ -87,7 +88,7 @@ def test_torchrec_binary_loader_reads_our_files_as_our_loader_does(torchrec_npys
     out = ours(raw, tmp_path / "out")
     paths = {part: [str(out / f"day_{d}_{part}.npy") for d in range(DAYS)] for part in ("dense", "sparse", "labels")}
     cfg = train_config(data="criteo", data_path=str(out), num_embeddings_per_feature=SIZES, batch_size=128)
-    mine = CriteoClickLogs(cfg, str(out), rank=0, world_size=1, pin_memory=False)
+    mine = CriteoClickLogs(cfg.model, cfg.data, RankShare.of(cfg.training), str(out), pin_memory=False)
     for split in ("val", "test"):
         # TorchRec's val and test: the halves of the last day, as ours with --eval_days 1. Our ids
         # are already below the table sizes, so its modulo by `hashes` changes none of them;

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from apps.core.common.errors import ConfigError
+from apps.core.data import RankShare
 from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
 from apps.hstu.data import make_dataset
 from apps.hstu.data.batch import SequenceBatch
@@ -23,7 +24,7 @@ CPU = torch.device("cpu")
 
 def synthetic(rank=0, world_size=1, seed=0, batch_size=8, **data):
     model = HSTUModelConfig(num_items=40, max_seq_len=12)
-    return make_dataset(model, SequenceDataConfig(**data), seed, batch_size, rank, world_size, CPU)
+    return make_dataset(model, SequenceDataConfig(**data), RankShare(rank, world_size, seed, batch_size), CPU)
 
 
 def sequences(batch: SequenceBatch) -> list[list[tuple[int, int, int]]]:
@@ -84,7 +85,7 @@ def test_the_ceiling_is_what_the_bayes_optimal_predictor_reaches(eval_negatives)
     candidate by the true P(next | last item) and breaks ties at random."""
     model = HSTUModelConfig(num_items=30, max_seq_len=6)
     data = SequenceDataConfig(synthetic_branching=3, synthetic_noise=0.3, eval_negatives=eval_negatives)
-    source = make_dataset(model, data, 3, 2000, 0, 1, CPU)
+    source = make_dataset(model, data, RankShare(0, 1, seed=3, batch_size=2000), CPU)
     generator = torch.Generator().manual_seed(0)
     per_user = []
     for block in range(3):
@@ -168,7 +169,8 @@ def parquet(path, layout, batch_size=2, rank=0, world_size=1, **options):
         data="parquet", data_path=str(path), layout=layout, **{**defaults.get(layout, {}), **options}
     )
     data.check()
-    return make_dataset(HSTUModelConfig(num_items=10, num_actions=3), data, 0, batch_size, rank, world_size, CPU)
+    share = RankShare(rank, world_size, seed=0, batch_size=batch_size)
+    return make_dataset(HSTUModelConfig(num_items=10, num_actions=3), data, share, CPU)
 
 
 @pytest.mark.parametrize("layout", ["per_user", "per_event"])
@@ -217,7 +219,9 @@ def test_parquet_epochs_visit_every_user_once_in_a_new_order_per_epoch(tmp_path)
     def users_read(source, steps: range) -> list[int]:
         """The users of the training steps ``steps``, by their first event's time (1000 * user)."""
         return [
-            user[0][2] // 1000 for step in steps for user in sequences(source.batch("train", 2 * step + source.rank))
+            user[0][2] // 1000
+            for step in steps
+            for user in sequences(source.batch("train", 2 * step + source.share.rank))
         ]
 
     assert sorted(users_read(ranks[0], range(2)) + users_read(ranks[1], range(2))) == list(range(12))

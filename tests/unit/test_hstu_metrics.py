@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from apps.core.common.distributed import free_port
+from apps.core.data import RankShare
 from apps.hstu.config import HSTUModelConfig, SequenceDataConfig, train_config
 from apps.hstu.data import make_dataset
 from apps.hstu.metrics import ActionAUROC, RetrievalMetrics, auroc
@@ -89,7 +90,9 @@ def one_thread():
 def trained(model_cfg: HSTUModelConfig, steps: int):
     """A model of ``model_cfg`` after ``steps`` Adam steps on synthetic users, and their source."""
     torch.manual_seed(0)
-    source = make_dataset(model_cfg, SequenceDataConfig(synthetic_noise=0.2), 0, 64, 0, 1, CPU)
+    source = make_dataset(
+        model_cfg, SequenceDataConfig(synthetic_noise=0.2), RankShare(0, 1, seed=0, batch_size=64), CPU
+    )
     train = build_model(model_cfg, CPU, CPU)
     optimizer = torch.optim.Adam(train.parameters(), lr=0.01)
     for _, batch in zip(range(steps), source.train_batches()):
@@ -139,7 +142,9 @@ def test_a_small_model_learns_the_planted_transitions(one_thread):
         max_seq_len=10,
         temperature=0.1,
     )
-    source = make_dataset(model_cfg, SequenceDataConfig(synthetic_noise=0.2), 0, 64, 0, 1, CPU)
+    source = make_dataset(
+        model_cfg, SequenceDataConfig(synthetic_noise=0.2), RankShare(0, 1, seed=0, batch_size=64), CPU
+    )
     train = build_model(model_cfg, CPU, CPU)
     optimizer = torch.optim.Adam(train.parameters(), lr=0.01)
     for _, batch in zip(range(300), source.train_batches()):

@@ -9,10 +9,12 @@ it:
   config sections, options, URLs) and imports no app, nor names one in its code (its docstrings
   and comments may): an app hands core its name with the rest of what is its own (its AppSpec);
   apps/dlrm/ and apps/hstu/ are apps on top of it, and neither imports the other;
-- the rooms: common/ imports nothing else from the apps; data/ imports neither launch/ nor the
-  checkpoints; training/ (core's and each app's) builds on data/ and checkpoint/; launch/ does not import data/; serving/ (export and prediction)
-  builds on the model, the data and the checkpoints, not on training, and only the commands
-  above it import it.
+- the rooms: common/ imports nothing else from the apps; data/ (each app's) imports neither
+  launch/ nor the checkpoints nor the model (which builds on it), and the Criteo room, which the
+  configuration reads, not the configuration; apps/core/data.py, which every data room imports,
+  loads no torch; training/ (core's and each app's) builds on data/ and checkpoint/; launch/ does
+  not import data/; serving/ (export and prediction) builds on the model, the data and the
+  checkpoints, not on training, and only the commands above it import it.
 """
 
 import ast
@@ -30,6 +32,7 @@ ABOVE_THE_APP = ("components", "schedulers", "torchx_plugins")
 #: What measures and checks the app, and what those share: the app never needs them to run.
 BESIDE_THE_APP = ("benchmarks", "tests", "testing")
 DLRM = REPO / "apps" / "dlrm"
+HSTU = REPO / "apps" / "hstu"
 #: What every app shares: processes, launching, checkpoints, training, options (apps/core/).
 CORE = REPO / "apps" / "core"
 #: The training rooms: the shared Trainer and what each app plugs into it.
@@ -186,13 +189,40 @@ def test_common_imports_nothing_else_from_the_app(path):
     assert_imports_none(path, "apps", allowed=("apps.core.common",), fix=fix)
 
 
-@pytest.mark.parametrize("path", sources(DLRM / "data"), ids=name)
+#: The apps' data rooms.
+DATA_SOURCES = sources(DLRM / "data") + sources(HSTU / "data")
+
+
+@pytest.mark.parametrize("path", DATA_SOURCES, ids=name)
 def test_the_data_sources_import_neither_launch_nor_checkpoints(path):
     fix = (
-        "a data source is handed what it needs (a JobConfig, a DistEnv from apps.core.common) "
-        "and knows neither how the job was launched nor how it is saved"
+        "a data source is handed what it needs (its app's model and data sections, a RankShare "
+        "from apps.core.data) and knows neither how the job was launched nor how it is saved"
     )
     assert_imports_none(path, "apps.core.launch", "apps.core.checkpoint", fix=fix)
+
+
+@pytest.mark.parametrize("path", DATA_SOURCES, ids=name)
+def test_the_data_sources_do_not_import_the_model(path):
+    fix = "the model builds on the data (its batches, its features' names), not the reverse: move the shared piece into data/"
+    assert_imports_none(path, "apps.dlrm.model", "apps.hstu.model", fix=fix)
+
+
+@pytest.mark.parametrize("path", sources(DLRM / "data" / "criteo"), ids=name)
+def test_the_criteo_room_does_not_import_the_configuration(path):
+    fix = (
+        "the configuration reads the Criteo tables (apps/dlrm/data/criteo/tables.py), so the Criteo "
+        "room lies below it: type a section by what the code reads of it (a Protocol), as the loader does"
+    )
+    assert_imports_none(path, "apps.dlrm.config", fix=fix)
+
+
+def test_the_shared_data_protocol_loads_no_torch():
+    fix = (
+        "apps/core/data.py is imported while an app's configuration is read (the DLRM's reads its "
+        "data package), which must not load torch: keep torch to the sources"
+    )
+    assert_imports_none(CORE / "data.py", "torch", "torchrec", "fbgemm_gpu", "numpy", "pyarrow", fix=fix)
 
 
 @pytest.mark.parametrize("path", sources(CORE / "launch"), ids=name)
@@ -201,7 +231,7 @@ def test_launch_does_not_import_the_data_sources(path):
     assert_imports_none(path, "apps.dlrm.data", fix=fix)
 
 
-@pytest.mark.parametrize("path", sources(DLRM / "data") + sources(CORE / "checkpoint"), ids=name)
+@pytest.mark.parametrize("path", DATA_SOURCES + sources(CORE / "checkpoint"), ids=name)
 def test_data_and_checkpoints_do_not_import_training(path):
     fix = (
         "the training room (apps/core/training/, an app's training/) builds on the data sources and "

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from apps.core.data import RankShare
 from apps.dlrm.data.parquet.loader import assemble_batch
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, block_permutation, run_rows
 from apps.dlrm.data.parquet.pool import ArrayPool
@@ -16,7 +17,8 @@ TIER = "unit"
 
 @pytest.mark.parametrize("block", [1, 7, 1024])
 def test_a_windows_runs_between_any_positions_are_those_of_its_block_permutation(block):
-    order = TrainOrder(Pieces.of_groups([[3000, 2000]]), 0, 1, 1000, 5, True, 5000, block)  # one window
+    share = RankShare(rank=0, world_size=1, seed=5, batch_size=1000)
+    order = TrainOrder(Pieces.of_groups([[3000, 2000]]), share, True, 5000, block)  # one window
     window = order.window(0, 0)
     permutation = block_permutation(np.random.default_rng([5, 0, 0, 0]), 5000, block)
     for first, last in [(0, 700), (700, 1400), (1023, 1025), (4300, 5000), (0, 5000)]:

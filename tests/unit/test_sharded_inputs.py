@@ -24,11 +24,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.common.distributed import free_port
 from apps.dlrm.config import parse_train_config
-from apps.dlrm.data.synthetic import SyntheticClickLogs
 from apps.dlrm.model import PooledSparseArch, build_model
 from apps.hstu.config import HSTUModelConfig
 from apps.hstu.data.batch import SequenceBatch, candidate_batch
 from apps.hstu.model import table_configs as hstu_table_configs
+from tests.unit.test_synthetic import synthetic
 
 # Tier (tests/conftest.py): in this process, a world of one rank, seconds.
 TIER = "unit"
@@ -91,7 +91,7 @@ def dlrm(kinds: dict[str, Any]) -> DistributedModelParallel:
 
 def synthetic_features() -> KeyedJaggedTensor:
     cfg = parse_train_config(DLRM_ARGS)
-    return SyntheticClickLogs(cfg, 0, 1, torch.device("cpu")).block("train", 0).sparse_features
+    return synthetic(cfg).block("train", 0).sparse_features
 
 
 def without_sizes(features: KeyedJaggedTensor) -> KeyedJaggedTensor:

@@ -4,6 +4,7 @@ import numpy as np
 import torch
 from torchmetrics.classification import BinaryAUROC
 
+from apps.core.data import RankShare
 from apps.dlrm.config import JobConfig, train_config
 from apps.dlrm.data.synthetic import SyntheticClickLogs
 
@@ -13,14 +14,19 @@ TIER = "unit"
 CFG = train_config(num_sparse_features=4, num_embeddings_per_feature=[1000, 50, 100_000, 7], batch_size=256)
 
 
+def synthetic(cfg: JobConfig, rank: int = 0, world: int = 1) -> SyntheticClickLogs:
+    """Rank ``rank`` of ``world``'s synthetic click logs of ``cfg``'s sections, as a job's make_data makes them."""
+    return SyntheticClickLogs(cfg.model, cfg.data, RankShare.of(cfg.training, rank, world))
+
+
 def ids_of(batch, num_features):
     return batch.sparse_features.values().numpy().reshape(num_features, -1)
 
 
 def test_same_seed_same_data_other_seed_other_data():
-    a = SyntheticClickLogs(CFG, 0, 1).block("train", 5)
-    b = SyntheticClickLogs(CFG, 0, 1).block("train", 5)
-    c = SyntheticClickLogs(CFG.replace(seed=1), 0, 1).block("train", 5)
+    a = synthetic(CFG).block("train", 5)
+    b = synthetic(CFG).block("train", 5)
+    c = synthetic(CFG.replace(seed=1)).block("train", 5)
     assert torch.equal(a.dense_features, b.dense_features)
     assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
     assert torch.equal(a.labels, b.labels)
@@ -29,8 +35,8 @@ def test_same_seed_same_data_other_seed_other_data():
 
 def test_ranks_split_each_global_batch_without_overlap():
     world = 3
-    ranks = [SyntheticClickLogs(CFG, r, world) for r in range(world)]
-    single = SyntheticClickLogs(CFG, 0, 1)
+    ranks = [synthetic(CFG, r, world) for r in range(world)]
+    single = synthetic(CFG)
     for step in range(2):
         parts = [next(iter(d.train_batches(start_step=step))) for d in ranks]
         for r, part in enumerate(parts):
@@ -44,7 +50,7 @@ def test_ranks_split_each_global_batch_without_overlap():
 
 
 def test_ids_are_in_range_and_heavy_tailed():
-    data = SyntheticClickLogs(CFG, 0, 1)
+    data = synthetic(CFG)
     ids = np.concatenate([ids_of(data.block("train", i), 4) for i in range(40)], axis=1)
     for t, rows in enumerate(CFG.model.table_sizes):
         assert ids[t].min() >= 0 and ids[t].max() < rows
@@ -57,7 +63,7 @@ def test_ids_are_in_range_and_heavy_tailed():
 
 
 def test_teacher_sets_a_reachable_ceiling_and_labels_follow_it():
-    data = SyntheticClickLogs(JobConfig(), 0, 1)
+    data = synthetic(JobConfig())
     auroc = BinaryAUROC()
     for batch in data.eval_batches("val", 20):
         auroc.update(data.teacher_logits(batch), batch.labels.long())

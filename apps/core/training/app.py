@@ -7,7 +7,7 @@ metrics and the figures of its summary. Each is a method of one object, typed by
 config (``C``), which composes the shared sections (:class:`~apps.core.config.SharedSections`).
 """
 
-from typing import Any, Generator, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -17,34 +17,9 @@ from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.config import SharedSections
+from apps.core.data import DataSource
 
 C = TypeVar("C", bound=SharedSections, contravariant=True)
-
-
-class DataSource(Protocol):
-    """A run's data: one rank's batches, each a pure function of (seed, step, rank), so that a
-    resumed run reads exactly the batches an uninterrupted one reads. A batch is a TorchRec
-    ``Pipelineable`` (it moves to the device as the pipeline needs) that the model's forward takes."""
-
-    @property
-    def steps_per_epoch(self) -> int | None:
-        """Steps of one pass over the training rows; None for data that never repeats (synthetic)."""
-        ...
-
-    @property
-    def columns(self) -> dict[str, Any] | None:
-        """The columns the model reads, as matched in the data (names in feature order, and
-        kinds), which a checkpoint's manifest records for serving to check data against; None
-        where the options alone fix them."""
-        ...
-
-    def train_batches(self, start_step: int = 0) -> Generator[Any, None, None]:
-        """This rank's training batches from ``start_step`` on, without end."""
-        ...
-
-    def eval_batches(self, split: str, num_batches: int) -> Generator[Any, None, None]:
-        """This rank's batches of ``split`` ("val" or "test"), as many on every rank."""
-        ...
 
 
 class EvalMetrics(Protocol):

@@ -13,27 +13,28 @@ statistics and row counts, not their data). A path that is not here (it may exis
 import glob
 
 from apps.core.urls import is_url
-from apps.dlrm.config import JobConfig
+from apps.dlrm.config import DataConfig, ModelConfig
 
 
-def check_local_data(cfg: JobConfig) -> list[str]:
-    """Raises the loader's ConfigError for local data that ``cfg`` cannot train on; quick
-    (metadata only), and silent for synthetic data and URLs. Returns the paths the job reads
-    that this machine does not have (for a scheduler that runs the job here to refuse)."""
-    data_path = cfg.data.data_path
-    if cfg.data.data == "synthetic" or is_url(data_path):
+def check_local_data(model: ModelConfig, data: DataConfig) -> list[str]:
+    """Raises the loader's ConfigError for local data (of the data section) that the model
+    section cannot train on; quick (metadata only), and silent for synthetic data and URLs.
+    Returns the paths the job reads that this machine does not have (for a scheduler that runs
+    the job here to refuse)."""
+    data_path = data.data_path
+    if data.data == "synthetic" or is_url(data_path):
         return []
     local = data_path.removeprefix("file://")
     if not glob.glob(local):
         return [f"--data_path {data_path}"]
-    if cfg.data.data == "criteo":
+    if data.data == "criteo":
         # Imported on use: the components import this module, and most jobs need neither reader.
         from apps.dlrm.data.criteo.layout import check_table_sizes, open_folder
 
         manifest, _ = open_folder(local)
-        check_table_sizes(manifest["num_embeddings_per_feature"], cfg.model.table_sizes, local)
+        check_table_sizes(manifest["num_embeddings_per_feature"], model.table_sizes, local)
     else:
         from apps.dlrm.data.parquet.files import CheckedFiles
 
-        CheckedFiles.open(cfg).splits(cfg)
+        CheckedFiles.open(model, data).splits(data)
     return []

@@ -36,9 +36,10 @@ import torch
 from torchrec.datasets.utils import Batch
 
 from apps.core.common.hashing import GOLDEN_GAMMA, MASK64, mix64, mix64_int, shift_right, signed
-from apps.dlrm.config import JobConfig
+from apps.core.data import RankShare
+from apps.dlrm.config import DataConfig, ModelConfig
+from apps.dlrm.data.criteo.tables import feature_names
 from apps.dlrm.data.kjt_layout import FixedLayout
-from apps.dlrm.model import feature_names
 
 SPLITS = {"train": 0, "val": 1, "test": 2}
 
@@ -95,36 +96,32 @@ class SyntheticClickLogs:
     #: Its features are the options' (see :class:`~apps.dlrm.data.ClickLogs`).
     columns: dict[str, Any] | None = None
 
-    def __init__(self, cfg: JobConfig, rank: int, world_size: int, device: torch.device = CPU) -> None:
-        self.cfg = cfg
-        self.rank = rank
-        self.world_size = world_size
+    def __init__(self, model: ModelConfig, data: DataConfig, share: RankShare, device: torch.device = CPU) -> None:
+        self.model, self.data, self.share = model, data, share
         self.device = device
-        self.keys = feature_names(cfg.model.num_sparse_features)
-        rows, sizes = cfg.model.table_sizes, cfg.model.ids_per_feature
+        self.keys = feature_names(model.num_sparse_features)
+        seed, rows, sizes = share.seed, model.table_sizes, model.ids_per_feature
         # A sample's ids are a row of [batch, sum(sizes)] columns, feature t's in m_t of them.
         feature = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
         self._rows = torch.tensor(rows, dtype=torch.int64, device=device)[feature]
         self._multipliers = torch.tensor(
-            [_coprime_multiplier(n, cfg.training.seed * 7919 + t) for t, n in enumerate(rows)], device=device
+            [_coprime_multiplier(n, seed * 7919 + t) for t, n in enumerate(rows)], device=device
         )[feature]
         self._offsets = torch.tensor(
-            [(mix64_int(cfg.training.seed + 31 * t) & MASK64) % n for t, n in enumerate(rows)], device=device
+            [(mix64_int(seed + 31 * t) & MASK64) % n for t, n in enumerate(rows)], device=device
         )[feature]
         self._table_keys = torch.tensor(
-            [mix64_int(cfg.training.seed * 1_000_003 + t) for t in range(cfg.model.num_sparse_features)], device=device
+            [mix64_int(seed * 1_000_003 + t) for t in range(model.num_sparse_features)], device=device
         )[feature]
-        weights = normal(
-            self._stream(mix64_int(cfg.training.seed * 104_729 + 99), _DENSE_WEIGHTS, cfg.model.num_dense_features)
-        )
-        self._dense_weights = weights * (_DENSE_LOGIT_STD / math.sqrt(cfg.model.num_dense_features))
-        self._mean = cfg.model.pooling == "mean"
+        weights = normal(self._stream(mix64_int(seed * 104_729 + 99), _DENSE_WEIGHTS, model.num_dense_features))
+        self._dense_weights = weights * (_DENSE_LOGIT_STD / math.sqrt(model.num_dense_features))
+        self._mean = model.pooling == "mean"
         # 1/m_t per column: mean pooling; the variance of a pooled term is m_t (sum) or 1/m_t (mean)
         self._pool_weights = 1.0 / torch.tensor(sizes, dtype=torch.float64, device=device)[feature]
         variance = sum(1.0 / m if self._mean else m for m in sizes)
         self._sparse_scale = _SPARSE_LOGIT_STD / math.sqrt(variance)
-        self._layout = FixedLayout(self.keys, sizes, cfg.training.batch_size, device)
-        self._to_kjt, self._from_kjt = _kjt_order(cfg.training.batch_size, sizes, device)
+        self._layout = FixedLayout(self.keys, sizes, share.batch_size, device)
+        self._to_kjt, self._from_kjt = _kjt_order(share.batch_size, sizes, device)
 
     # --- sampling ------------------------------------------------------------------------------
 
@@ -139,7 +136,7 @@ class SyntheticClickLogs:
         ``u`` is [batch, columns]: column ``c`` holds ids of the feature that ``self._rows[c]``
         and the other per-column tensors describe.
         """
-        s = self.cfg.data.zipf_exponent
+        s = self.data.zipf_exponent
         n = self._rows.double()[None, :]
         if abs(s - 1.0) < 1e-9:
             x = torch.exp(u * torch.log(n + 1.0))
@@ -150,11 +147,10 @@ class SyntheticClickLogs:
 
     def block(self, split: str, index: int) -> Batch:
         """Block ``index`` of ``split``: ``batch_size`` samples on this object's device."""
-        cfg = self.cfg
-        b, columns = cfg.training.batch_size, self._rows.numel()
-        key = mix64_int(mix64_int(mix64_int(cfg.training.seed) + SPLITS[split]) + index)
+        b, columns = self.share.batch_size, self._rows.numel()
+        key = mix64_int(mix64_int(mix64_int(self.share.seed) + SPLITS[split]) + index)
         ids = self._power_law_ids(uniform(self._stream(key, _IDS, b * columns)).view(b, columns))
-        dense = normal(self._stream(key, _DENSE, b * cfg.model.num_dense_features)).view(b, -1).float()
+        dense = normal(self._stream(key, _DENSE, b * self.model.num_dense_features)).view(b, -1).float()
         logits = self._teacher(ids, dense)
         labels = (uniform(self._stream(key, _LABELS, b)) < torch.sigmoid(logits)).float()
         sparse = self._layout.kjt(ids.view(-1)[self._to_kjt])
@@ -187,13 +183,13 @@ class SyntheticClickLogs:
         """This rank's training batches from ``start_step`` on, without end."""
         step = start_step
         while True:
-            yield self.block("train", step * self.world_size + self.rank)
+            yield self.block("train", self.share.block(step))
             step += 1
 
     def eval_batches(self, split: str, num_batches: int) -> Generator[Batch, None, None]:
         """This rank's ``num_batches`` batches of the ``val`` or ``test`` split."""
         for i in range(num_batches):
-            yield self.block(split, i * self.world_size + self.rank)
+            yield self.block(split, self.share.block(i))
 
 
 def _kjt_order(batch: int, sizes: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -174,7 +174,8 @@ class Features:
         trained = {"dense": [] if dense_columns else dense, "sparse": [] if sparse_columns else sparse}
         for where, schema in schemas:
             _check_trained_columns(trained, [*dense, *sparse], where, schema)
-        spec = resolve_columns(self.reading(url, dense, sparse), schemas, labelled=False)
+        reading = self.reading(url, dense, sparse)
+        spec = resolve_columns(reading.model, reading.data, schemas, labelled=False)
         if self.columns is not None:
             _check_id_kinds(spec, self.columns, url)
         return spec

@@ -14,10 +14,11 @@ from torchrec.datasets.utils import Batch
 from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
+from apps.core.data import DataSource, RankShare
 from apps.core.training import trainer
-from apps.core.training.app import DataSource
 from apps.dlrm.config import NAME, JobConfig
-from apps.dlrm.data import ClickLogs, TrainedColumns, make_dataset
+from apps.dlrm.data import ClickLogs, make_dataset
+from apps.dlrm.data.trained import TrainedColumns
 from apps.dlrm.model import TABLES, build_model, speed_up_dense, table_configs
 from apps.dlrm.training.metrics import ClickMetrics
 
@@ -49,7 +50,8 @@ class DLRMApp:
     def make_data(self, cfg: JobConfig, env: DistEnv, checkpoint: Checkpoint | None = None) -> ClickLogs:
         columns = checkpoint.manifest.get("columns") if checkpoint is not None else None
         trained = TrainedColumns(columns, checkpoint.url) if checkpoint is not None and columns else None
-        return make_dataset(cfg, env, trained)
+        share = RankShare.of(cfg.training, env.rank, env.world_size)
+        return make_dataset(cfg.model, cfg.data, share, env, trained)
 
     def eval_metrics(self, cfg: JobConfig, data: DataSource, split: str, device: torch.device) -> ClickMetrics:
         """Click metrics; on validation data with a teacher (synthetic), its AUROC as the ceiling."""

@@ -9,24 +9,20 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from apps.core.data import RankShare
     from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
     from apps.hstu.data.source import SequenceSource
 
 
 def make_dataset(
-    model: HSTUModelConfig,
-    data: SequenceDataConfig,
-    seed: int,
-    batch_size: int,
-    rank: int,
-    world_size: int,
-    device: torch.device,
+    model: HSTUModelConfig, data: SequenceDataConfig, share: RankShare, device: torch.device
 ) -> SequenceSource:
-    """This rank's source of --data: synthetic users generated on ``device``, or the users of
-    --data_path's Parquet files (read on the CPU; the train pipeline moves each batch)."""
+    """The source of --data that ``share`` says this rank reads: synthetic users generated on
+    ``device``, or the users of --data_path's Parquet files (read on the CPU; the train pipeline
+    moves each batch)."""
     from apps.hstu.data.parquet import ParquetSequences
     from apps.hstu.data.synthetic import SyntheticSequences
 
     if data.data == "parquet":
-        return ParquetSequences(model, data, seed, batch_size, rank, world_size)
-    return SyntheticSequences(model, data, seed, batch_size, rank, world_size, device)
+        return ParquetSequences(model, data, share)
+    return SyntheticSequences(model, data, share, device)

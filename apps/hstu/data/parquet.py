@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import torch
 
 from apps.core.common.errors import ConfigError
+from apps.core.data import RankShare
 from apps.core.urls import is_url, reaching
 from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
 from apps.hstu.data import random
@@ -300,19 +301,11 @@ class ParquetSequences(SequenceSource):
 
     num_users: int
 
-    def __init__(
-        self,
-        model: HSTUModelConfig,
-        data: SequenceDataConfig,
-        seed: int,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-    ) -> None:
-        super().__init__(model, data, seed, batch_size, rank, world_size)
+    def __init__(self, model: HSTUModelConfig, data: SequenceDataConfig, share: RankShare) -> None:
+        super().__init__(model, data, share)
         self.all = read_events(model, data)
         self.num_users = self.all.lengths.numel()
-        self.epoch_steps = max(1, self.num_users // (batch_size * world_size))
+        self.epoch_steps = max(1, self.num_users // share.global_batch)
         self.steps_per_epoch = self.epoch_steps
         self._order: tuple[int, torch.Tensor] | None = None
 
@@ -320,9 +313,10 @@ class ParquetSequences(SequenceSource):
         return self.all.window(users, drop_last=0, keep=int(self.all.lengths.max()))
 
     def train_users(self, block: int) -> torch.Tensor:
-        blocks_per_epoch = self.epoch_steps * self.world_size
+        blocks_per_epoch = self.epoch_steps * self.share.world_size
         epoch, position = divmod(block, blocks_per_epoch)
-        return self._epoch_order(epoch)[(position * self.batch_size + torch.arange(self.batch_size)) % self.num_users]
+        batch_size = self.share.batch_size
+        return self._epoch_order(epoch)[(position * batch_size + torch.arange(batch_size)) % self.num_users]
 
     def eval_users(self, block: int) -> torch.Tensor:
         """The users in file order; past the population's end (the padding of the last batches,
@@ -331,6 +325,6 @@ class ParquetSequences(SequenceSource):
 
     def _epoch_order(self, epoch: int) -> torch.Tensor:
         if self._order is None or self._order[0] != epoch:
-            generator = torch.Generator().manual_seed(random.key(self.seed, 5, epoch) & ((1 << 63) - 1))
+            generator = torch.Generator().manual_seed(random.key(self.share.seed, 5, epoch) & ((1 << 63) - 1))
             self._order = (epoch, torch.randperm(self.num_users, generator=generator))
         return self._order[1]

@@ -21,6 +21,7 @@ from typing import Any, Callable, Generator
 
 import torch
 
+from apps.core.data import DataSource, RankShare
 from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
 from apps.hstu.data import random
 from apps.hstu.data.batch import SequenceBatch
@@ -58,33 +59,26 @@ class Events:
         return Events(self.items[index], self.actions[index], self.timestamps[index], lengths)
 
 
-class SequenceSource:
-    """Batches of a population of users' events, leave-last-out; subclasses say which users a
-    training block holds (:meth:`train_users`) and make their events (:meth:`events`), on
-    ``device``: the batches are made there, and every tensor that meets theirs is put there."""
+class SequenceSource(DataSource[SequenceBatch]):
+    """Batches of a population of users' events, leave-last-out, those ``share`` says this rank
+    reads (a :class:`~apps.core.data.DataSource`, with what the HSTU's evaluation adds: the
+    data's ceiling and action oracle, where known); subclasses say which users a training block
+    holds (:meth:`train_users`) and make their events (:meth:`events`), on ``device``: the
+    batches are made there, and every tensor that meets theirs is put there."""
 
     #: Steps of one pass over the training users; None for data that never repeats.
     steps_per_epoch: int | None = None
     #: The users evaluation reads, each once; None: a population without end (synthetic), whose
     #: evaluation reads as many batches as asked.
     num_users: int | None = None
-    #: What a checkpoint records of the columns read (:class:`~apps.core.training.app.DataSource`):
+    #: What a checkpoint records of the columns read (:class:`~apps.core.data.DataSource`):
     #: nothing, the model's inputs being items and actions.
     columns: dict[str, Any] | None = None
 
     def __init__(
-        self,
-        model: HSTUModelConfig,
-        data: SequenceDataConfig,
-        seed: int,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        device: torch.device = CPU,
+        self, model: HSTUModelConfig, data: SequenceDataConfig, share: RankShare, device: torch.device = CPU
     ) -> None:
-        self.model, self.data = model, data
-        self.seed, self.batch_size = seed, batch_size
-        self.rank, self.world_size = rank, world_size
+        self.model, self.data, self.share = model, data, share
         self.device = device
 
     def events(self, users: torch.Tensor) -> Events:
@@ -97,7 +91,7 @@ class SequenceSource:
 
     def eval_users(self, block: int) -> torch.Tensor:
         """The users of evaluation block ``block``: the population in order."""
-        return block * self.batch_size + torch.arange(self.batch_size, device=self.device)
+        return block * self.share.batch_size + torch.arange(self.share.batch_size, device=self.device)
 
     def ceiling(self) -> dict[str, float] | None:
         """The best metrics any model can reach on this data, where known (synthetic data)."""
@@ -113,17 +107,17 @@ class SequenceSource:
         """This rank's training batches from ``start_step`` on, without end."""
         step = start_step
         while True:
-            yield self.batch("train", step * self.world_size + self.rank)
+            yield self.batch("train", self.share.block(step))
             step += 1
 
     def eval_batches(self, split: str, num_batches: int) -> Generator[SequenceBatch, None, None]:
         """This rank's ``num_batches`` batches of ``split`` ("val" or "test"), as many on every
         rank; of a population of ``num_users``, at most those that hold each user once (0: all)."""
         if self.num_users is not None:
-            rounds = -(-self.num_users // (self.batch_size * self.world_size))
+            rounds = -(-self.num_users // self.share.global_batch)
             num_batches = min(num_batches, rounds) if num_batches else rounds
         for i in range(num_batches):
-            yield self.batch(split, i * self.world_size + self.rank)
+            yield self.batch(split, self.share.block(i))
 
     def batch(self, split: str, block: int) -> SequenceBatch:
         users = self.train_users(block) if split == "train" else self.eval_users(block)
@@ -145,7 +139,8 @@ class SequenceSource:
         from the start again): evaluated, so that every rank's batch is full, but not counted."""
         if self.num_users is None:
             return 0
-        return min(self.batch_size, max(0, (block + 1) * self.batch_size - self.num_users))
+        batch_size = self.share.batch_size
+        return min(batch_size, max(0, (block + 1) * batch_size - self.num_users))
 
     def _negatives(self, split: str, block: int, events: Events) -> torch.Tensor:
         """[users, n] random items: --num_negatives for training; --eval_negatives for
@@ -153,7 +148,7 @@ class SequenceSource:
         users = events.lengths.numel()
         count = self.model.num_negatives if split == "train" else self.data.eval_negatives
         counters = torch.arange(users * count, device=self.device).view(users, count)
-        key = torch.tensor(random.key(self.seed, 7 + SPLITS[split], block), device=self.device)
+        key = torch.tensor(random.key(self.share.seed, 7 + SPLITS[split], block), device=self.device)
         draws = random.bits(key, counters)
         if split == "train":
             return random.below(draws, self.model.num_items)

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from apps.core.data import RankShare
 from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
 from apps.hstu.data import random
 from apps.hstu.data.source import Events, SequenceSource
@@ -158,20 +159,13 @@ class SyntheticSequences(SequenceSource):
     """Users of the hidden :class:`TransitionProcess`, generated on the fly on ``device``."""
 
     def __init__(
-        self,
-        model: HSTUModelConfig,
-        data: SequenceDataConfig,
-        seed: int,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        device: torch.device = CPU,
+        self, model: HSTUModelConfig, data: SequenceDataConfig, share: RankShare, device: torch.device = CPU
     ) -> None:
-        super().__init__(model, data, seed, batch_size, rank, world_size, device)
+        super().__init__(model, data, share, device)
         self.process = TransitionProcess(
-            model.num_items, model.num_actions, data.synthetic_branching, data.synthetic_noise, seed, device
+            model.num_items, model.num_actions, data.synthetic_branching, data.synthetic_noise, share.seed, device
         )
-        self._user_key = random.key(seed, 3)
+        self._user_key = random.key(share.seed, 3)
 
     def train_users(self, block: int) -> torch.Tensor:
         return self.eval_users(block)  # the stream of users, each read once

@@ -15,8 +15,8 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
+from apps.core.data import DataSource, RankShare
 from apps.core.training import trainer
-from apps.core.training.app import DataSource
 from apps.hstu.config import NAME, JobConfig
 from apps.hstu.data import make_dataset
 from apps.hstu.data.batch import ACTION, NEGATIVE, SequenceBatch
@@ -116,10 +116,8 @@ class HSTUApp:
 
     def make_data(self, cfg: JobConfig, env: DistEnv, checkpoint: Checkpoint | None = None) -> SequenceSource:
         """This rank's sequences; a checkpoint records no columns of them (the options fix them)."""
-        training = cfg.training
-        return make_dataset(
-            cfg.model, cfg.data, training.seed, training.batch_size, env.rank, env.world_size, env.device
-        )
+        share = RankShare.of(cfg.training, env.rank, env.world_size)
+        return make_dataset(cfg.model, cfg.data, share, env.device)
 
     def eval_metrics(self, cfg: JobConfig, data: DataSource, split: str, device: torch.device) -> SequenceMetrics:
         """The split's metrics; on validation data with a known ceiling (synthetic), beside it."""

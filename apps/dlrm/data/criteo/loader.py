@@ -34,7 +34,7 @@ ready, so the training loop does not wait on page faults or disk reads.
 import itertools
 import logging
 import math
-from typing import Any, Generator, Iterator
+from typing import Any, Generator, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -42,58 +42,85 @@ from torchrec.datasets.utils import Batch
 
 from apps.core.common.errors import ConfigError
 from apps.core.common.splits import Range, held_out_split
-from apps.dlrm.config import JobConfig
+from apps.core.data import RankShare
 from apps.dlrm.data.criteo.layout import DayArrays, check_table_sizes, open_folder
 from apps.dlrm.data.criteo.multi_hot import check_host_memory, expand, multi_hot_tables
-from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES
+from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, feature_names
 from apps.dlrm.data.kjt_layout import FixedLayout
 from apps.dlrm.data.prefetch import prefetched
-from apps.dlrm.model import feature_names
 
 logger = logging.getLogger("apps.dlrm.data")
 
 PREFETCH_THREAD = "criteo-prefetch"
 
 
+class TableSizes(Protocol):
+    """What the loader reads of the model section (``apps.dlrm.config.ModelConfig``). Typed by
+    what it reads, not by that class: the configuration imports this room (the Criteo features
+    and table presets), so this room does not import it back."""
+
+    @property
+    def table_sizes(self) -> list[int]:
+        """Rows of each table: the folder's ids must fit them."""
+        ...
+
+    @property
+    def ids_per_feature(self) -> list[int]:
+        """Ids per sample of each feature: more than one is multi-hot."""
+        ...
+
+
+class RowOrder(Protocol):
+    """What the loader reads of the data section (``apps.dlrm.config.DataConfig``): which rows
+    are held out, and how the training rows are shuffled."""
+
+    eval_days: int
+    eval_fraction: float
+    shuffle: bool
+    shuffle_block_rows: int
+
+
 class CriteoClickLogs:
-    """Rank ``rank``'s batches of a preprocessed Criteo folder; ``local_world_size``: the training
-    processes on this host, each of which holds the multi-hot tables."""
+    """The batches of a preprocessed Criteo folder that ``share`` says this rank reads;
+    ``local_world_size``: the training processes on this host, each of which holds the
+    multi-hot tables."""
 
     #: A preprocessed folder's columns are fixed (see :class:`~apps.dlrm.data.ClickLogs`).
     columns: dict[str, Any] | None = None
 
     def __init__(
-        self, cfg: JobConfig, folder: str, rank: int, world_size: int, pin_memory: bool, local_world_size: int = 1
+        self,
+        model: TableSizes,
+        data: RowOrder,
+        share: RankShare,
+        folder: str,
+        pin_memory: bool,
+        local_world_size: int = 1,
     ) -> None:
-        self.cfg = cfg
-        self.rank = rank
-        self.world_size = world_size
+        self.data, self.share = data, share
         self.pin_memory = pin_memory
         self.keys = feature_names(CAT_FEATURES)
         manifest, self.days = open_folder(folder)
-        check_table_sizes(manifest["num_embeddings_per_feature"], cfg.model.table_sizes, folder)
+        check_table_sizes(manifest["num_embeddings_per_feature"], model.table_sizes, folder)
         self._day_starts = np.cumsum([0] + [day.rows for day in self.days])
-        self.splits = held_out_split(
-            [day.rows for day in self.days], cfg.data.eval_days, cfg.data.eval_fraction, folder
-        )
-        self.global_batch = cfg.training.batch_size * world_size
+        self.splits = held_out_split([day.rows for day in self.days], data.eval_days, data.eval_fraction, folder)
         train_rows = self.splits["train"][1]
-        self.steps_per_epoch = train_rows // self.global_batch
+        self.steps_per_epoch = train_rows // share.global_batch
         if not self.steps_per_epoch:
             raise ConfigError(
                 f"{folder} has {train_rows} training rows, fewer than one global batch "
-                f"(--batch_size {cfg.training.batch_size} x {world_size} ranks): lower --batch_size"
+                f"(--batch_size {share.batch_size} x {share.world_size} ranks): lower --batch_size"
             )
-        self._block_rows = cfg.data.shuffle_block_rows if cfg.data.shuffle else train_rows
+        self._block_rows = data.shuffle_block_rows if data.shuffle else train_rows
         self._kjt_layouts: dict[int, FixedLayout] = {}
-        self._ids_per_feature = cfg.model.ids_per_feature
+        self._ids_per_feature = model.ids_per_feature
         self._multi_hot = None
         if max(self._ids_per_feature) > 1:
-            check_host_memory(self._ids_per_feature, cfg.model.table_sizes, local_world_size)
+            check_host_memory(self._ids_per_feature, model.table_sizes, local_world_size)
             logger.info(
                 "criteo: drawing MLPerf's multi-hot lookup tables (%s ids per sample)", sum(self._ids_per_feature)
             )
-            self._multi_hot = multi_hot_tables(self._ids_per_feature, cfg.model.table_sizes)
+            self._multi_hot = multi_hot_tables(self._ids_per_feature, model.table_sizes)
         logger.info(
             "criteo %s: %d days, %s rows: train %s (%d steps per epoch), validation %s, test %s",
             folder,
@@ -112,7 +139,7 @@ class CriteoClickLogs:
 
     def train_batches(self, start_step: int = 0) -> Generator[Batch, None, None]:
         """This rank's training batches from ``start_step`` on, without end."""
-        order = _EpochOrder(self.splits["train"][1], self._block_rows, self.cfg.training.seed, self.cfg.data.shuffle)
+        order = _EpochOrder(self.splits["train"][1], self._block_rows, self.share.seed, self.data.shuffle)
         return prefetched(
             lambda step: self._batch(order.ranges(*self._train_slice(step))),
             itertools.count(start_step),
@@ -127,19 +154,20 @@ class CriteoClickLogs:
     def _train_slice(self, step: int) -> tuple[int, int, int]:
         """(epoch, first, last) positions of this rank's rows of ``step`` in the epoch's order."""
         epoch, index = divmod(step, self.steps_per_epoch)
-        first = index * self.global_batch + self.rank * self.cfg.training.batch_size
-        return epoch, first, first + self.cfg.training.batch_size
+        first = self.share.block(index) * self.share.batch_size
+        return epoch, first, first + self.share.batch_size
 
     def _eval_ranges(self, split: str, num_batches: int) -> list[Range]:
         start, stop = self.splits[split]
-        b, w = self.cfg.training.batch_size, self.world_size
-        full, rest = divmod(stop - start, self.global_batch)
-        firsts = [start + i * self.global_batch + self.rank * b for i in range(full)]
+        share = self.share
+        b, w = share.batch_size, share.world_size
+        full, rest = divmod(stop - start, share.global_batch)
+        firsts = [start + share.block(i) * b for i in range(full)]
         ranges = [(first, first + b) for first in firsts]
         if rest >= w:  # the tail: rest // w or rest // w + 1 rows per rank
             sizes = [rest // w + (r < rest % w) for r in range(w)]
-            first = start + full * self.global_batch + sum(sizes[: self.rank])
-            ranges.append((first, first + sizes[self.rank]))
+            first = start + full * share.global_batch + sum(sizes[: share.rank])
+            ranges.append((first, first + sizes[share.rank]))
         if num_batches:
             ranges = ranges[:num_batches]
         return ranges

@@ -1,4 +1,5 @@
-"""The Criteo click logs' features, and their embedding tables' sizes by name.
+"""The Criteo click logs' features (the names every DLRM source keys its sparse features by), and
+their embedding tables' sizes by name.
 
 Free of numpy and of the data code: the configuration, and with it every ``torchx run`` of a
 component, reads these.
@@ -13,6 +14,13 @@ from apps.core.common.errors import ConfigError
 
 INT_FEATURES = 13
 CAT_FEATURES = 26
+
+
+def feature_names(num_sparse_features: int) -> list[str]:
+    """Sparse feature names, the keys of every DLRM batch's KeyedJaggedTensor and of the model's
+    tables; the first 26 match TorchRec's Criteo names (``cat_0`` ...)."""
+    return [f"cat_{i}" for i in range(num_sparse_features)]
+
 
 #: Ids per sample of each of the 26 Criteo features in MLPerf's DLRMv2 (``--multi_hot_sizes`` of
 #: TorchRec's torchrec_dlrm example and of MLPerf's reference, recommendation_v2/torchrec_dlrm).

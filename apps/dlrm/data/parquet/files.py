@@ -45,9 +45,9 @@ import pyarrow.parquet as pq
 from apps.core.common.errors import ConfigError
 from apps.core.common.splits import Range, held_out_split
 from apps.core.urls import is_url, reaching
-from apps.dlrm.config import JobConfig, is_pattern
-from apps.dlrm.data import TrainedColumns
+from apps.dlrm.config import DataConfig, ModelConfig, is_pattern
 from apps.dlrm.data.criteo.sources import natural_key
+from apps.dlrm.data.trained import TrainedColumns
 
 SUFFIXES = (".parquet", ".parq")
 #: Bytes read from a file's end for its footer in the first request; a larger footer takes a second.
@@ -186,23 +186,27 @@ class CheckedFiles:
     null_counts: dict[str, int | None]  # per flat column: nulls counted by the statistics (None: unknown)
 
     @classmethod
-    def open(cls, cfg: JobConfig, labelled: bool = True, trained: TrainedColumns | None = None) -> "CheckedFiles":
-        """The files of ``cfg``; ``labelled`` False: rows to score, whose label is not read;
-        ``trained``: the columns a checkpoint's model read, in whose order they are fed."""
-        fs, files = open_files(cfg.data.data_path)
-        spec = resolve_columns(cfg, [(file.url, file.metadata.schema.to_arrow_schema()) for file in files], labelled)
+    def open(
+        cls, model: ModelConfig, data: DataConfig, labelled: bool = True, trained: TrainedColumns | None = None
+    ) -> "CheckedFiles":
+        """The files of the data section, for the model section's features; ``labelled`` False:
+        rows to score, whose label is not read; ``trained``: the columns a checkpoint's model
+        read, in whose order they are fed."""
+        fs, files = open_files(data.data_path)
+        schemas = [(file.url, file.metadata.schema.to_arrow_schema()) for file in files]
+        spec = resolve_columns(model, data, schemas, labelled)
         if trained is not None:
             spec = spec.ordered_as(ColumnSpec.from_record(trained.record), trained.checkpoint)
-        as_is = cfg.data.categorical_ids == "as_is"
-        return cls(fs, files, spec, check_statistics(files, spec, cfg.model.table_sizes if as_is else None))
+        as_is = data.categorical_ids == "as_is"
+        return cls(fs, files, spec, check_statistics(files, spec, model.table_sizes if as_is else None))
 
-    def splits(self, cfg: JobConfig) -> dict[str, Range]:
+    def splits(self, data: DataConfig) -> dict[str, Range]:
         """The rows of training, validation and test (:func:`held_out_split`, the files as days)."""
         return held_out_split(
             [file.rows for file in self.files],
-            cfg.data.eval_days,
-            cfg.data.eval_fraction,
-            cfg.data.data_path,
+            data.eval_days,
+            data.eval_fraction,
+            data.data_path,
             files="files",
             more="add files",
         )
@@ -282,15 +286,18 @@ def _footer(fs: fsspec.AbstractFileSystem, path: str, size: int, tail: bytes, ur
         raise ConfigError(f"{url} has a corrupt footer ({e}): write it again") from e
 
 
-def resolve_columns(cfg: JobConfig, schemas: list[tuple[str, pa.Schema]], labelled: bool = True) -> ColumnSpec:
-    """The columns of the options, patterns matched against the first schema; every schema (a
-    file's, named by its URL) checked to have them with types we read, alike in all of them.
-    ``labelled`` False: no label column (rows to score)."""
+def resolve_columns(
+    model: ModelConfig, data: DataConfig, schemas: list[tuple[str, pa.Schema]], labelled: bool = True
+) -> ColumnSpec:
+    """The columns of the data section's options, patterns matched against the first schema, as
+    many as the model section's features; every schema (a file's, named by its URL) checked to
+    have them with types we read, alike in all of them. ``labelled`` False: no label column
+    (rows to score)."""
     first_url, first = schemas[0]
-    dense = match_columns(cfg.data.dense_columns, first.names, "dense_columns", first_url)
-    sparse = match_columns(cfg.data.sparse_columns, first.names, "sparse_columns", first_url)
-    _check_counts(cfg, first_url, {"dense_columns": dense, "sparse_columns": sparse})
-    label = cfg.data.label_column if labelled else None
+    dense = match_columns(data.dense_columns, first.names, "dense_columns", first_url)
+    sparse = match_columns(data.sparse_columns, first.names, "sparse_columns", first_url)
+    _check_counts(model, data, first_url, {"dense_columns": dense, "sparse_columns": sparse})
+    label = data.label_column if labelled else None
     names = [*([label] if label is not None else []), *dense, *sparse]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
@@ -305,7 +312,7 @@ def resolve_columns(cfg: JobConfig, schemas: list[tuple[str, pa.Schema]], labell
             *((n, "dense_columns") for n in dense),
             *((n, "sparse_columns") for n in sparse),
         ]:
-            kind = _kind(schema, name, option, url, cfg.data.categorical_ids == "hash")
+            kind = _kind(schema, name, option, url, data.categorical_ids == "hash")
             first_kind, kind_url = kinds.setdefault(name, (kind, url))
             if kind != first_kind:
                 raise ConfigError(
@@ -322,17 +329,17 @@ def resolve_columns(cfg: JobConfig, schemas: list[tuple[str, pa.Schema]], labell
     )
 
 
-def _check_counts(cfg: JobConfig, url: str, matched: dict[str, list[str]]) -> None:
+def _check_counts(model: ModelConfig, data: DataConfig, url: str, matched: dict[str, list[str]]) -> None:
     """Refuses feature counts that differ from the columns the patterns match in ``url``: every
     wrong count in one message, so that one correction fixes them all."""
     wrong = [
-        (option, count, len(columns), getattr(cfg.model, count))
+        (option, count, len(columns), getattr(model, count))
         for (option, columns), count in zip(matched.items(), ("num_dense_features", "num_sparse_features"))
-        if len(columns) != getattr(cfg.model, count)
+        if len(columns) != getattr(model, count)
     ]
     if wrong:
         found = " and ".join(
-            f"--{option} {','.join(getattr(cfg.data, option))} matches {n} columns but --{count} is {given}"
+            f"--{option} {','.join(getattr(data, option))} matches {n} columns but --{count} is {given}"
             for option, count, n, given in wrong
         )
         fix = " ".join(f"--{count} {n}" for _, count, n, _ in wrong)

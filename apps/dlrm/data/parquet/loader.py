@@ -39,13 +39,14 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.common.errors import ConfigError
 from apps.core.common.kjt import sized_kjt
-from apps.dlrm.config import JobConfig
-from apps.dlrm.data import TrainedColumns
+from apps.core.data import RankShare
+from apps.dlrm.config import DataConfig, ModelConfig
+from apps.dlrm.data.criteo.tables import feature_names
 from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, dense_ranges, null_report, unscaled_dense
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs, run_rows
 from apps.dlrm.data.parquet.read import RowDecoder, RowGroupReader, Rows
 from apps.dlrm.data.prefetch import prefetched
-from apps.dlrm.model import feature_names
+from apps.dlrm.data.trained import TrainedColumns
 
 logger = logging.getLogger("apps.dlrm.data")
 
@@ -64,52 +65,52 @@ INT32_IDS = 2**31
 
 
 class ParquetClickLogs:
-    """Rank ``rank``'s batches of the Parquet files of ``cfg.data.data_path``; with ``trained``,
-    the columns the options match fed in the order a checkpoint's model read them."""
+    """The batches of the Parquet files of ``data.data_path`` that ``share`` says this rank reads;
+    with ``trained``, the columns the options match fed in the order a checkpoint's model read them."""
 
     def __init__(
-        self, cfg: JobConfig, rank: int, world_size: int, pin_memory: bool, trained: TrainedColumns | None = None
+        self,
+        model: ModelConfig,
+        data: DataConfig,
+        share: RankShare,
+        pin_memory: bool,
+        trained: TrainedColumns | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.rank = rank
-        self.world_size = world_size
+        self.data, self.share = data, share
         self.pin_memory = pin_memory
-        self.keys = feature_names(cfg.model.num_sparse_features)
-        checked = CheckedFiles.open(cfg, trained=trained)
+        self.keys = feature_names(model.num_sparse_features)
+        checked = CheckedFiles.open(model, data, trained=trained)
         fs, self.files, self.spec, self.null_counts = checked.fs, checked.files, checked.spec, checked.null_counts
         self.columns: dict[str, Any] | None = self.spec.record()
-        int32_ids = max(cfg.model.table_sizes) <= INT32_IDS
+        int32_ids = max(model.table_sizes) <= INT32_IDS
         id_dtype = np.dtype(np.int32 if int32_ids else np.int64)
         self._ids_dtype = torch.int32 if int32_ids else torch.int64
-        log1p = cfg.data.dense_transform == "log1p"
-        decoder = RowDecoder(self.spec, cfg.model.table_sizes, cfg.data.categorical_ids, id_dtype, log1p)
-        if rank == 0:
+        log1p = data.dense_transform == "log1p"
+        decoder = RowDecoder(self.spec, model.table_sizes, data.categorical_ids, id_dtype, log1p)
+        if share.rank == 0:
             self._warn_of_dense_scale(log1p)
             self._warn_of_empty_columns()
         self._reader = RowGroupReader(fs, self.files, decoder)
-        self.splits = checked.splits(cfg)
+        self.splits = checked.splits(data)
         self._groups = Pieces.of_groups([file.group_rows() for file in self.files])
         train_rows = self.splits["train"][1]
         self._order = TrainOrder(
             self._groups.between(0, train_rows),
-            rank,
-            world_size,
-            cfg.training.batch_size,
-            cfg.training.seed,
-            cfg.data.shuffle,
-            cfg.data.shuffle_buffer_rows,
-            cfg.data.shuffle_block_rows,
+            share,
+            data.shuffle,
+            data.shuffle_buffer_rows,
+            data.shuffle_block_rows,
         )
         self.steps_per_epoch = self._order.steps_per_epoch
         if not self.steps_per_epoch:
             raise ConfigError(
-                f"{cfg.data.data_path} has {train_rows:,} training rows, fewer than one batch per rank "
-                f"(--batch_size {cfg.training.batch_size} x {world_size} ranks): lower --batch_size"
+                f"{data.data_path} has {train_rows:,} training rows, fewer than one batch per rank "
+                f"(--batch_size {share.batch_size} x {share.world_size} ranks): lower --batch_size"
             )
         logger.info(
             "parquet %s: %d files, %d row groups, %s rows: train %s (%d steps per epoch), validation %s, "
             "test %s; %d of %d sparse columns multi-hot; nulls (dense: 0, sparse: no id): %s",
-            cfg.data.data_path,
+            data.data_path,
             len(self.files),
             len(self._groups.hi),
             f"{self._groups.rows:,}",
@@ -131,7 +132,7 @@ class ParquetClickLogs:
                 "parquet %s: dense columns with values beyond +-%g, which an MLP trains poorly on: %s; give "
                 "--dense_transform log1p (log(1 + max(x, 0)), for counts, prices, durations) or scale them where "
                 "the files are written",
-                self.cfg.data.data_path,
+                self.data.data_path,
                 UNSCALED_DENSE,
                 ", ".join(f"{name} (up to {value:.3g})" for name, value in unscaled.items()),
             )
@@ -141,7 +142,7 @@ class ParquetClickLogs:
                 "parquet %s: --dense_transform log1p makes negative values 0 (log(1 + max(x, 0))), and dense "
                 "columns hold some: %s; if they are already scaled, scale every column where the files are "
                 "written and train with --dense_transform none",
-                self.cfg.data.data_path,
+                self.data.data_path,
                 ", ".join(f"{name} (down to {value:.3g})" for name, value in negative.items()),
             )
 
@@ -154,7 +155,7 @@ class ParquetClickLogs:
             logger.warning(
                 "parquet %s: columns null in all %s rows, which train as constants (dense 0, sparse no id): %s; "
                 "check the columns' names, or where the files are written",
-                self.cfg.data.data_path,
+                self.data.data_path,
                 f"{rows:,}",
                 ", ".join(empty),
             )
@@ -189,7 +190,7 @@ class ParquetClickLogs:
     def eval_batches(self, split: str, num_batches: int) -> Generator[Batch, None, None]:
         """This rank's batches of ``split`` ("val" or "test"); ``num_batches`` 0: all of it."""
         start, stop = self.splits[split]
-        runs = eval_runs(stop - start, start, self.rank, self.world_size, self.cfg.training.batch_size, num_batches)
+        runs = eval_runs(stop - start, start, self.share, num_batches)
         return prefetched(lambda i: self._batch(self._eval_parts(*runs[i])), range(len(runs)), PREFETCH_THREAD)
 
     def _eval_parts(self, first: int, last: int) -> list[Part]:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from apps.core.data import RankShare
+
 Piece = tuple[int, int, int, int]  # (file, row group, lo, hi): rows [lo, hi) of that row group
 
 
@@ -106,26 +108,13 @@ class Window:
 class TrainOrder:
     """One rank's training rows of every epoch, in windows (see the module docstring)."""
 
-    def __init__(
-        self,
-        pieces: Pieces,
-        rank: int,
-        world_size: int,
-        batch_size: int,
-        seed: int,
-        shuffle: bool,
-        window_rows: int,
-        block_rows: int,
-    ) -> None:
+    def __init__(self, pieces: Pieces, share: RankShare, shuffle: bool, window_rows: int, block_rows: int) -> None:
         self.pieces = pieces
-        self.rank = rank
-        self.world_size = world_size
-        self.batch_size = batch_size
-        self.seed = seed
+        self.share = share
         self.shuffle = shuffle
         self.window_rows = window_rows
         self.block_rows = block_rows
-        self.steps_per_epoch = (pieces.rows // world_size) // batch_size
+        self.steps_per_epoch = (pieces.rows // share.world_size) // share.batch_size
         self._epoch = -1
 
     def windows(self, epoch: int) -> list[list[Piece]]:
@@ -133,10 +122,10 @@ class TrainOrder:
         if epoch != self._epoch:
             order = np.arange(len(self.pieces.hi))
             if self.shuffle:
-                order = np.random.default_rng([self.seed, epoch]).permutation(len(order))
-            first = self.rank * self.pieces.rows // self.world_size
-            share = self.pieces.take(order).between(first, first + self.steps_per_epoch * self.batch_size)
-            self._windows = _group(share.as_list(), self.window_rows)
+                order = np.random.default_rng([self.share.seed, epoch]).permutation(len(order))
+            first = self.share.rank * self.pieces.rows // self.share.world_size
+            own = self.pieces.take(order).between(first, first + self.steps_per_epoch * self.share.batch_size)
+            self._windows = _group(own.as_list(), self.window_rows)
             self._window_ends = np.cumsum([sum(hi - lo for _, _, lo, hi in w) for w in self._windows])
             self._epoch = epoch
         return self._windows
@@ -146,14 +135,16 @@ class TrainOrder:
         rows = sum(hi - lo for _, _, lo, hi in pieces)
         runs = np.array([[0, rows]], dtype=np.int64)
         if self.shuffle:
-            runs = block_runs(np.random.default_rng([self.seed, epoch, self.rank, index]), rows, self.block_rows)
+            runs = block_runs(
+                np.random.default_rng([self.share.seed, epoch, self.share.rank, index]), rows, self.block_rows
+            )
         return Window.of(pieces, runs)
 
     def step_rows(self, step: int) -> list[tuple[int, int, int, int]]:
         """Where step ``step``'s rows are: (epoch, window, first, last) rows of those windows."""
         epoch, index = divmod(step, self.steps_per_epoch)
         self.windows(epoch)
-        first, last = index * self.batch_size, (index + 1) * self.batch_size
+        first, last = index * self.share.batch_size, (index + 1) * self.share.batch_size
         w = int(np.searchsorted(self._window_ends, first, side="right"))
         parts = []
         while first < last:
@@ -197,13 +188,12 @@ def _group(pieces: list[Piece], window_rows: int) -> list[list[Piece]]:
     return windows if windows[0] else []
 
 
-def eval_runs(
-    rows: int, start: int, rank: int, world_size: int, batch_size: int, num_batches: int
-) -> list[tuple[int, int]]:
-    """This rank's evaluation batches of a split of ``rows`` rows from position ``start``, as
-    [first, last) positions; ``num_batches`` 0: all of them, else at most that many."""
-    per_rank = rows // world_size
-    first = start + rank * per_rank
+def eval_runs(rows: int, start: int, share: RankShare, num_batches: int) -> list[tuple[int, int]]:
+    """The evaluation batches ``share`` reads of a split of ``rows`` rows from position ``start``,
+    as [first, last) positions; ``num_batches`` 0: all of them, else at most that many."""
+    per_rank = rows // share.world_size
+    first = start + share.rank * per_rank
+    batch_size = share.batch_size
     count = math.ceil(per_rank / batch_size)
     if num_batches:
         count = min(count, num_batches)
