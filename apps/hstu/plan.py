@@ -17,7 +17,7 @@ def check_plan_fits(cfg: JobConfig, target: PlanTarget) -> plan.Preview:
 
 
 def main(argv: list[str] | None = None) -> None:
-    plan.main(HSTU, PlanConfig, "hstu", argv)
+    plan.main(lambda cfg: HSTU, PlanConfig, "hstu", argv)
 
 
 if __name__ == "__main__":

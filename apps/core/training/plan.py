@@ -12,7 +12,7 @@ import contextlib
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Iterator, cast
+from typing import Callable, Iterator, cast
 
 import torch
 from torch import nn
@@ -327,9 +327,12 @@ def _columns(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
-def main(app: TrainingApp[C], config: type[Options], name: str, argv: list[str] | None = None) -> None:
-    """The command ``python -m apps.<name>.plan``: the preview of ``app``'s job whose options
-    ``config`` (the app's PlanConfig) offers."""
+def main(
+    app_for: Callable[[C], TrainingApp[C]], config: type[Options], name: str, argv: list[str] | None = None
+) -> None:
+    """The command ``python -m apps.<name>.plan``: the preview of the job whose options ``config``
+    (the app's PlanConfig) offers, by the app ``app_for`` gives for them (its tables may depend on
+    the options: managed-collision ones with --categorical_ids zch)."""
     parser = build_parser(
         PlanTarget,
         prog=f"python -m apps.{name}.plan",
@@ -355,7 +358,7 @@ def main(app: TrainingApp[C], config: type[Options], name: str, argv: list[str] 
         cfg = cast(C, config.from_options(args))  # the app's PlanConfig: a config of the app
         # The job's --hbm_gb, which its training app plans with too (apps/core/training/sharding.py).
         target = PlanTarget(**target_args, hbm_gb=cfg.launch.hbm_gb)
-        result = preview(app, cfg, target.cluster)
+        result = preview(app_for(cfg), cfg, target.cluster)
     except ConfigError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)  # a value's fault: no usage dump
         sys.exit(2)

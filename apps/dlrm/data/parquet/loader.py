@@ -43,7 +43,7 @@ from apps.dlrm.config import JobConfig
 from apps.dlrm.data import TrainedColumns
 from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, dense_ranges, null_report, unscaled_dense
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs, run_rows
-from apps.dlrm.data.parquet.read import RowDecoder, RowGroupReader, Rows
+from apps.dlrm.data.parquet.read import RowDecoder, RowGroupReader, Rows, id_ranges
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.model import feature_names
 
@@ -78,7 +78,7 @@ class ParquetClickLogs:
         checked = CheckedFiles.open(cfg, trained=trained)
         fs, self.files, self.spec, self.null_counts = checked.fs, checked.files, checked.spec, checked.null_counts
         self.columns: dict[str, Any] | None = self.spec.record()
-        int32_ids = max(cfg.model.table_sizes) <= INT32_IDS
+        int32_ids = max(id_ranges(cfg.data.categorical_ids, cfg.model.table_sizes)) <= INT32_IDS
         id_dtype = np.dtype(np.int32 if int32_ids else np.int64)
         self._ids_dtype = torch.int32 if int32_ids else torch.int64
         log1p = cfg.data.dense_transform == "log1p"
