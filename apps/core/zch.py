@@ -137,11 +137,21 @@ def check_resharding(saved_world_size: int, world_size: int, where: str) -> None
     each of ``world_size`` ranks must take whole shares of the ``saved_world_size`` that wrote it."""
     if saved_world_size % world_size:
         raise ConfigError(
-            f"{where} holds managed-collision tables (--categorical_ids zch) of {saved_world_size} ranks: "
-            f"their id-to-row state is split by id range per rank and merges only into a world size "
-            f"that divides {saved_world_size}, not {world_size}; run it on {saved_world_size} ranks "
-            "(or a divisor of it)"
+            f"{where} holds managed-collision tables (--categorical_ids zch) written by {saved_world_size} "
+            f"rank(s): their id-to-row state is split by id range per rank and merges only into a world "
+            f"size that divides {saved_world_size}, not {world_size}; run it on {saved_world_size} rank(s) "
+            "or a divisor of that"
         )
+
+
+def settle_loaded_state(model: nn.Module) -> None:
+    """Does for every MCH module of ``model`` what TorchRec's hook does after ``load_state_dict``,
+    which DCP's in-place load skips: checks that the module's share of rows is made of whole shares
+    of the world that saved it, and sorts its ids (merged shares arrive one after the other, each
+    sorted alone; the module's lookup is a binary search)."""
+    for module in model.modules():
+        if isinstance(module, MCHManagedCollisionModule):
+            module.validate_state()
 
 
 def managed_collisions(

@@ -32,6 +32,7 @@ from apps.core.common.distributed import DistEnv, decided_by_main
 from apps.core.common.tables import TableModule
 from apps.core.config import SharedSections
 from apps.core.urls import config_record
+from apps.core.zch import check_resharding, settle_loaded_state
 
 logger = logging.getLogger(__name__)
 
@@ -356,6 +357,8 @@ class Checkpointer:
         loaded = TrainState(self.env.rank, checkpoint.manifest["progress"]["step"])
         entries = self.entries(loaded)
         if checkpoint.manifest["world_size"] != self.env.world_size:
+            if self.checkpointed.tables.managed:
+                check_resharding(checkpoint.manifest["world_size"], self.env.world_size, checkpoint.url)
             del entries[loaded._rng_key]  # other ranks, other streams: keep this process's own
         optimizer = entries["optimizer"]
         make_lazy_state(optimizer)
@@ -371,6 +374,8 @@ class Checkpointer:
             loaded.step,
         )
         self._store().load(checkpoint, {**entries, "optimizer": resharding.destinations}, saved)
+        if self.checkpointed.tables.managed:
+            settle_loaded_state(self.checkpointed.model)
         resharding.apply()
         optimizer.load_state_dict(optimizer_state)
         state.load_state_dict(entries)

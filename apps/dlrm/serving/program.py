@@ -41,6 +41,7 @@ from torch import nn
 from torch.ao.quantization import PlaceholderObserver, QConfig
 from torch.export import Dim, ExportedProgram
 from torchrec.models.dlrm import DLRM
+from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -76,7 +77,15 @@ def quantize_tables(dlrm: DLRM, quantize: str) -> None:
     place; ``none`` keeps them float32."""
     if quantize == "none":
         return
-    tables = dlrm.sparse_arch.embedding_bag_collection
+    holder = dlrm.sparse_arch.embedding_bag_collection
+    if isinstance(holder, ManagedCollisionEmbeddingBagCollection):  # --categorical_ids zch: its tables
+        holder._embedding_module = quantized_tables(holder._embedding_module, quantize)
+    else:
+        dlrm.sparse_arch.embedding_bag_collection = quantized_tables(holder, quantize)
+
+
+def quantized_tables(tables: nn.Module, quantize: str) -> nn.Module:
+    """TorchRec's quantized EmbeddingBagCollection of ``tables``."""
     tables.qconfig = QConfig(
         activation=PlaceholderObserver.with_args(dtype=torch.float),
         weight=PlaceholderObserver.with_args(dtype=_QUANTIZED_DTYPES[quantize]),
@@ -87,7 +96,7 @@ def quantize_tables(dlrm: DLRM, quantize: str) -> None:
         # would be saved beside the kernel's own and double the package (TorchRec 1.8 registers
         # them; a TorchRec without them has nothing to drop).
         view._buffers.pop("weight", None)
-    dlrm.sparse_arch.embedding_bag_collection = quantized
+    return quantized
 
 
 def example_inputs(cfg: ModelConfig, rows: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
