@@ -60,10 +60,12 @@ def check_compatible(checkpoint: Checkpoint, cfg: SharedSections) -> None:
     size may resume it: :mod:`apps.core.checkpoint.reshard` carries the optimizer state across."""
     saved = checkpoint.manifest.get("model", {})
     wanted = cfg.model_signature()
+    # Either side's keys: an option that only some models record (--categorical_ids zch) differs
+    # from its absence too.
     differences = [
-        f"{name}: {_signature_value(saved.get(name))} there, {_signature_value(value)} here"
-        for name, value in wanted.items()
-        if saved.get(name) != value
+        f"{name}: {_signature_value(saved.get(name))} there, {_signature_value(wanted.get(name))} here"
+        for name in {**saved, **wanted}
+        if saved.get(name) != wanted.get(name)
     ]
     if differences:
         raise CheckpointError(
@@ -89,6 +91,8 @@ def _describe_resharding(checkpoint: Checkpoint, plan: dict[str, dict[str, Any]]
 
 def _signature_value(value: Any) -> str:
     """A model signature's value for people: a list of one repeated size as COUNTxSIZE (26x2000)."""
+    if value is None:
+        return "not set (its default)"
     if isinstance(value, list):
         if value and all(v == value[0] for v in value) and len(value) > 3:
             return f"{len(value)}x{value[0]}"

@@ -41,6 +41,7 @@ from torch import nn
 from torch.ao.quantization import PlaceholderObserver, QConfig
 from torch.export import Dim, ExportedProgram
 from torchrec.models.dlrm import DLRM
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -79,12 +80,12 @@ def quantize_tables(dlrm: DLRM, quantize: str) -> None:
         return
     holder = dlrm.sparse_arch.embedding_bag_collection
     if isinstance(holder, ManagedCollisionEmbeddingBagCollection):  # --categorical_ids zch: its tables
-        holder._embedding_module = quantized_tables(holder._embedding_module, quantize)
+        holder._embedding_module = quantized_tables(holder._embedding_bag_collection, quantize)
     else:
         dlrm.sparse_arch.embedding_bag_collection = quantized_tables(holder, quantize)
 
 
-def quantized_tables(tables: nn.Module, quantize: str) -> nn.Module:
+def quantized_tables(tables: EmbeddingBagCollection, quantize: str) -> nn.Module:
     """TorchRec's quantized EmbeddingBagCollection of ``tables``."""
     tables.qconfig = QConfig(
         activation=PlaceholderObserver.with_args(dtype=torch.float),
