@@ -64,6 +64,12 @@ SHARDING_TYPES = ("row_wise",)
 #: Rows each rank's share of a table needs: TorchRec keeps its last for the ids without a row, so
 #: an id of its own needs one more.
 MIN_ROWS_PER_RANK = 2
+#: What an unsharded MCH module tells TorchRec's planner it splits into (its ``buckets``). The
+#: planner of torchrec 1.8 refuses a module whose buckets the world size does not divide (1.6.1 does
+#: not ask); sharding rebuilds each rank's module with its own, so this number is read by the
+#: planner only: the least common multiple of 1 to 16 times 256, which every world size of up to 16
+#: ranks, and those times a power of two up to 256, divides.
+PLANNER_BUCKETS = 720_720 * 256
 #: Bytes of each entry of the state's int64 buffers.
 INT64_BYTES = 8
 
@@ -120,7 +126,14 @@ def check_zch(cfg: ZchConfig, table_sizes: Sequence[int], launch: LaunchConfig, 
 
 def check_world_size(table_sizes: Sequence[int], world_size: int) -> None:
     """Refuses a world whose row-wise shares (TorchRec's: ceil(rows / ranks) each, the last rank
-    the rest) leave a rank fewer rows than a managed-collision share needs."""
+    the rest) leave a rank fewer rows than a managed-collision share needs, or that TorchRec's
+    planner cannot split the modules over (:data:`PLANNER_BUCKETS`)."""
+    if PLANNER_BUCKETS % world_size:
+        raise ConfigError(
+            f"{world_size} ranks: TorchRec's planner splits managed-collision tables (--categorical_ids zch) "
+            f"over world sizes that divide {PLANNER_BUCKETS:,} (up to 16 ranks, and those times a power of "
+            "two up to 256); use such a number of ranks"
+        )
     for i, rows in enumerate(table_sizes):
         share = -(-rows // world_size)
         last = rows - share * (world_size - 1)
@@ -166,6 +179,7 @@ def managed_collisions(
             eviction_interval=cfg.zch_eviction_interval,
             input_hash_size=INPUT_HASH_SIZE,
             name=table.name,
+            buckets=PLANNER_BUCKETS,
         )
         for table in tables
     }
@@ -184,13 +198,25 @@ def state_bytes(collection: nn.Module) -> int:
     )
 
 
-def history_bytes(cfg: ZchConfig, ids_per_step: int) -> int:
-    """Bytes of the buffer where TorchRec's module gathers one rank's ids between two evictions
+def history_bytes(module: MCHManagedCollisionModule, ids_per_step: int) -> int:
+    """Bytes of the buffer where TorchRec's ``module`` gathers one rank's ids between two evictions
     (its size: the first step's ids times the interval, plus a quarter), and the per-id step
     numbers the lru and distance_lfu policies keep beside them."""
-    policy = EVICTION_POLICIES[cfg.zch_eviction_policy]()
-    per_id = 1 + sum(info.is_history_metadata for info in policy.metadata_info)
-    return int(ids_per_step * cfg.zch_eviction_interval * 1.25) * per_id * INT64_BYTES
+    per_id = 1 + sum(info.is_history_metadata for info in module._eviction_policy.metadata_info)
+    return int(ids_per_step * module._eviction_interval * 1.25) * per_id * INT64_BYTES
+
+
+def bytes_per_rank(collection: nn.Module, world_size: int, ids_per_step: dict[str, float]) -> int:
+    """Memory of one rank's share of the id maps under ``collection`` (unsharded, e.g. on the meta
+    device) and of the buffers their modules gather ids in: what TorchRec's planner does not count.
+    ``ids_per_step``: per table, the ids one rank's batch holds (a rank's module receives a
+    ``1/world_size`` share of every rank's ids: one batch's worth, on average)."""
+    history = sum(
+        history_bytes(module, int(ids_per_step[module._name or ""]))
+        for module in collection.modules()
+        if isinstance(module, MCHManagedCollisionModule)
+    )
+    return -(-state_bytes(collection) // world_size) + history
 
 
 def ids_with_rows(collection: nn.Module) -> dict[str, int]:
