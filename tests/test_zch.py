@@ -103,6 +103,12 @@ def test_one_rank_merges_the_two_ranks_maps_and_the_package_maps_ids_as_it_does(
     test_rows = pq.read_table(f"{data}/day_{FILES - 1}.parquet").slice(ROWS_PER_FILE // 2)
     assert np.abs(load_model(package)(test_rows) - scores["scores"]).max() <= 1e-5  # row for row
     assert np.abs(load_model(str(tmp / "ckpt"), step="latest")(test_rows) - scores["scores"]).max() <= 1e-5
+    int8 = str(tmp_path / "int8")  # the tables quantized, the id maps as they are
+    export(ExportConfig(checkpoint_dir=str(tmp / "ckpt"), step="latest", output=int8, quantize="int8"))
+    tables = json.loads((tmp_path / "int8" / "manifest.json").read_text())["tables"]
+    assert tables["trained_bytes"] / tables["package_bytes"] >= 1.9
+    labels = test_rows["label"].to_numpy()
+    assert abs(scores_auroc(load_model(int8)(test_rows), labels) - scores_auroc(scores["scores"], labels)) <= 0.005
 
 
 def test_a_checkpoint_is_not_split_over_more_ranks_than_wrote_it(trained, tmp_path):

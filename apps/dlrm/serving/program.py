@@ -131,12 +131,15 @@ def score(module: nn.Module, dense: torch.Tensor, values: torch.Tensor, lengths:
 
 def table_bytes(program: ExportedProgram) -> int:
     """Bytes of the tables' weights in ``program`` (parameters, buffers and constants of its
-    EmbeddingBagCollection)."""
+    EmbeddingBagCollection), not of the id maps of managed-collision tables (--categorical_ids
+    zch), which quantizing leaves as they are."""
     tensors = [*program.state_dict.items(), *program.constants.items()]
     return sum(
         t.numel() * t.element_size()
         for name, t in tensors
-        if "embedding_bag_collection" in name and isinstance(t, torch.Tensor)
+        if "embedding_bag_collection" in name
+        and "_managed_collision_collection" not in name
+        and isinstance(t, torch.Tensor)
     )
 
 
