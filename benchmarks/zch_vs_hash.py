@@ -24,7 +24,7 @@ import torch
 from torchrec.modules.mc_modules import MCHManagedCollisionModule
 
 from apps.core.common.hashing import mix64
-from apps.core.zch import INPUT_HASH_SIZE
+from apps.core.zch.config import INPUT_HASH_SIZE
 from apps.dlrm.data.parquet.read import _id_values
 from apps.dlrm.serving.trained import load_trained
 from testing.raw_ids import write_raw_id_parquet

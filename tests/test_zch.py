@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from apps.core.zch import INPUT_HASH_SIZE
+from apps.core.zch.config import INPUT_HASH_SIZE
 from apps.dlrm.serving.api import load_model
 from apps.dlrm.serving.config import ExportConfig
 from apps.dlrm.serving.export import export

@@ -14,15 +14,8 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.common.errors import ConfigError
-from apps.core.zch import (
-    _reset_host_rows,
-    bytes_per_rank,
-    check_resharding,
-    check_world_size,
-    history_bytes,
-    ids_with_rows,
-    state_bytes,
-)
+from apps.core.zch.config import check_resharding, check_world_size
+from apps.core.zch.modules import _reset_host_rows, bytes_per_rank, history_bytes, ids_with_rows, state_bytes
 from apps.dlrm.config import train_config
 from apps.dlrm.model import build_model
 from apps.dlrm.plan import main as plan_main

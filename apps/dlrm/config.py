@@ -20,7 +20,7 @@ from apps.core.config import (
     require_positive,
 )
 from apps.core.options import Options, check_choices, field_default, option, options_of, parse_config, section
-from apps.core.zch import ZCH, ZchConfig, check_zch
+from apps.core.zch.config import ZCH, ZchConfig, check_zch
 from apps.dlrm import presets
 from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, PRESET_CHOICES, PRESET_HELP, preset_table_sizes
 

@@ -13,7 +13,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from apps.core.common.compile_cache import key_compile_cache_by_cpu
 from apps.core.common.tables import TableModule
 from apps.core.config import LaunchConfig
-from apps.core.zch import ZchConfig, managed_collisions
+from apps.core.zch.config import ZchConfig
+from apps.core.zch.modules import managed_collisions
 from apps.dlrm.config import ModelConfig
 
 #: Where the tables live inside ``DLRMTrain``: the key of the module in a sharding plan.
@@ -50,7 +51,7 @@ def build_model(
     zch: ZchConfig | None = None,
 ) -> DLRMTrain:
     """The training module (model + BCE loss); with ``zch``, its tables managed-collision ones
-    (:data:`MANAGED_TABLES`, apps/core/zch.py).
+    (:data:`MANAGED_TABLES`, apps/core/zch/).
 
     Tables are built on the meta device by default so that no rank ever allocates a whole
     table: ``DistributedModelParallel`` materialises only each rank's shards. The dense part is

@@ -32,7 +32,8 @@ from apps.core.common.distributed import DistEnv, decided_by_main
 from apps.core.common.tables import TableModule
 from apps.core.config import SharedSections
 from apps.core.urls import config_record
-from apps.core.zch import check_resharding, settle_loaded_state
+from apps.core.zch.config import check_resharding
+from apps.core.zch.modules import settle_loaded_state
 
 logger = logging.getLogger(__name__)
 

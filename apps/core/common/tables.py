@@ -13,7 +13,7 @@ from dataclasses import dataclass
 TABLE_ATTRIBUTES = {
     "EmbeddingBagCollection": "embedding_bags",
     "EmbeddingCollection": "embeddings",
-    # Managed-collision tables (apps/core/zch.py): TorchRec's collection wrapped with the id-to-row maps.
+    # Managed-collision tables (apps/core/zch/): TorchRec's collection wrapped with the id-to-row maps.
     "ManagedCollisionEmbeddingBagCollection": "_embedding_module.embedding_bags",
     "ManagedCollisionEmbeddingCollection": "_embedding_module.embeddings",
 }

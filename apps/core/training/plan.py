@@ -35,7 +35,6 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ShardingPlan
 
-from apps.core import zch
 from apps.core.common.errors import ConfigError
 from apps.core.config import check_int8_comms, with_device_defaults
 from apps.core.launch.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
@@ -50,6 +49,7 @@ from apps.core.training.sharding import (
     planner_offers,
     table_names,
 )
+from apps.core.zch import modules as zch
 
 #: The exit status of a plan that does not fit: neither 1, Python's own for an uncaught exception,
 #: nor 2, a bad option, so that a script tells the verdict from a crash (benchmarks/gpu_check.py).

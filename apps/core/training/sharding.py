@@ -47,7 +47,8 @@ from apps.core.common.tables import TableModule
 from apps.core.config import LaunchConfig, SharedSections, check_int8_comms
 from apps.core.training.app import C, TrainingApp
 from apps.core.training.optim import fuse_embedding_optimizer
-from apps.core.zch import check_world_size, reset_rows_on_host
+from apps.core.zch.config import check_world_size
+from apps.core.zch.modules import reset_rows_on_host
 
 logger = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ _HASH = (
     "products); no seed beyond the constant. Reference: apps/core/common/hashing.py"
 ).format(gamma=GOLDEN_GAMMA)
 #: How a zch model's ids are made: the hash into TorchRec's managed-collision input range, which the
-#: program itself maps to rows (apps/core/zch.py).
+#: program itself maps to rows (apps/core/zch/).
 _ZCH = (
     "id = "
     + _HASH.replace("modulo the table's size", "modulo 2**63 - 1").removeprefix("row = ")

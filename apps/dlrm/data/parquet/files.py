@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from apps.core.common.errors import ConfigError
 from apps.core.common.splits import Range, held_out_split
 from apps.core.urls import is_url, reaching
-from apps.core.zch import ZCH
+from apps.core.zch.config import ZCH
 from apps.dlrm.config import JobConfig, is_pattern
 from apps.dlrm.data import TrainedColumns
 from apps.dlrm.data.criteo.sources import natural_key

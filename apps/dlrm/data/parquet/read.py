@@ -53,7 +53,7 @@ import torch
 
 from apps.core.common.errors import ConfigError
 from apps.core.common.hashing import mix64
-from apps.core.zch import INPUT_HASH_SIZE, ZCH
+from apps.core.zch.config import INPUT_HASH_SIZE, ZCH
 from apps.dlrm.data.parquet.files import (
     ColumnSpec,
     DataFile,
@@ -290,7 +290,7 @@ class RowDecoder:
 
 def id_ranges(categorical_ids: str, table_sizes: list[int]) -> list[int]:
     """The range each feature's ids are made in: its table's rows, or with ``zch`` the input range
-    of TorchRec's managed-collision module (apps/core/zch.py), which maps them to rows."""
+    of TorchRec's managed-collision module (apps/core/zch/), which maps them to rows."""
     return [INPUT_HASH_SIZE] * len(table_sizes) if categorical_ids == ZCH else table_sizes
 
 
