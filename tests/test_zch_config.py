@@ -125,3 +125,17 @@ def test_the_id_maps_bytes_are_their_int64_buffers_and_the_history_the_policys()
         m for m in build_model(lru.model, torch.device("meta"), zch=lru.zch).modules() if hasattr(m, "_zch_size")
     )
     assert history_bytes(module, 1000) == int(1000 * 10 * 1.25) * 2 * 8  # and each id's step
+
+
+@pytest.mark.parametrize("policy, state", [("lfu", {"counts"}), ("lru", {"last_access_iter"}),
+                                           ("distance_lfu", {"counts", "last_access_iter"})])  # fmt: skip
+def test_every_eviction_policy_trains_and_keeps_its_state_in_the_model(policy, state):
+    cfg = train_config(**ZCH, num_sparse_features=2, num_embeddings=8, zch_eviction_policy=policy)
+    model = build_model(cfg.model, torch.device("cpu"), torch.device("cpu"), zch=cfg.zch)
+    for step in range(3):
+        ids = [2**49 + step * 10 + k for k in range(4)]
+        loss, _ = model(batch(ids + ids))
+        loss.backward()
+    kept = {key.rsplit("._mch_", 1)[1] for key in model.state_dict() if "t_cat_0._mch_" in key}
+    assert kept == {"sorted_raw_ids", "remapped_ids_mapping", *state}
+    assert ids_with_rows(model)["t_cat_0"] == 7  # 12 ids seen, 7 rows to give (the 8th: the rest's)
