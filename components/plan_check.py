@@ -49,7 +49,7 @@ class PlanCheck:
                 # Imported only when asked: planning loads torch and torchrec, building a job does not.
                 from apps.core.training.plan import check_plan_fits
 
-                preview = check_plan_fits(app.training().app, cfg, target)
+                preview = check_plan_fits(app.training().app_for(cfg), cfg, target)
         except ConfigError as e:
             raise InvalidComponentArgument(str(e)) from None
         for line in [*preview.notes(), preview.verdict()]:

@@ -23,9 +23,11 @@ if TYPE_CHECKING:  # torch and torchrec: only where the app trains
 
 class AppTraining(NamedTuple):
     """What trains an app: its :class:`~apps.core.training.app.TrainingApp` (model, tables, data
-    factory, metrics, summary) and what builds its run's Trainer from a config and a process group."""
+    factory, metrics, summary) of a config, and what builds its run's Trainer from a config and a
+    process group. The TrainingApp is the config's, as its tables may depend on the options (the
+    DLRM's managed-collision tables with --categorical_ids zch)."""
 
-    app: "TrainingApp[Any]"
+    app_for: "Callable[[Any], TrainingApp[Any]]"
     trainer: "Callable[[Any, Any], Trainer[Any]]"
 
 

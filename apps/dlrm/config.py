@@ -20,6 +20,7 @@ from apps.core.config import (
     require_positive,
 )
 from apps.core.options import Options, field_default, option, options_of, section
+from apps.core.zch.config import ZCH, ZchConfig, check_zch
 from apps.dlrm import presets
 from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, PRESET_CHOICES, PRESET_HELP, preset_table_sizes
 
@@ -29,7 +30,7 @@ NAME = "dlrm"
 INTERACTIONS = ("dot", "dcn", "projection")
 DATASETS = ("synthetic", "criteo", "parquet")
 DENSE_TRANSFORMS = ("none", "log1p")
-CATEGORICAL_IDS = ("hash", "as_is")
+CATEGORICAL_IDS = ("hash", "as_is", ZCH)
 #: What --data_path names, for the sources that read one.
 DATA_PATH_HELP = {
     "criteo": "the folder (or URL) that `python -m apps.dlrm.preprocess --output` wrote",
@@ -252,7 +253,9 @@ class DataConfig:
         "Parquet: how a sparse column's integer becomes an embedding row. hash: a fixed 64-bit "
         "mix (SplitMix64) of the value, modulo the table's size; as_is: the value itself, which "
         "must be in [0, table size) (Categorify'd ids, e.g. from `python -m apps.dlrm.preprocess "
-        "--output_format parquet`).",
+        "--output_format parquet`); zch (any source): each table a TorchRec managed-collision table "
+        "that gives the most frequent ids rows of their own (--zch_eviction_policy; the ids, integer "
+        "or text, hashed as with hash into a 63-bit range, not the table's; docs/data.md).",
         choices=CATEGORICAL_IDS,
     )
     dense_transform: str = option(
@@ -345,6 +348,7 @@ class JobConfig(Options):
     launch: LaunchConfig = section(LaunchConfig)
     evaluation: ClickEvaluationConfig = section(ClickEvaluationConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
+    zch: ZchConfig = section(ZchConfig)
 
     def __post_init__(self) -> None:
         check_job(self)
@@ -361,7 +365,15 @@ class JobConfig(Options):
         self.model.check()
 
     def check_with_shared(self) -> None:
-        pass  # the DLRM's sections need nothing of the shared ones
+        """With --categorical_ids zch, the managed-collision options against the tables, the
+        launch and the checkpoints; Criteo's folders hold rows already, not raw ids."""
+        if self.data.categorical_ids == ZCH:
+            check_zch(self.zch, self.model.table_sizes, self.launch, self.checkpoint)
+            if self.data.data == "criteo":
+                raise ConfigError(
+                    "--categorical_ids zch maps raw ids, but --data criteo's folders hold table rows already "
+                    "(hashed or by a vocabulary): read Criteo's raw values (text columns) with --data parquet"
+                )
 
     def app_gpu_only_options(self) -> Iterator[str]:
         return iter(())  # the DLRM's GPU-only options are all shared ones
@@ -386,6 +398,8 @@ class JobConfig(Options):
                 interaction_branch1_layer_sizes=model.interaction_branch1_layer_sizes,
                 interaction_branch2_layer_sizes=model.interaction_branch2_layer_sizes,
             )
+        if self.data.categorical_ids == ZCH:  # the tables' id-to-row state, its buffers the policy's
+            signature.update(categorical_ids=ZCH, zch_eviction_policy=self.zch.zch_eviction_policy)
         return signature
 
     @classmethod
@@ -455,6 +469,11 @@ class JobConfig(Options):
         return ""
 
 
+def zch_of(cfg: JobConfig) -> ZchConfig | None:
+    """The managed-collision tables' options where ``cfg`` has them (--categorical_ids zch)."""
+    return cfg.zch if cfg.data.categorical_ids == ZCH else None
+
+
 def is_pattern(text: str) -> bool:
     return any(char in text for char in PATTERN_CHARS)
 
@@ -468,8 +487,8 @@ class PlanConfig(JobConfig):
     __slots__ = ()
 
     OFFERED = frozenset(
-        ["preset", "batch_size", "embedding_optimizer"]
-        + [field.name for cls in (ModelConfig, LaunchConfig) for field in options_of(cls)]
+        ["preset", "batch_size", "embedding_optimizer", "categorical_ids"]
+        + [field.name for cls in (ModelConfig, LaunchConfig, ZchConfig) for field in options_of(cls)]
     )
 
 

@@ -7,11 +7,14 @@ import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain, SparseArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from apps.core.common.compile_cache import key_compile_cache_by_cpu
 from apps.core.common.tables import TableModule
 from apps.core.config import LaunchConfig
+from apps.core.zch.config import ZchConfig
+from apps.core.zch.modules import managed_collisions
 from apps.dlrm.config import ModelConfig
 from apps.dlrm.data.criteo.tables import feature_names
 
@@ -19,6 +22,8 @@ from apps.dlrm.data.criteo.tables import feature_names
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
 #: ... and what they are, for the shared machinery that plans, shards and checkpoints them.
 TABLES = TableModule(EBC_PATH, "EmbeddingBagCollection")
+#: ... with --categorical_ids zch: the same tables, each with its managed-collision id-to-row map.
+MANAGED_TABLES = TableModule(EBC_PATH, "ManagedCollisionEmbeddingBagCollection")
 
 
 def table_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
@@ -35,14 +40,21 @@ def table_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
     ]
 
 
-def build_model(cfg: ModelConfig, dense_device: torch.device, table_device: torch.device | None = None) -> DLRMTrain:
-    """The training module (model + BCE loss).
+def build_model(
+    cfg: ModelConfig,
+    dense_device: torch.device,
+    table_device: torch.device | None = None,
+    zch: ZchConfig | None = None,
+) -> DLRMTrain:
+    """The training module (model + BCE loss); with ``zch``, its tables managed-collision ones
+    (:data:`MANAGED_TABLES`, apps/core/zch/).
 
     Tables are built on the meta device by default so that no rank ever allocates a whole
     table: ``DistributedModelParallel`` materialises only each rank's shards. The dense part is
     built on ``dense_device`` with the current RNG state (seed it for identical ranks).
     """
-    tables = EmbeddingBagCollection(tables=table_configs(cfg), device=table_device or torch.device("meta"))
+    table_device = table_device or torch.device("meta")
+    tables = EmbeddingBagCollection(tables=table_configs(cfg), device=table_device)
     common = dict(
         embedding_bag_collection=tables,
         dense_in_features=cfg.num_dense_features,
@@ -64,7 +76,11 @@ def build_model(cfg: ModelConfig, dense_device: torch.device, table_device: torc
         )
     else:
         model = DLRM(**common)
-    model.sparse_arch = PooledSparseArch(tables)
+    if zch is None:
+        model.sparse_arch = PooledSparseArch(tables)
+    else:
+        collisions = managed_collisions(tables.embedding_bag_configs(), zch, table_device)
+        model.sparse_arch = ManagedSparseArch(ManagedCollisionEmbeddingBagCollection(tables, collisions))
     return DLRMTrain(model)
 
 
@@ -81,6 +97,19 @@ class PooledSparseArch(SparseArch):
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         return _in_feature_order(self.embedding_bag_collection(features), self.sparse_feature_names, self.D)
+
+
+class ManagedSparseArch(PooledSparseArch):
+    """:class:`PooledSparseArch` of managed-collision tables: TorchRec's module maps the ids to
+    rows before its tables look them up, and returns the pooled embeddings first of a pair."""
+
+    def __init__(self, tables: ManagedCollisionEmbeddingBagCollection) -> None:
+        super().__init__(tables._embedding_bag_collection)  # the tables' configs: features, width
+        self.embedding_bag_collection = tables
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        pooled, _ = self.embedding_bag_collection(features)
+        return _in_feature_order(pooled, self.sparse_feature_names, self.D)
 
 
 @torch.fx.wrap  # one call in the symbolic traces of TorchRec's train pipelines, which look at no key

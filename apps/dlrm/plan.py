@@ -8,12 +8,12 @@ true`` runs its :func:`~apps.core.training.plan.check_plan_fits` before it launc
 from apps.core.training import plan
 from apps.dlrm.config import JobConfig
 from apps.dlrm.spec import SPEC
-from apps.dlrm.training.app import DLRM
+from apps.dlrm.training.app import app_for
 
 
 def preview(cfg: JobConfig, cluster: plan.Cluster) -> plan.Preview:
     """TorchRec's plan of the DLRM job of ``cfg`` on ``cluster`` (:func:`apps.core.training.plan.preview`)."""
-    return plan.preview(DLRM, cfg, cluster)
+    return plan.preview(app_for(cfg), cfg, cluster)
 
 
 def main(argv: list[str] | None = None) -> None:

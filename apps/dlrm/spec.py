@@ -5,9 +5,9 @@ from apps.dlrm.config import NAME, JobConfig, PlanConfig, parse_train_config
 
 
 def _training() -> AppTraining:
-    from apps.dlrm.training.app import DLRM, Trainer  # torch and torchrec: imported where the app trains
+    from apps.dlrm.training.app import Trainer, app_for  # torch and torchrec: imported where the app trains
 
-    return AppTraining(DLRM, Trainer)
+    return AppTraining(app_for, Trainer)
 
 
 #: The DLRM app.

@@ -5,9 +5,9 @@ from apps.hstu.config import NAME, JobConfig, PlanConfig, parse_train_config
 
 
 def _training() -> AppTraining:
-    from apps.hstu.training.app import HSTU, Trainer  # torch and torchrec: imported where the app trains
+    from apps.hstu.training.app import Trainer, app_for  # torch and torchrec: imported where the app trains
 
-    return AppTraining(HSTU, Trainer)
+    return AppTraining(app_for, Trainer)
 
 
 #: The HSTU app.

@@ -29,6 +29,8 @@ from apps.core.common.distributed import DistEnv, decided_by_main
 from apps.core.common.tables import TableModule
 from apps.core.config import SharedSections
 from apps.core.urls import config_record
+from apps.core.zch.config import check_resharding
+from apps.core.zch.modules import settle_loaded_state
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +58,12 @@ def check_compatible(checkpoint: Checkpoint, cfg: SharedSections) -> None:
     size may resume it: :mod:`apps.core.checkpoint.reshard` carries the optimizer state across."""
     saved = checkpoint.manifest.get("model", {})
     wanted = cfg.model_signature()
+    # Either side's keys: an option that only some models record (--categorical_ids zch) differs
+    # from its absence too.
     differences = [
-        f"{name}: {_signature_value(saved.get(name))} there, {_signature_value(value)} here"
-        for name, value in wanted.items()
-        if saved.get(name) != value
+        f"{name}: {_signature_value(saved.get(name))} there, {_signature_value(wanted.get(name))} here"
+        for name in {**saved, **wanted}
+        if saved.get(name) != wanted.get(name)
     ]
     if differences:
         raise CheckpointError(
@@ -85,6 +89,8 @@ def _describe_resharding(checkpoint: Checkpoint, plan: dict[str, dict[str, Any]]
 
 def _signature_value(value: Any) -> str:
     """A model signature's value for people: a list of one repeated size as COUNTxSIZE (26x2000)."""
+    if value is None:
+        return "not set (its default)"
     if isinstance(value, list):
         if value and all(v == value[0] for v in value) and len(value) > 3:
             return f"{len(value)}x{value[0]}"
@@ -385,6 +391,8 @@ class Checkpointer:
         loaded = TrainState(self.env.rank, checkpoint.manifest["progress"]["step"])
         entries = self.entries(loaded)
         if checkpoint.manifest["world_size"] != self.env.world_size:
+            if self.checkpointed.tables.managed:
+                check_resharding(checkpoint.manifest["world_size"], self.env.world_size, checkpoint.url)
             del entries[loaded._rng_key]  # other ranks, other streams: keep this process's own
         optimizer = entries["optimizer"]
         make_lazy_state(optimizer)
@@ -400,6 +408,8 @@ class Checkpointer:
             loaded.step,
         )
         self._store().load(checkpoint, {**entries, "optimizer": resharding.destinations}, saved)
+        if self.checkpointed.tables.managed:
+            settle_loaded_state(self.checkpointed.model)
         resharding.apply()
         optimizer.load_state_dict(optimizer_state)
         state.load_state_dict(entries)

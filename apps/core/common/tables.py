@@ -13,6 +13,9 @@ from dataclasses import dataclass
 TABLE_ATTRIBUTES = {
     "EmbeddingBagCollection": "embedding_bags",
     "EmbeddingCollection": "embeddings",
+    # Managed-collision tables (apps/core/zch/): TorchRec's collection wrapped with the id-to-row maps.
+    "ManagedCollisionEmbeddingBagCollection": "_embedding_module.embedding_bags",
+    "ManagedCollisionEmbeddingCollection": "_embedding_module.embeddings",
 }
 
 
@@ -31,7 +34,12 @@ class TableModule:
     @property
     def pooled(self) -> bool:
         """Whether its lookups pool each feature's ids into one vector (an EmbeddingBagCollection)."""
-        return self.kind == "EmbeddingBagCollection"
+        return self.kind.endswith("EmbeddingBagCollection")
+
+    @property
+    def managed(self) -> bool:
+        """Whether TorchRec's managed-collision modules map its ids to rows (``--categorical_ids zch``)."""
+        return self.kind.startswith("ManagedCollision")
 
     def weight_key(self, table: str) -> str:
         """The key of ``table``'s weight in the (sharded or unsharded) model's state dict."""
@@ -40,5 +48,5 @@ class TableModule:
     def state_key_pattern(self) -> re.Pattern[str]:
         """Matches the key of a table's optimizer state in a flattened optimizer state dict
         (``state.<param group>.<weight key>.<state>``): groups ``table`` and ``state``."""
-        weights = rf"{re.escape(self.path)}\.{TABLE_ATTRIBUTES[self.kind]}"
+        weights = re.escape(f"{self.path}.{TABLE_ATTRIBUTES[self.kind]}")
         return re.compile(rf"^state\..+\.{weights}\.(?P<table>[^.]+)\.weight\.(?P<state>.+)$")

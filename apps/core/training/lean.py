@@ -43,6 +43,8 @@ def lean_step_refusal(cfg: LaunchConfig, tables: TableModule, sharding_types: li
         return "--lean_step false"
     if world_size != 1:
         return f"{world_size} ranks"
+    if tables.managed:
+        return "managed-collision tables (--categorical_ids zch), whose ids TorchRec's sharded module maps to rows"
     if not tables.pooled:
         return f"the tables are an {tables.kind}, which the lean step does not look up"
     if cfg.pipeline not in LEAN_PIPELINES:

@@ -50,6 +50,7 @@ from apps.core.training.sharding import (
     planner_offers,
     table_names,
 )
+from apps.core.zch import modules as zch
 
 #: The exit status of a plan that does not fit: neither 1, Python's own for an uncaught exception,
 #: nor 2, a bad option, so that a script tells the verdict from a crash (benchmarks/gpu_check.py).
@@ -101,11 +102,19 @@ class Preview:
     #: When it does not fit: the largest batch per rank whose plan fits (0: not even one sample's).
     largest_batch: int = 0
     device_defaults: str = ""  # what the defaults of the ranks' device chose (with_device_defaults)
+    #: Bytes per rank of managed-collision tables' id maps (--categorical_ids zch), in the used figures.
+    id_maps: int = 0
 
     def notes(self) -> list[str]:
         """What the plan was made with that no option gave: this machine's GPU memory, the
-        defaults of the ranks' device."""
-        return [line for line in (self.cluster.hbm_source, self.device_defaults) if line]
+        defaults of the ranks' device; what it counts beyond TorchRec's estimates."""
+        id_maps = (
+            f"managed-collision id maps (--categorical_ids zch): {_gib(self.id_maps)} per rank, counted in "
+            "each rank's memory below (TorchRec's planner does not count them)"
+            if self.id_maps
+            else ""
+        )
+        return [line for line in (self.cluster.hbm_source, self.device_defaults, id_maps) if line]
 
     def verdict(self) -> str:
         """One line: ``fits: ...`` or ``does not fit: needs X GiB HBM on rank r, has Y ...``."""
@@ -215,6 +224,11 @@ def preview(app: TrainingApp[C], cfg: C, cluster: Cluster) -> Preview:
     # only serves FixedAbsoluteStorageReservation, not the heuristical one we plan with.
     reserve, dense, kjt = _compute_storage(report.storage_reservation)
     _, hbm_used, ddr_used, _ = _compute_mem_usage_and_perf(report.topology, report.best_plan, dense, kjt)
+    id_maps = _id_map_bytes(app, cfg, model, cluster.world_size)
+    if cluster.device == "cuda":  # they live where the tables do
+        hbm_used = [used + id_maps for used in hbm_used]
+    else:
+        ddr_used = [used + id_maps for used in ddr_used]
     order = {table: i for i, table in enumerate(table_names(model, app.tables))}
     return Preview(
         cluster=cluster,
@@ -229,7 +243,18 @@ def preview(app: TrainingApp[C], cfg: C, cluster: Cluster) -> Preview:
         planner_error=error,
         largest_batch=largest_batch,
         device_defaults=device_defaults,
+        id_maps=id_maps,
     )
+
+
+def _id_map_bytes(app: TrainingApp[C], cfg: C, model: nn.Module, world_size: int) -> int:
+    """Bytes per rank of the managed-collision id maps (--categorical_ids zch), which TorchRec's
+    planner does not count; 0 for other tables."""
+    if not app.tables.managed:
+        return 0
+    factors = app.pooling_factors(cfg)
+    ids = {table: cfg.training.batch_size * factors.get(table, 1.0) for table in table_names(model, app.tables)}
+    return zch.bytes_per_rank(model.get_submodule(app.tables.path), world_size, ids)
 
 
 def check_plan_fits(app: TrainingApp[C], cfg: C, target: PlanTarget) -> Preview:
@@ -330,7 +355,8 @@ def _columns(rows: list[list[str]]) -> list[str]:
 
 def main(app: AppSpec, argv: list[str] | None = None) -> None:
     """The command ``python -m apps.<app>.plan``: the preview of the app's job whose options its
-    PlanConfig offers."""
+    PlanConfig offers, by the TrainingApp the app gives for them (its tables may depend on the
+    options: managed-collision ones with --categorical_ids zch)."""
     parser = build_parser(
         PlanTarget,
         prog=f"python -m {app.module('plan')}",
@@ -356,7 +382,7 @@ def main(app: AppSpec, argv: list[str] | None = None) -> None:
         cfg = cast(SharedSections, app.plan_config.from_options(args))  # the app's PlanConfig: a JobConfig
         # The job's --hbm_gb, which its training app plans with too (apps/core/training/sharding.py).
         target = PlanTarget(**target_args, hbm_gb=cfg.launch.hbm_gb)
-        result = preview(app.training().app, cfg, target.cluster)
+        result = preview(app.training().app_for(cfg), cfg, target.cluster)
     except ConfigError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)  # a value's fault: no usage dump
         sys.exit(2)

@@ -19,6 +19,7 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
     QCommsConfig,
     get_qcomm_codecs_registry,
 )
+from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.storage_reservations import (
@@ -38,6 +39,7 @@ from torchrec.distributed.sharding_plan import (
     table_row_wise,
 )
 from torchrec.distributed.types import ShardingPlan
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from apps.core.common.distributed import DistEnv
 from apps.core.common.errors import ConfigError
@@ -45,6 +47,8 @@ from apps.core.common.tables import TableModule
 from apps.core.config import LaunchConfig, SharedSections, check_int8_comms
 from apps.core.training.app import C, TrainingApp
 from apps.core.training.optim import fuse_embedding_optimizer
+from apps.core.zch.config import check_world_size
+from apps.core.zch.modules import reset_rows_on_host
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +69,10 @@ _COMM_TYPES = {
 }
 
 
-#: TorchRec's sharder of either kind of table collection.
-Sharder: TypeAlias = EmbeddingBagCollectionSharder | EmbeddingCollectionSharder
+#: TorchRec's sharder of either kind of table collection (or of managed-collision tables).
+Sharder: TypeAlias = (
+    EmbeddingBagCollectionSharder | EmbeddingCollectionSharder | ManagedCollisionEmbeddingBagCollectionSharder
+)
 
 
 def model_to_shard(app: TrainingApp[C], cfg: C, dense_device: torch.device) -> tuple[nn.Module, Sharder]:
@@ -87,6 +93,9 @@ def make_sharder(cfg: LaunchConfig, tables: TableModule) -> Sharder:
     registry = None
     if (forward, backward) != (CommType.FP32, CommType.FP32):
         registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=forward, backward_precision=backward))
+    if tables.managed:  # TorchRec's sharder of the tables wrapped in its sharder of their id-to-row maps
+        tables_sharder = EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
+        return ManagedCollisionEmbeddingBagCollectionSharder(tables_sharder, qcomm_codecs_registry=registry)
     if tables.pooled:
         return EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
     return EmbeddingCollectionSharder(qcomm_codecs_registry=registry)
@@ -192,13 +201,22 @@ def table_constraints(app: TrainingApp[C], cfg: C, model: nn.Module) -> dict[str
 
 def table_names(model: nn.Module, tables: TableModule) -> list[str]:
     """The names of the tables of ``model``'s table module, in its order."""
+    return [config.name for config in table_configs(model, tables)]
+
+
+def table_configs(model: nn.Module, tables: TableModule) -> list[BaseEmbeddingConfig]:
+    """The configs of the tables of ``model``'s table module, in its order."""
     collection: Any = model.get_submodule(tables.path)
-    configs = collection.embedding_bag_configs() if tables.pooled else collection.embedding_configs()
-    return [config.name for config in configs]
+    if tables.managed:  # TorchRec's managed-collision module: the collection it wraps
+        collection = collection._embedding_module
+    return collection.embedding_bag_configs() if tables.pooled else collection.embedding_configs()
 
 
 def planner_offers(cfg: LaunchConfig, sharder: Sharder, device_type: str) -> bool:
-    return cfg.sharding_type == "auto" or cfg.sharding_type in sharder.sharding_types(device_type)
+    """Whether TorchRec's planner places the tables: it offers the sharding type asked for, or
+    any for ``auto`` (its sharder of managed-collision tables offers none on CPUs)."""
+    offered = sharder.sharding_types(device_type)
+    return cfg.sharding_type in offered or (cfg.sharding_type == "auto" and bool(offered))
 
 
 def build_plan(
@@ -213,6 +231,8 @@ def build_plan(
     TorchRec's planner places the tables for ``auto`` and for every sharding type it offers on
     this device. On CPUs it offers no row-wise kinds, so those plans are built directly.
     """
+    if app.tables.managed:
+        check_world_size([config.num_embeddings for config in table_configs(model, app.tables)], env.world_size)
     plan = _rank_plan(app, cfg, model, sharder, env)
     check_int8_comms(cfg.launch, [s["type"] for s in plan_tables(plan).values()])
     return plan
@@ -232,7 +252,7 @@ def _rank_plan(
         topology = training_topology(cfg, env, gpu_bytes)
         return make_planner(app, cfg, model, topology).collective_plan(model, [sharder], dist.group.WORLD)
     names = table_names(model, app.tables)
-    if cfg.launch.sharding_type == "row_wise":
+    if cfg.launch.sharding_type in ("row_wise", "auto"):  # auto: managed-collision tables, row-wise only
         per_table = {table: row_wise() for table in names}
     else:  # table_row_wise: each table row-wise inside one node, tables spread over nodes
         per_table = {table: table_row_wise(host_index=i % env.num_nodes) for i, table in enumerate(names)}
@@ -257,9 +277,12 @@ def shard_model(
     """Wraps the model in DMP: tables sharded by ``plan``, the dense part (and data-parallel
     tables) replicated with DDP, unless ``data_parallel`` is False (one rank: nothing to
     all-reduce). The state dict is the same either way."""
-    return DistributedModelParallel(
+    sharded = DistributedModelParallel(
         module=model, device=env.device, plan=plan, sharders=[sharder], init_data_parallel=data_parallel
     )
+    if isinstance(sharder, ManagedCollisionEmbeddingBagCollectionSharder):
+        reset_rows_on_host(sharded)
+    return sharded
 
 
 def plan_tables(plan: ShardingPlan) -> dict[str, dict]:

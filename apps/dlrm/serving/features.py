@@ -52,6 +52,16 @@ _HASH = (
     "x *= 0xBF58476D1CE4E5B9; x ^= x >> 27; x *= 0x94D049BB133111EB; x ^= x >> 31 (logical shifts, wrapping "
     "products); no seed beyond the constant. Reference: apps/core/common/hashing.py"
 ).format(gamma=GOLDEN_GAMMA)
+#: How a zch model's ids are made: the hash into TorchRec's managed-collision input range, which the
+#: program itself maps to rows (apps/core/zch/).
+_ZCH = (
+    "id = "
+    + _HASH.replace("modulo the table's size", "modulo 2**63 - 1").removeprefix("row = ")
+    + ". The program maps "
+    "each id to its row with the managed-collision tables' id maps it holds (TorchRec's MCH remap); an id "
+    "without a row (never seen, or evicted) is looked up in the tables' last row, which such ids shared in training"
+)
+_ID_TRANSFORMS = {"hash": _HASH, "zch": _ZCH, "as_is": "as_is: the value is the table row, in [0, size)"}
 _DENSE = {
     "parquet": "each dense column read as float32; null, NaN and infinite values as 0",
     "parquet_log1p": "each dense column read as float32; null, NaN and infinite values as 0; then "
@@ -69,7 +79,7 @@ class Features:
     data: str  #: what it trained on: parquet, criteo or synthetic
     dense_columns: list[str]
     sparse_columns: list[str]
-    categorical_ids: str  #: hash or as_is
+    categorical_ids: str  #: hash, zch or as_is
     table_sizes: list[int]
     num_dense_features: int
     dense_log1p: bool = False  #: dense values through log(1 + max(x, 0)) (--dense_transform log1p)
@@ -124,9 +134,7 @@ class Features:
             "columns": self.columns.record() if self.columns is not None else None,
             "num_sparse_features": len(self.table_sizes),
             "keys": self.keys,
-            "id_transform": _HASH
-            if self.categorical_ids == "hash"
-            else "as_is: the value is the table row, in [0, size)",
+            "id_transform": _ID_TRANSFORMS[self.categorical_ids],
             "dense_transform": _DENSE[f"{self.data}_log1p" if self.dense_log1p else self.data],
         }
 

@@ -41,6 +41,8 @@ from torch import nn
 from torch.ao.quantization import PlaceholderObserver, QConfig
 from torch.export import Dim, ExportedProgram
 from torchrec.models.dlrm import DLRM
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -76,7 +78,15 @@ def quantize_tables(dlrm: DLRM, quantize: str) -> None:
     place; ``none`` keeps them float32."""
     if quantize == "none":
         return
-    tables = dlrm.sparse_arch.embedding_bag_collection
+    holder = dlrm.sparse_arch.embedding_bag_collection
+    if isinstance(holder, ManagedCollisionEmbeddingBagCollection):  # --categorical_ids zch: its tables
+        holder._embedding_module = quantized_tables(holder._embedding_bag_collection, quantize)
+    else:
+        dlrm.sparse_arch.embedding_bag_collection = quantized_tables(holder, quantize)
+
+
+def quantized_tables(tables: EmbeddingBagCollection, quantize: str) -> nn.Module:
+    """TorchRec's quantized EmbeddingBagCollection of ``tables``."""
     tables.qconfig = QConfig(
         activation=PlaceholderObserver.with_args(dtype=torch.float),
         weight=PlaceholderObserver.with_args(dtype=_QUANTIZED_DTYPES[quantize]),
@@ -87,7 +97,7 @@ def quantize_tables(dlrm: DLRM, quantize: str) -> None:
         # would be saved beside the kernel's own and double the package (TorchRec 1.8 registers
         # them; a TorchRec without them has nothing to drop).
         view._buffers.pop("weight", None)
-    dlrm.sparse_arch.embedding_bag_collection = quantized
+    return quantized
 
 
 def example_inputs(cfg: ModelConfig, rows: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -121,12 +131,15 @@ def score(module: nn.Module, dense: torch.Tensor, values: torch.Tensor, lengths:
 
 def table_bytes(program: ExportedProgram) -> int:
     """Bytes of the tables' weights in ``program`` (parameters, buffers and constants of its
-    EmbeddingBagCollection)."""
+    EmbeddingBagCollection), not of the id maps of managed-collision tables (--categorical_ids
+    zch), which quantizing leaves as they are."""
     tensors = [*program.state_dict.items(), *program.constants.items()]
     return sum(
         t.numel() * t.element_size()
         for name, t in tensors
-        if "embedding_bag_collection" in name and isinstance(t, torch.Tensor)
+        if "embedding_bag_collection" in name
+        and "_managed_collision_collection" not in name
+        and isinstance(t, torch.Tensor)
     )
 
 

@@ -25,7 +25,8 @@ from apps.core.checkpoint.folder import Checkpoint, CheckpointStore
 from apps.core.checkpoint.storage.errors import CheckpointError
 from apps.core.common.errors import ConfigError
 from apps.core.urls import redact_urls
-from apps.dlrm.config import JobConfig
+from apps.core.zch.modules import settle_loaded_state
+from apps.dlrm.config import JobConfig, zch_of
 from apps.dlrm.model import build_model
 
 logger = logging.getLogger(__name__)
@@ -123,13 +124,14 @@ def load_trained(checkpoint_dir: str, step: str, option: str = "--checkpoint_dir
     checkpoint = find_checkpoint(checkpoint_dir, step, option)
     cfg = training_config(checkpoint)
     cpu = torch.device("cpu")
-    module = build_model(cfg.model, dense_device=cpu, table_device=cpu)
+    module = build_model(cfg.model, dense_device=cpu, table_device=cpu, zch=zch_of(cfg))
     state = module.state_dict()  # views of the weights: DCP loads into them in place
     logger.info("loading %s (step %d) whole into this process", redact_urls(checkpoint.url), checkpoint.step)
     with warnings.catch_warnings():
         # DCP warns that it loads in one process, without a process group: as intended here.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         CheckpointStore(checkpoint_dir, keep_last=1).load(checkpoint, {"model": state})
+    settle_loaded_state(module)  # managed-collision tables' id maps: every rank's share merged into one
     model = module.model.eval()
     return Trained(cfg, model, checkpoint, weights_sha256(state))
 

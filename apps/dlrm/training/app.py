@@ -16,10 +16,10 @@ from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.data import DataSource, RankShare
 from apps.core.training import trainer
-from apps.dlrm.config import NAME, JobConfig
+from apps.dlrm.config import NAME, JobConfig, zch_of
 from apps.dlrm.data import ClickLogs, make_dataset
 from apps.dlrm.data.trained import TrainedColumns
-from apps.dlrm.model import TABLES, build_model, speed_up_dense, table_configs
+from apps.dlrm.model import MANAGED_TABLES, TABLES, build_model, speed_up_dense, table_configs
 from apps.dlrm.training.metrics import ClickMetrics
 
 #: What the validation's auroc_ceiling is, said once beside the first.
@@ -29,15 +29,18 @@ CEILING_NOTE = (
 
 
 class DLRMApp:
-    """The DLRM app (:class:`~apps.core.training.app.TrainingApp` of :class:`JobConfig`)."""
+    """The DLRM app (:class:`~apps.core.training.app.TrainingApp` of :class:`JobConfig`), of
+    ``tables``: plain ones, or managed-collision ones (:data:`DLRM_ZCH`)."""
+
+    def __init__(self, tables: TableModule = TABLES) -> None:
+        self.tables = tables
 
     name: str = NAME
-    tables: TableModule = TABLES
     curves: tuple[tuple[str, str], ...] = (("auroc", "validation AUROC"), ("log_loss", "validation log loss"))
     notes: dict[str, str] = {"auroc_ceiling": CEILING_NOTE}
 
     def build_model(self, cfg: JobConfig, dense_device: torch.device) -> nn.Module:
-        model = build_model(cfg.model, dense_device=dense_device)
+        model = build_model(cfg.model, dense_device=dense_device, zch=zch_of(cfg))
         speed_up_dense(cfg.launch, model, dense_device)
         return model
 
@@ -80,10 +83,17 @@ class DLRMApp:
 
 #: The DLRM app.
 DLRM = DLRMApp()
+#: The DLRM app of managed-collision tables (--categorical_ids zch).
+DLRM_ZCH = DLRMApp(MANAGED_TABLES)
+
+
+def app_for(cfg: JobConfig) -> DLRMApp:
+    """The DLRM app of ``cfg``'s tables."""
+    return DLRM if zch_of(cfg) is None else DLRM_ZCH
 
 
 class Trainer(trainer.Trainer[JobConfig]):
     """A DLRM training run: the shared Trainer, given the DLRM app."""
 
     def __init__(self, cfg: JobConfig, env: DistEnv) -> None:
-        super().__init__(DLRM, cfg, env)
+        super().__init__(app_for(cfg), cfg, env)

@@ -146,8 +146,13 @@ class HSTUApp:
 HSTU = HSTUApp()
 
 
+def app_for(cfg: JobConfig) -> HSTUApp:
+    """The HSTU app of ``cfg``: one, whatever the options (:class:`~apps.core.app_spec.AppTraining`)."""
+    return HSTU
+
+
 class Trainer(trainer.Trainer[JobConfig]):
     """An HSTU training run: the shared Trainer, given the HSTU app."""
 
     def __init__(self, cfg: JobConfig, env: DistEnv) -> None:
-        super().__init__(HSTU, cfg, env)
+        super().__init__(app_for(cfg), cfg, env)

@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 from apps.core.common.errors import ConfigError
 from apps.core.common.splits import Range, held_out_split
 from apps.core.urls import is_url, reaching
+from apps.core.zch.config import ZCH
 from apps.dlrm.config import DataConfig, ModelConfig, is_pattern
 from apps.dlrm.data.criteo.sources import natural_key
 from apps.dlrm.data.trained import TrainedColumns
@@ -312,7 +313,7 @@ def resolve_columns(
             *((n, "dense_columns") for n in dense),
             *((n, "sparse_columns") for n in sparse),
         ]:
-            kind = _kind(schema, name, option, url, data.categorical_ids == "hash")
+            kind = _kind(schema, name, option, url, data.categorical_ids in ("hash", ZCH))
             first_kind, kind_url = kinds.setdefault(name, (kind, url))
             if kind != first_kind:
                 raise ConfigError(
@@ -389,7 +390,7 @@ def _kind(schema: pa.Schema, name: str, option: str, url: str, hashed: bool) -> 
     if option == "sparse_columns" and kind in ("text", "text_list") and not hashed:
         raise ConfigError(
             f"{url}: column {name!r} (--sparse_columns) is {arrow_type}: text ids become table rows with "
-            "--categorical_ids hash (as_is takes integers that are rows already)"
+            "--categorical_ids hash or zch (as_is takes integers that are rows already)"
         )
     allowed = ("int", "list", "text", "text_list") if option == "sparse_columns" else ("int", "number")
     if kind is None or kind not in allowed:

@@ -44,7 +44,7 @@ from apps.dlrm.config import DataConfig, ModelConfig
 from apps.dlrm.data.criteo.tables import feature_names
 from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, dense_ranges, null_report, unscaled_dense
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs, run_rows
-from apps.dlrm.data.parquet.read import RowDecoder, RowGroupReader, Rows
+from apps.dlrm.data.parquet.read import RowDecoder, RowGroupReader, Rows, id_ranges
 from apps.dlrm.data.prefetch import prefetched
 from apps.dlrm.data.trained import TrainedColumns
 
@@ -82,7 +82,7 @@ class ParquetClickLogs:
         checked = CheckedFiles.open(model, data, trained=trained)
         fs, self.files, self.spec, self.null_counts = checked.fs, checked.files, checked.spec, checked.null_counts
         self.columns: dict[str, Any] | None = self.spec.record()
-        int32_ids = max(model.table_sizes) <= INT32_IDS
+        int32_ids = max(id_ranges(data.categorical_ids, model.table_sizes)) <= INT32_IDS
         id_dtype = np.dtype(np.int32 if int32_ids else np.int64)
         self._ids_dtype = torch.int32 if int32_ids else torch.int64
         log1p = data.dense_transform == "log1p"

@@ -31,7 +31,9 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
   per-row offsets, as a KeyedJaggedTensor holds them; ``hash`` ids are SplitMix64 of the value
   (:func:`apps.core.common.hashing.mix64`, its int64 bits) modulo the table size, a text value's
   value being the FNV-1a 64 of its bytes (UTF-8 for strings: :func:`text_fingerprints`);
-  ``as_is`` ids must lie in the table (:func:`apps.dlrm.data.parquet.files.check_id`).
+  ``as_is`` ids must lie in the table (:func:`apps.dlrm.data.parquet.files.check_id`); ``zch``
+  ids are hashed as ``hash`` ids are, modulo TorchRec's managed-collision input range instead of
+  the table size (:func:`id_ranges`), for its module to map to rows.
 
 Nothing read from a file is executed or unpickled: Parquet pages are decoded by pyarrow into
 numbers, and only numbers reach training.
@@ -51,6 +53,7 @@ import torch
 
 from apps.core.common.errors import ConfigError
 from apps.core.common.hashing import mix64
+from apps.core.zch.config import INPUT_HASH_SIZE, ZCH
 from apps.dlrm.data.parquet.files import (
     ColumnSpec,
     DataFile,
@@ -174,8 +177,8 @@ class RowDecoder:
         self, spec: ColumnSpec, table_sizes: list[int], categorical_ids: str, id_dtype: np.dtype, log1p: bool
     ) -> None:
         self.spec = spec
-        self.table_sizes = table_sizes
-        self.hash_ids = categorical_ids == "hash"
+        self.id_ranges = id_ranges(categorical_ids, table_sizes)
+        self.hash_ids = categorical_ids in ("hash", ZCH)
         self.id_dtype = id_dtype
         self.log1p = log1p
         #: NaN or infinite values read (and made 0) per dense column, by every thread that reads.
@@ -204,7 +207,7 @@ class RowDecoder:
         if self.log1p:
             np.log1p(np.maximum(dense, 0, out=dense), out=dense)
         ragged: list[Ragged | None] = []
-        for f, (name, multi_hot, size) in enumerate(zip(spec.sparse, spec.multi_hot, self.table_sizes)):
+        for f, (name, multi_hot, size) in enumerate(zip(spec.sparse, spec.multi_hot, self.id_ranges)):
             column = table.column(name)
             if multi_hot or column.null_count:
                 values, offsets = _ragged(column.combine_chunks(), multi_hot)
@@ -283,6 +286,12 @@ class RowDecoder:
             url, g = where(k if offsets is None else int(np.searchsorted(offsets, k, side="right")) - 1)
             check_id(int(values[k]), size, url, column, g)
         return values
+
+
+def id_ranges(categorical_ids: str, table_sizes: list[int]) -> list[int]:
+    """The range each feature's ids are made in: its table's rows, or with ``zch`` the input range
+    of TorchRec's managed-collision module (apps/core/zch/), which maps them to rows."""
+    return [INPUT_HASH_SIZE] * len(table_sizes) if categorical_ids == ZCH else table_sizes
 
 
 def _common_schema(spec: ColumnSpec) -> pa.Schema:
