@@ -13,12 +13,12 @@ from torchx import specs
 from torchx.components import dist, utils
 from torchx.specs.named_resources_aws import EFA_DEVICE, K8S_ITYPE
 
-from apps.core.app_spec import AppSpec
 from apps.core.common.errors import ConfigError
 from apps.core.config import SharedSections
 from apps.core.launch.job_shape import JobShape
 from apps.core.launch.target import PlanTarget
 from apps.core.options import Options, option, to_argv
+from apps.core.training.app_spec import AppSpec
 from apps.core.training.run_folder import TORCHRUN_LOGS, output_folder
 from schedulers.metadata import LOG_DIR
 from schedulers.node_request import DEFAULT_HOST_REQUEST

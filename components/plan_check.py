@@ -10,11 +10,11 @@ from typing import Iterator
 
 from torchx import specs
 
-from apps.core.app_spec import AppSpec
 from apps.core.common.errors import ConfigError
 from apps.core.config import SharedSections
 from apps.core.launch.target import PlanTarget, check_hbm_gb, known_hbm_gib
 from apps.core.options import option
+from apps.core.training.app_spec import AppSpec
 from components.launch import Launch
 from components.signature import InvalidComponentArgument
 

@@ -28,7 +28,6 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 from torch.distributed.run import parse_args
 
-from apps.core.app_spec import AppSpec
 from apps.core.common.distributed import REFUSALS_FOLDER, record_refusal
 from apps.core.common.errors import REFUSED, ConfigError
 from apps.core.launch.agent import (
@@ -40,6 +39,7 @@ from apps.core.launch.agent import (
     root_failure,
 )
 from apps.core.launch.torchrun_args import multi_node_args, trainer_threads
+from apps.core.training.app_spec import AppSpec
 from apps.core.training.run_folder import torchrun_log_dir
 
 logger = logging.getLogger(LAUNCHER_LOGGER)

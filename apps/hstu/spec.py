@@ -1,6 +1,6 @@
-"""The HSTU app as the shared commands and its components take it (:class:`~apps.core.app_spec.AppSpec`)."""
+"""The HSTU app as the shared commands and its components take it (:class:`~apps.core.training.app_spec.AppSpec`)."""
 
-from apps.core.app_spec import AppSpec, AppTraining
+from apps.core.training.app_spec import AppSpec, AppTraining
 from apps.hstu.config import NAME, JobConfig, PlanConfig, parse_train_config
 
 

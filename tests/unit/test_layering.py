@@ -150,7 +150,7 @@ def test_core_names_no_app(path):
         ('prog = f"python -m apps.HSTU.{command}"', "python -m apps.HSTU."),  # an f-string's text, any case
         ("def criteo_rows(path): ...", "criteo_rows"),  # a function's name
         ("rows = data.criteo", "criteo"),  # an attribute
-        ("from apps.core.app_spec import AppSpec as DlrmSpec", "DlrmSpec"),  # an import's name
+        ("from apps.core.training.app_spec import AppSpec as DlrmSpec", "DlrmSpec"),  # an import's name
         ("run(app=hstu)", "hstu"),  # a name
     ],
 )

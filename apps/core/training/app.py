@@ -38,7 +38,7 @@ class EvalMetrics(Protocol):
 class TrainingApp(Protocol[C]):
     """An app, as the shared Trainer and plan code see it."""
 
-    #: The app's name (:attr:`apps.core.app_spec.AppSpec.name`): its runs' folders are named after
+    #: The app's name (:attr:`apps.core.training.app_spec.AppSpec.name`): its runs' folders are named after
     #: it where TorchX did not name the job.
     name: str
     #: Where the model's TorchRec table collection is (what plans and checkpoints key on).

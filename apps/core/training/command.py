@@ -1,5 +1,5 @@
 """Every app's training command (``python -m apps.<app>.train``: :func:`main`, given the app's
-:class:`~apps.core.app_spec.AppSpec`): parse the configuration, join the process group, and let
+:class:`~apps.core.training.app_spec.AppSpec`): parse the configuration, join the process group, and let
 the app's :class:`~apps.core.training.trainer.Trainer` run the training; a configuration error is
 one line, exit 2. Any other error is a traceback, unless torchrun restarts
 the trainers after it: then the traceback goes to the rank's error file only, and torchrun's agent
@@ -11,13 +11,13 @@ from typing import Any, Callable
 
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
-from apps.core.app_spec import AppSpec
 from apps.core.checkpoint.lease import release_held
 from apps.core.checkpoint.storage.errors import SaveFailed
 from apps.core.common.distributed import DistEnv, exit_refused, init_distributed, leave_process_group, restarts_left
 from apps.core.common.errors import ConfigError
 from apps.core.common.startup import imports_uncollected
 from apps.core.config import SharedSections
+from apps.core.training.app_spec import AppSpec
 from apps.core.training.report import setup_logging
 from apps.core.training.trainer import Trainer
 

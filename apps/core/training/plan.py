@@ -35,12 +35,12 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ShardingPlan
 
-from apps.core.app_spec import AppSpec
 from apps.core.common.errors import ConfigError
 from apps.core.config import SharedSections, check_int8_comms, with_device_defaults
 from apps.core.launch.target import GPU_HBM_GIB, Cluster, GiB, PlanTarget
 from apps.core.options import add_options, build_parser, options_of
 from apps.core.training.app import C, TrainingApp
+from apps.core.training.app_spec import AppSpec
 from apps.core.training.device_support import check_device_support
 from apps.core.training.sharding import (
     Sharder,

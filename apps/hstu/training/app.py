@@ -147,7 +147,7 @@ HSTU = HSTUApp()
 
 
 def app_for(cfg: JobConfig) -> HSTUApp:
-    """The HSTU app of ``cfg``: one, whatever the options (:class:`~apps.core.app_spec.AppTraining`)."""
+    """The HSTU app of ``cfg``: one, whatever the options (:class:`~apps.core.training.app_spec.AppTraining`)."""
     return HSTU
 
 
