@@ -1,9 +1,10 @@
 """SplitMix64, the counter-based hash behind every pseudo-random number of the synthetic click logs
 (:mod:`apps.dlrm.data.synthetic`) and the ``hash`` ids of Parquet columns
-(:mod:`apps.dlrm.data.parquet.read`): pure 64-bit integer arithmetic on int64 tensors, so it gives
-the same bits on a CPU and on a GPU.
+(:mod:`apps.dlrm.data.parquet.read`) and of ``zch`` ids (:func:`hashed_ids`): pure 64-bit integer
+arithmetic on int64 tensors, so it gives the same bits on a CPU and on a GPU.
 """
 
+import numpy as np
 import torch
 
 MASK64 = (1 << 64) - 1
@@ -37,3 +38,11 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
 def mix64_int(value: int) -> int:
     """:func:`mix64` of one Python int, as an int64 value."""
     return int(mix64(torch.tensor([signed(value)], dtype=torch.int64))[0])
+
+
+def hashed_ids(values: np.ndarray, size: int) -> np.ndarray:
+    """uint64: :func:`mix64` of integer ids ``values`` (any integer type; uint64 ids keep their
+    bits) modulo ``size``, unsigned: how raw ids become rows (``--categorical_ids hash``) or
+    TorchRec's managed-collision input range (``zch``, :data:`apps.core.zch.config.INPUT_HASH_SIZE`)."""
+    bits = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64)
+    return mix64(torch.from_numpy(bits)).numpy().view(np.uint64) % np.uint64(size)

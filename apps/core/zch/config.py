@@ -3,7 +3,7 @@ command line, the TorchX components and the data readers need, without torch (a 
 it). What zch tables are: :mod:`apps.core.zch`; TorchRec's modules: :mod:`apps.core.zch.modules`."""
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import CheckpointConfig, LaunchConfig, require_positive
@@ -50,6 +50,25 @@ class ZchConfig:
 
     def check(self) -> None:
         require_positive("zch_eviction_interval", self.zch_eviction_interval)
+
+
+class _IdsSection(Protocol):
+    categorical_ids: str
+
+
+class _ZchJob(Protocol):
+    """An app's configuration that offers --categorical_ids zch: its data section says which ids."""
+
+    @property
+    def data(self) -> _IdsSection: ...
+
+    @property
+    def zch(self) -> ZchConfig: ...
+
+
+def zch_of(cfg: _ZchJob) -> ZchConfig | None:
+    """The managed-collision tables' options where ``cfg`` has them (--categorical_ids zch)."""
+    return cfg.zch if cfg.data.categorical_ids == ZCH else None
 
 
 def check_zch(cfg: ZchConfig, table_sizes: Sequence[int], launch: LaunchConfig, checkpoint: CheckpointConfig) -> None:

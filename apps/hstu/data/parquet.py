@@ -30,6 +30,8 @@ import torch
 from apps.core.common.errors import ConfigError
 from apps.core.data import RankShare
 from apps.core.urls import is_url, reaching
+from apps.core.zch.config import ZCH
+from apps.core.zch.ids import input_ids
 from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
 from apps.hstu.data import random
 from apps.hstu.data.source import MIN_EVENTS, Events, SequenceSource
@@ -135,11 +137,18 @@ def read_events(model: HSTUModelConfig, data: SequenceDataConfig) -> Events:
             columns.check(parquet.schema_arrow, url)
             parts.append((url, parquet.read(columns=list(columns.names.values()))))
     users, items, actions, (times, fractions) = _events(parts, columns, data)
-    for option, ids, size, size_option in (
-        ("item_column", items, model.num_items, "num_items"),
-        ("action_column", actions, model.num_actions, "num_actions"),
-    ):
-        _check_range(option, columns.names.get(option, ""), ids, size, size_option, data.data_path)
+    if data.categorical_ids == ZCH:  # raw ids, into the managed-collision table's input range
+        items = input_ids(items)
+    else:
+        _check_range("item_column", data.item_column, items, model.num_items, "num_items", data.data_path)
+    _check_range(
+        "action_column",
+        columns.names.get("action_column", ""),
+        actions,
+        model.num_actions,
+        "num_actions",
+        data.data_path,
+    )
     order = np.lexsort((fractions, times, users))  # per user, by time; stable
     _, lengths = np.unique(users[order], return_counts=True)
     item_ids, action_ids, seconds = (torch.from_numpy(a[order]) for a in (items, actions, times))

@@ -49,10 +49,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
 from apps.core.common.errors import ConfigError
-from apps.core.common.hashing import mix64
+from apps.core.common.hashing import hashed_ids
 from apps.core.zch.config import INPUT_HASH_SIZE, ZCH
 from apps.dlrm.data.parquet.files import (
     ColumnSpec,
@@ -277,9 +276,7 @@ class RowDecoder:
         """The embedding rows of a column's ``values`` (see the module docstring), in [0, size):
         any integer type, that the caller casts to ``id_dtype`` as it copies them."""
         if self.hash_ids:
-            bits = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64)
-            mixed = mix64(torch.from_numpy(bits)).numpy().view(np.uint64)
-            return mixed % np.uint64(size)
+            return hashed_ids(values, size)
         # One pass, not a minimum and a maximum: read as unsigned, a negative id is larger than any table.
         if len(values) and values.view(f"u{values.itemsize}").max() >= size:
             k = int(np.flatnonzero((values < 0) | (values >= size))[0])
