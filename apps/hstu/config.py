@@ -124,8 +124,8 @@ class SequenceDataConfig:
     user_column: str = option("user_id", "Parquet per_event: the user id column (any integer or string type).")
     item_column: str = option(
         "item_id",
-        "Parquet: the item ids' column: integers in [0, --num_items), any 64-bit integers with "
-        "--categorical_ids zch (per_user: a list column).",
+        "Parquet: the item ids' column: integers in [0, --num_items); with --categorical_ids zch any "
+        "64-bit integers or text (per_user: a list column).",
     )
     categorical_ids: str = option(
         "as_is",
@@ -282,7 +282,7 @@ class JobConfig(Options):
     def _check_zch(self) -> None:
         """The managed-collision options against the item table, the launch and the checkpoints;
         evaluation ranks among the ids that have rows, as random raw ids are no items."""
-        check_zch(self.zch, [self.model.num_items], self.launch, self.checkpoint)
+        check_zch(self.zch, [self.model.num_items], self.launch, self.checkpoint, "--num_items")
         if self.data.eval_negatives:
             raise ConfigError(
                 f"--eval_negatives {self.data.eval_negatives} draws random item ids, which are no items with "

@@ -71,15 +71,21 @@ def zch_of(cfg: _ZchJob) -> ZchConfig | None:
     return cfg.zch if cfg.data.categorical_ids == ZCH else None
 
 
-def check_zch(cfg: ZchConfig, table_sizes: Sequence[int], launch: LaunchConfig, checkpoint: CheckpointConfig) -> None:
+def check_zch(
+    cfg: ZchConfig,
+    table_sizes: Sequence[int],
+    launch: LaunchConfig,
+    checkpoint: CheckpointConfig,
+    rows_option: str = "--num_embeddings",
+) -> None:
     """Refuses, naming the option, what managed-collision tables cannot train with: tables too
-    small for TorchRec's module, a sharding type its sharder does not offer, checkpoints that
-    would not fall right after an eviction."""
+    small for TorchRec's module (their rows given by ``rows_option``), a sharding type its sharder
+    does not offer, checkpoints that would not fall right after an eviction."""
     cfg.check()
     for i, rows in enumerate(table_sizes):
         if rows < MIN_ROWS_PER_RANK:
             raise ConfigError(
-                f"--num_embeddings {rows} (table {i}) is too small for --categorical_ids zch: TorchRec's "
+                f"{rows_option} {rows} (table {i}) is too small for --categorical_ids zch: TorchRec's "
                 f"managed-collision table keeps its last row for ids without one, so it needs at least "
                 f"{MIN_ROWS_PER_RANK} rows per rank"
             )
