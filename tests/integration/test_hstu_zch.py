@@ -83,6 +83,19 @@ def test_resumes_exactly_where_it_stopped(trained, tmp_path):
         assert resumed[name] == reference[name], name  # bit for bit: the id map came back
 
 
+def test_one_rank_merges_the_two_ranks_maps_and_evaluates_alike(trained, tmp_path):
+    """The 2 ranks' checkpoint on 1 rank (the id maps merged, TorchRec's post-load sorting redone),
+    its 2 batches of 128 users those of the 2 ranks' 1 of 64 each: the same figures, but for the
+    few items without a row, which one default row per rank held there and the last rank's here."""
+    tmp, two = trained
+    evaluate = ["--evaluate_checkpoint", "latest", "--checkpoint_dir", str(tmp / "ckpt"), "--batch_size", "128"]
+    result, one = train(tmp_path, "one", *ZCH, *evaluate, nproc=1)
+    assert_ok(result)
+    assert one["world_size"] == 1 and one["evaluated_step"] == STEPS
+    for metric in ("val_hr@10", "val_mrr", "test_hr@10", "test_mrr"):
+        assert one[metric] == pytest.approx(two[metric], abs=0.005), metric
+
+
 def test_a_checkpoint_of_the_other_kind_of_ids_is_refused(trained, tmp_path):
     tmp, _ = trained
     evaluate = ["--evaluate_checkpoint", "latest", "--checkpoint_dir", str(tmp / "ckpt")]
