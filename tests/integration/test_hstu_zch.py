@@ -104,6 +104,15 @@ def test_a_checkpoint_of_the_other_kind_of_ids_is_refused(trained, tmp_path):
     assert "was written for another model (categorical_ids:" in result.stderr
 
 
+def test_ranking_learns_the_actions_of_raw_item_ids(tmp_path):
+    """The ranking objective on raw ids: its ceiling, the synthetic actions' law, is of the items
+    behind the ids (found back from them), and the model comes close to it."""
+    result, summary = train(tmp_path, "out", "--categorical_ids", "zch", "--objective", "ranking", "--steps", "60")
+    assert_ok(result)
+    assert summary["auroc_ceiling"] > 0.85, summary  # of the items' own laws (of the raw ids': 0.5)
+    assert summary["val_auroc"] > summary["auroc_ceiling"] - 0.05, summary
+
+
 @pytest.mark.parametrize("kind", ["uint64", "text"])
 def test_a_parquet_file_of_raw_item_ids_trains(tmp_path, kind):
     """Users walking items i, i+1, ... of 300, each item's id a 64-bit number far outside the
