@@ -17,6 +17,7 @@ collection error too (:func:`tier_folder_error`). What the modules share stays h
 """
 
 import contextlib
+import json
 import os
 import pathlib
 import signal
@@ -152,6 +153,16 @@ def torchrun(args: list[str], *, nproc: int = 2, **kwargs) -> subprocess.Complet
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args],
         **kwargs,
     )
+
+
+def torchrun_job(
+    args: list[str], out: pathlib.Path, *, nproc: int = 2
+) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """:func:`torchrun` of a training job's ``args`` whose run folder is ``out``: its result, and
+    its summary.json where it wrote one."""
+    result = torchrun([*args, "--output_dir", str(out)], nproc=nproc)
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
+    return result, summary
 
 
 def start_torchrun(args: list[str], *, nproc: int = 2, **env: str | None) -> subprocess.Popen:

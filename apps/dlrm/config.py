@@ -469,11 +469,6 @@ class JobConfig(Options):
         return ""
 
 
-def zch_of(cfg: JobConfig) -> ZchConfig | None:
-    """The managed-collision tables' options where ``cfg`` has them (--categorical_ids zch)."""
-    return cfg.zch if cfg.data.categorical_ids == ZCH else None
-
-
 def is_pattern(text: str) -> bool:
     return any(char in text for char in PATTERN_CHARS)
 

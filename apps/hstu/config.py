@@ -21,6 +21,7 @@ from apps.core.config import (
     require_positive,
 )
 from apps.core.options import Options, option, options_of, section
+from apps.core.zch.config import ZCH, ZchConfig, check_zch
 
 #: The app's name: its modules (apps.hstu.*) and components (components.hstu), and its jobs' and
 #: run folders' where the user gives none (apps/hstu/spec.py).
@@ -32,6 +33,9 @@ FUSED_NEEDS_CUDA = (
 )
 SEQUENCE_DATASETS = ("synthetic", "parquet")
 LAYOUTS = ("per_user", "per_event")
+#: --categorical_ids: item ids that are the item table's rows, or raw ids TorchRec's managed-collision
+#: module maps to rows (apps/core/zch/).
+CATEGORICAL_IDS = ("as_is", ZCH)
 
 
 #: The run's length on synthetic users when --steps is 0 (see SequenceTrainingConfig).
@@ -119,7 +123,17 @@ class SequenceDataConfig:
     )
     user_column: str = option("user_id", "Parquet per_event: the user id column (any integer or string type).")
     item_column: str = option(
-        "item_id", "Parquet: the item ids' column: integers in [0, --num_items) (per_user: a list column)."
+        "item_id",
+        "Parquet: the item ids' column: integers in [0, --num_items); with --categorical_ids zch any "
+        "64-bit integers or text (per_user: a list column).",
+    )
+    categorical_ids: str = option(
+        "as_is",
+        "as_is: item ids are the item table's rows, in [0, --num_items); zch: raw item ids (any "
+        "64-bit integers; synthetic items are hashed into them), which a TorchRec managed-collision "
+        "table of --num_items rows maps to rows, giving the most frequent ids rows of their own "
+        "(--zch_eviction_policy; docs/hstu.md).",
+        choices=CATEGORICAL_IDS,
     )
     action_column: str = option(
         "event_type",
@@ -241,6 +255,7 @@ class JobConfig(Options):
 
     model: HSTUModelConfig = section(HSTUModelConfig)
     data: SequenceDataConfig = section(SequenceDataConfig)
+    zch: ZchConfig = section(ZchConfig)
     training: SequenceTrainingConfig = section(SequenceTrainingConfig)
     launch: LaunchConfig = section(LaunchConfig)
     evaluation: SequenceEvaluationConfig = section(SequenceEvaluationConfig)
@@ -261,6 +276,18 @@ class JobConfig(Options):
     def check_with_shared(self) -> None:
         self._check_metric()
         self._check_sharding()
+        if self.data.categorical_ids == ZCH:
+            self._check_zch()
+
+    def _check_zch(self) -> None:
+        """The managed-collision options against the item table, the launch and the checkpoints;
+        evaluation ranks among the ids that have rows, as random raw ids are no items."""
+        check_zch(self.zch, [self.model.num_items], self.launch, self.checkpoint, "--num_items")
+        if self.data.eval_negatives:
+            raise ConfigError(
+                f"--eval_negatives {self.data.eval_negatives} draws random item ids, which are no items with "
+                "--categorical_ids zch (its ids are raw): give --eval_negatives 0 (rank among every item with a row)"
+            )
 
     @classmethod
     def preset_defaults(cls, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -291,11 +318,14 @@ class JobConfig(Options):
     def model_signature(self) -> dict[str, Any]:
         """The options that fix the shapes of the saved tensors (and of the optimizer states)."""
         model = self.model
-        return {
+        signature = {
             **{name: getattr(model, name) for name in SIGNATURE_OPTIONS},
             "embedding_optimizer": self.training.embedding_optimizer,
             "dense_optimizer": self.training.dense_optimizer,
         }
+        if self.data.categorical_ids == ZCH:  # the item table's id-to-row state, its buffers the policy's
+            signature.update(categorical_ids=ZCH, zch_eviction_policy=self.zch.zch_eviction_policy)
+        return signature
 
 
 def parse_train_config(argv: list[str] | None = None) -> JobConfig:
@@ -316,6 +346,6 @@ class PlanConfig(JobConfig):
     __slots__ = ()
 
     OFFERED = frozenset(
-        ["batch_size", "embedding_optimizer"]
-        + [field.name for cls in (HSTUModelConfig, LaunchConfig) for field in options_of(cls)]
+        ["batch_size", "embedding_optimizer", "categorical_ids"]
+        + [field.name for cls in (HSTUModelConfig, LaunchConfig, ZchConfig) for field in options_of(cls)]
     )

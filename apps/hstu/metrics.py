@@ -10,6 +10,8 @@ action was taken (ties counted half, as the Mann-Whitney statistic does).
 import torch
 import torch.distributed as dist
 
+from apps.core.common.distributed import gather_rows
+
 CPU = torch.device("cpu")
 
 
@@ -76,22 +78,6 @@ class ActionAUROC:
 
     def compute(self, group: dist.ProcessGroup | None = None) -> dict[str, float]:
         """``auroc_action_<a>`` for every action (a collective: every rank calls it)."""
-        logits = _gather(torch.cat(self.logits).view(-1, self.num_actions), group)
-        labels = _gather(torch.cat(self.labels).view(-1, self.num_actions), group)
+        logits = gather_rows(torch.cat(self.logits).view(-1, self.num_actions), group)
+        labels = gather_rows(torch.cat(self.labels).view(-1, self.num_actions), group)
         return {f"auroc_action_{a}": auroc(logits[:, a], labels[:, a]) for a in range(self.num_actions)}
-
-
-def _gather(rows: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Every rank's ``rows`` (their counts may differ), concatenated in rank order."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return rows
-    world = dist.get_world_size(group)
-    count = torch.tensor([rows.shape[0]], device=rows.device)
-    counts = [torch.zeros_like(count) for _ in range(world)]
-    dist.all_gather(counts, count, group=group)
-    longest = int(max(c.item() for c in counts))
-    padded = torch.zeros(longest, *rows.shape[1:], dtype=rows.dtype, device=rows.device)
-    padded[: rows.shape[0]] = rows
-    gathered = [torch.zeros_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded, group=group)
-    return torch.cat([g[: int(c.item())] for g, c in zip(gathered, counts)])

@@ -9,6 +9,13 @@ its item, and the action taken on the event before (a learned start vector for t
 token never holds its own action, so the output at ``t`` may predict both the next item
 (retrieval) and the action taken on item ``t`` (ranking) without seeing the answer, and one
 forward pass over a user's events trains every position at once.
+
+With ``--categorical_ids zch`` the item table is TorchRec's managed-collision one
+(``ManagedCollisionEmbeddingCollection``, apps/core/zch/), whose module maps the raw item ids of
+every lookup (events, negatives, candidates) to rows, and the action table, a dozen ids known in
+advance that need no id map, is a plain embedding of the dense part. Whatever compares items (the
+accidental hits of the sampled softmax, the target among the candidates) compares their rows: two
+ids without a row of their own share one, so their scores are one.
 """
 
 from dataclasses import dataclass
@@ -18,8 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
+from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
+from apps.core.common.tables import TableModule
+from apps.core.zch.config import ZchConfig
+from apps.core.zch.modules import held_ids, managed_collisions
 from apps.hstu.config import HSTUModelConfig
 from apps.hstu.data.batch import ACTION, ITEM, NEGATIVE, SequenceBatch, candidate_batch
 from apps.hstu.modules.attention import attention_kernel
@@ -28,21 +39,24 @@ from apps.hstu.modules.layer import HSTULayer
 
 #: Where the tables live inside ``HSTUTrain``: the key of the module in a sharding plan.
 TABLES_PATH = "model.embedding_collection"
+#: ... and what they are, for the shared machinery that plans, shards and checkpoints them.
+TABLES = TableModule(TABLES_PATH, "EmbeddingCollection")
+#: ... with --categorical_ids zch: the item table alone, with its managed-collision id-to-row map.
+MANAGED_TABLES = TableModule(TABLES_PATH, "ManagedCollisionEmbeddingCollection")
 
 
-def table_configs(cfg: HSTUModelConfig) -> list[EmbeddingConfig]:
-    """The item table (read by the events' items and by negatives/candidates) and the action table."""
-    return [
-        EmbeddingConfig(
-            name="item_table",
-            embedding_dim=cfg.embedding_dim,
-            num_embeddings=cfg.num_items,
-            feature_names=[ITEM, NEGATIVE],
-        ),
-        EmbeddingConfig(
-            name="action_table", embedding_dim=cfg.embedding_dim, num_embeddings=cfg.num_actions, feature_names=[ACTION]
-        ),
-    ]
+def table_configs(cfg: HSTUModelConfig, zch: bool = False) -> list[EmbeddingConfig]:
+    """The item table (read by the events' items and by negatives/candidates) and, but with
+    ``zch`` (whose actions are a dense embedding), the action table."""
+    items = EmbeddingConfig(
+        name="item_table", embedding_dim=cfg.embedding_dim, num_embeddings=cfg.num_items, feature_names=[ITEM, NEGATIVE]
+    )
+    if zch:
+        return [items]
+    actions = EmbeddingConfig(
+        name="action_table", embedding_dim=cfg.embedding_dim, num_embeddings=cfg.num_actions, feature_names=[ACTION]
+    )
+    return [items, actions]
 
 
 @dataclass
@@ -56,6 +70,8 @@ class Encoded:
     item_embeddings: torch.Tensor  # [total events, embedding_dim]
     negative_ids: torch.Tensor  # the batch's negative_item ids, jagged per user
     negatives: JaggedTensor  # their embeddings
+    item_rows: torch.Tensor  # the rows of ``items``: what compares items (zch: remapped; else the ids)
+    negative_rows: torch.Tensor  # ... of ``negative_ids``
 
 
 @dataclass
@@ -101,7 +117,11 @@ class SequenceEncoder(nn.Module):
         )
         self.output_norm = nn.LayerNorm(dim, device=device)
 
-    def forward(self, looked_up: dict[str, JaggedTensor], batch: SequenceBatch) -> Encoded:
+    def forward(
+        self, looked_up: dict[str, JaggedTensor], batch: SequenceBatch, rows: KeyedJaggedTensor | None = None
+    ) -> Encoded:
+        """``looked_up``'s embeddings of ``batch``'s features; ``rows``: the item rows a managed-collision
+        table looked up (zch), else the ids are the rows."""
         items, actions = looked_up[ITEM], looked_up[ACTION]
         layout = JaggedLayout.of(items.lengths())
         item_embeddings = items.values()
@@ -118,6 +138,8 @@ class SequenceEncoder(nn.Module):
             item_embeddings=item_embeddings,
             negative_ids=batch.features[NEGATIVE].values(),
             negatives=looked_up[NEGATIVE],
+            item_rows=(batch.features if rows is None else rows)[ITEM].values(),
+            negative_rows=(batch.features if rows is None else rows)[NEGATIVE].values(),
         )
 
     def _previous_actions(self, action_embeddings: torch.Tensor, layout: JaggedLayout) -> torch.Tensor:
@@ -146,10 +168,10 @@ class RetrievalLoss(nn.Module):
         has_next = layout.positions < (layout.lengths[layout.users] - 1)
         query_index = torch.nonzero(has_next).squeeze(1)
         queries = F.normalize(encoded.outputs[query_index], dim=-1)
-        positive_ids = encoded.items[query_index + 1]
+        positive_ids = encoded.item_rows[query_index + 1]
         positives = item_vectors(encoded.item_embeddings[query_index + 1])
         last_next = layout.last_index()[layout.lengths > 1]
-        pool_ids = torch.cat([encoded.negative_ids, encoded.items[last_next]])
+        pool_ids = torch.cat([encoded.negative_rows, encoded.item_rows[last_next]])
         pool = item_vectors(torch.cat([encoded.negatives.values(), encoded.item_embeddings[last_next]]))
         positive_logits = (queries * positives).sum(-1, keepdim=True)
         pool_logits = (queries @ pool.T).masked_fill(pool_ids[None, :] == positive_ids[:, None], float("-inf"))
@@ -174,12 +196,25 @@ class RankingLoss(nn.Module):
 
 
 class HSTU(nn.Module):
-    """The tables, the encoder and the objective's loss: ``forward(batch)`` is the loss."""
+    """The tables, the encoder and the objective's loss: ``forward(batch)`` is the loss; with
+    ``zch``, the item table a managed-collision one and the actions a dense embedding."""
 
-    def __init__(self, cfg: HSTUModelConfig, dense_device: torch.device, table_device: torch.device) -> None:
+    def __init__(
+        self, cfg: HSTUModelConfig, dense_device: torch.device, table_device: torch.device, zch: ZchConfig | None
+    ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embedding_collection = EmbeddingCollection(tables=table_configs(cfg), device=table_device)
+        tables = EmbeddingCollection(tables=table_configs(cfg, zch is not None), device=table_device)
+        self.embedding_collection: EmbeddingCollection | ManagedCollisionEmbeddingCollection = tables
+        self.actions: nn.Embedding | None = None
+        #: Whether the item table is a managed-collision one (its type changes when DMP shards it).
+        self.managed = zch is not None
+        if zch is not None:
+            collisions = managed_collisions(tables.embedding_configs(), zch, table_device)
+            self.embedding_collection = ManagedCollisionEmbeddingCollection(
+                tables, collisions, return_remapped_features=True
+            )
+            self.actions = nn.Embedding(cfg.num_actions, cfg.embedding_dim, device=dense_device)
         self.encoder = SequenceEncoder(cfg, dense_device)
         self.loss: RetrievalLoss | RankingLoss = (
             RankingLoss(cfg, dense_device) if cfg.objective == "ranking" else RetrievalLoss(cfg.temperature)
@@ -191,7 +226,19 @@ class HSTU(nn.Module):
     def encode(self, batch: SequenceBatch) -> Encoded:
         """One lookup of every table (the only one in training, so pipelines can run it early)
         and the layer stack over each user's events."""
-        return self.encoder(self.embedding_collection(batch.features), batch)
+        looked_up, rows = self.look_up(batch.features)
+        if self.actions is not None:
+            actions = batch.features[ACTION]
+            looked_up[ACTION] = JaggedTensor(self.actions(actions.values()), lengths=actions.lengths())
+        return self.encoder(looked_up, batch, rows)
+
+    def look_up(self, features: KeyedJaggedTensor) -> tuple[dict[str, JaggedTensor], KeyedJaggedTensor | None]:
+        """The tables' embeddings of ``features``, and with zch the item rows they were looked up at."""
+        if not self.managed:
+            return self.embedding_collection(features), None
+        looked_up, rows = self.embedding_collection(features)
+        # a new dict by key (the train pipelines' trace indexes the result, it cannot iterate it)
+        return {ITEM: looked_up[ITEM], NEGATIVE: looked_up[NEGATIVE]}, rows
 
 
 class HSTUTrain(nn.Module):
@@ -228,26 +275,35 @@ class HSTUTrain(nn.Module):
             labels = F.one_hot(encoded.actions[targets], self.cfg.num_actions).to(logits.dtype)
             return EvalOutput(action_logits=logits, action_labels=labels, target_items=encoded.items[targets])
         queries = F.normalize(encoded.outputs[targets - 1], dim=-1)
-        target_ids = encoded.items[targets]
+        target_rows = encoded.item_rows[targets]
         target_scores = (queries * item_vectors(encoded.item_embeddings[targets])).sum(-1)
         if encoded.negative_ids.numel():
             candidates = item_vectors(encoded.negatives.values()).view(batch.num_users, -1, queries.shape[1])
             scores = torch.einsum("ud,ucd->uc", queries, candidates)
-            higher = _higher(scores, encoded.negative_ids.view(batch.num_users, -1), target_ids, target_scores)
+            higher = _higher(scores, encoded.negative_rows.view(batch.num_users, -1), target_rows, target_scores)
         else:
-            higher = self._higher_among_all_items(queries, target_ids, target_scores, chunk_items)
+            higher = self._higher_among_all_items(queries, target_rows, target_scores, chunk_items)
         return EvalOutput(ranks=higher + 1)
 
     def _higher_among_all_items(
-        self, queries: torch.Tensor, target_ids: torch.Tensor, target_scores: torch.Tensor, chunk: int
+        self, queries: torch.Tensor, target_rows: torch.Tensor, target_scores: torch.Tensor, chunk: int
     ) -> torch.Tensor:
-        higher = torch.zeros_like(target_ids)
-        for start in range(0, self.cfg.num_items, chunk):
-            ids = torch.arange(start, min(start + chunk, self.cfg.num_items), device=queries.device)
-            lookup: KeyedJaggedTensor = candidate_batch(ids, queries.shape[0])
-            items = item_vectors(self.model.embedding_collection(lookup)[NEGATIVE].values())
-            higher += _higher(queries @ items.T, ids[None, :], target_ids, target_scores)
+        """Candidates that score higher among every item: the ids ``0 .. num_items - 1``, or with
+        zch every id with a row of its own (all ranks' shares, so every rank looks up as often)."""
+        all_items = self._item_ids(queries.device)
+        higher = torch.zeros_like(target_rows)
+        for start in range(0, all_items.numel(), chunk):
+            lookup: KeyedJaggedTensor = candidate_batch(all_items[start : start + chunk], queries.shape[0])
+            looked_up, rows = self.model.look_up(lookup)
+            items = item_vectors(looked_up[NEGATIVE].values())
+            candidate_rows = (lookup if rows is None else rows)[NEGATIVE].values()
+            higher += _higher(queries @ items.T, candidate_rows[None, :], target_rows, target_scores)
         return higher
+
+    def _item_ids(self, device: torch.device) -> torch.Tensor:
+        if not self.model.managed:
+            return torch.arange(self.cfg.num_items, device=device)
+        return held_ids(self.model.embedding_collection).to(device)
 
 
 def _higher(
@@ -260,12 +316,16 @@ def _higher(
 
 
 def build_model(
-    cfg: HSTUModelConfig, dense_device: torch.device, table_device: torch.device | None = None
+    cfg: HSTUModelConfig,
+    dense_device: torch.device,
+    table_device: torch.device | None = None,
+    zch: ZchConfig | None = None,
 ) -> HSTUTrain:
-    """The training module (model + loss).
+    """The training module (model + loss); with ``zch``, its item table a managed-collision one
+    (:data:`MANAGED_TABLES`, apps/core/zch/).
 
     Tables are built on the meta device by default so that no rank ever allocates a whole
     table: ``DistributedModelParallel`` materialises only each rank's shards. The dense part is
     built on ``dense_device`` with the current RNG state (seed it for identical ranks).
     """
-    return HSTUTrain(HSTU(cfg, dense_device, table_device or torch.device("meta")))
+    return HSTUTrain(HSTU(cfg, dense_device, table_device or torch.device("meta"), zch))

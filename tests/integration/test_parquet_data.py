@@ -21,14 +21,13 @@ import pytest
 import torch
 
 from apps.core.common.errors import ConfigError
-from apps.core.common.hashing import mix64_int
+from apps.core.common.hashing import mix64_int, text_fingerprints
 from apps.core.common.splits import held_out_split
 from apps.core.data import RankShare
 from apps.dlrm.config import train_config
 from apps.dlrm.data.parquet.files import ColumnSpec
 from apps.dlrm.data.parquet.loader import PREFETCH_THREAD, READ_AHEAD_THREAD, ParquetClickLogs
 from apps.dlrm.data.parquet.order import Pieces, block_permutation, eval_runs
-from apps.dlrm.data.parquet.read import text_fingerprints
 from testing.moto_server import REGION
 from tests.conftest import assert_ok, run, tiny
 from tests.unit.test_criteo_data import rows_of, take

@@ -17,7 +17,7 @@ from apps.dlrm.serving.config import ExportConfig
 from apps.dlrm.serving.export import export
 from testing.click_parquet import scores_auroc
 from testing.raw_ids import write_raw_id_parquet
-from tests.conftest import assert_ok, run, torchrun
+from tests.conftest import assert_ok, run, torchrun_job
 from tests.shards import saved_tensors
 
 TIER = "integration"
@@ -35,13 +35,9 @@ MAPS = "model.model.sparse_arch.embedding_bag_collection._managed_collision_coll
 
 
 def train(tmp, name, data, *args, nproc=2):
-    out = tmp / name
-    result = torchrun(
-        ["-m", "apps.dlrm.train", "--data", "parquet", "--data_path", data, *MODEL, "--output_dir", str(out), *args],
-        nproc=nproc,
+    return torchrun_job(
+        ["-m", "apps.dlrm.train", "--data", "parquet", "--data_path", data, *MODEL, *args], tmp / name, nproc=nproc
     )
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
-    return result, summary
 
 
 @pytest.fixture(scope="module")

@@ -167,3 +167,19 @@ def decided_by_main(decide: Callable[[], T], env: DistEnv) -> T:
     if status == "error":
         raise value
     return value
+
+
+def gather_rows(rows: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Every rank's ``rows`` (their counts may differ), concatenated in rank order."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return rows
+    world = dist.get_world_size(group)
+    count = torch.tensor([rows.shape[0]], device=rows.device)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count, group=group)
+    longest = int(max(c.item() for c in counts))
+    padded = torch.zeros(longest, *rows.shape[1:], dtype=rows.dtype, device=rows.device)
+    padded[: rows.shape[0]] = rows
+    gathered = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded, group=group)
+    return torch.cat([g[: int(c.item())] for g, c in zip(gathered, counts)])

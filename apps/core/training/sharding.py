@@ -19,6 +19,8 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
     QCommsConfig,
     get_qcomm_codecs_registry,
 )
+from torchrec.distributed.mc_embedding import ManagedCollisionEmbeddingCollectionSharder
+from torchrec.distributed.mc_embedding_modules import BaseManagedCollisionEmbeddingCollectionSharder
 from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -71,7 +73,10 @@ _COMM_TYPES = {
 
 #: TorchRec's sharder of either kind of table collection (or of managed-collision tables).
 Sharder: TypeAlias = (
-    EmbeddingBagCollectionSharder | EmbeddingCollectionSharder | ManagedCollisionEmbeddingBagCollectionSharder
+    EmbeddingBagCollectionSharder
+    | EmbeddingCollectionSharder
+    | ManagedCollisionEmbeddingBagCollectionSharder
+    | ManagedCollisionEmbeddingCollectionSharder
 )
 
 
@@ -93,9 +98,12 @@ def make_sharder(cfg: LaunchConfig, tables: TableModule) -> Sharder:
     registry = None
     if (forward, backward) != (CommType.FP32, CommType.FP32):
         registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=forward, backward_precision=backward))
-    if tables.managed:  # TorchRec's sharder of the tables wrapped in its sharder of their id-to-row maps
-        tables_sharder = EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
-        return ManagedCollisionEmbeddingBagCollectionSharder(tables_sharder, qcomm_codecs_registry=registry)
+    if tables.managed and tables.pooled:  # TorchRec's sharder of the tables in its sharder of their id maps
+        bags = EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
+        return ManagedCollisionEmbeddingBagCollectionSharder(bags, qcomm_codecs_registry=registry)
+    if tables.managed:
+        sequences = EmbeddingCollectionSharder(qcomm_codecs_registry=registry)
+        return ManagedCollisionEmbeddingCollectionSharder(sequences, qcomm_codecs_registry=registry)
     if tables.pooled:
         return EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
     return EmbeddingCollectionSharder(qcomm_codecs_registry=registry)
@@ -214,7 +222,11 @@ def table_configs(model: nn.Module, tables: TableModule) -> list[BaseEmbeddingCo
 
 def planner_offers(cfg: LaunchConfig, sharder: Sharder, device_type: str) -> bool:
     """Whether TorchRec's planner places the tables: it offers the sharding type asked for, or
-    any for ``auto`` (its sharder of managed-collision tables offers none on CPUs)."""
+    any for ``auto``. Not managed-collision tables on CPUs: the sharder of bags offers none there,
+    and that of sequences offers row-wise with GPU kernels only (fused_uvm...), which the planner's
+    estimators refuse on a CPU; their row-wise plan is built directly."""
+    if device_type == "cpu" and isinstance(sharder, BaseManagedCollisionEmbeddingCollectionSharder):
+        return False
     offered = sharder.sharding_types(device_type)
     return cfg.sharding_type in offered or (cfg.sharding_type == "auto" and bool(offered))
 
@@ -280,7 +292,7 @@ def shard_model(
     sharded = DistributedModelParallel(
         module=model, device=env.device, plan=plan, sharders=[sharder], init_data_parallel=data_parallel
     )
-    if isinstance(sharder, ManagedCollisionEmbeddingBagCollectionSharder):
+    if isinstance(sharder, BaseManagedCollisionEmbeddingCollectionSharder):
         reset_rows_on_host(sharded)
     return sharded
 

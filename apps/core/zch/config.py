@@ -3,7 +3,7 @@ command line, the TorchX components and the data readers need, without torch (a 
 it). What zch tables are: :mod:`apps.core.zch`; TorchRec's modules: :mod:`apps.core.zch.modules`."""
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import CheckpointConfig, LaunchConfig, require_positive
@@ -52,15 +52,40 @@ class ZchConfig:
         require_positive("zch_eviction_interval", self.zch_eviction_interval)
 
 
-def check_zch(cfg: ZchConfig, table_sizes: Sequence[int], launch: LaunchConfig, checkpoint: CheckpointConfig) -> None:
+class _IdsSection(Protocol):
+    categorical_ids: str
+
+
+class _ZchJob(Protocol):
+    """An app's configuration that offers --categorical_ids zch: its data section says which ids."""
+
+    @property
+    def data(self) -> _IdsSection: ...
+
+    @property
+    def zch(self) -> ZchConfig: ...
+
+
+def zch_of(cfg: _ZchJob) -> ZchConfig | None:
+    """The managed-collision tables' options where ``cfg`` has them (--categorical_ids zch)."""
+    return cfg.zch if cfg.data.categorical_ids == ZCH else None
+
+
+def check_zch(
+    cfg: ZchConfig,
+    table_sizes: Sequence[int],
+    launch: LaunchConfig,
+    checkpoint: CheckpointConfig,
+    rows_option: str = "--num_embeddings",
+) -> None:
     """Refuses, naming the option, what managed-collision tables cannot train with: tables too
-    small for TorchRec's module, a sharding type its sharder does not offer, checkpoints that
-    would not fall right after an eviction."""
+    small for TorchRec's module (their rows given by ``rows_option``), a sharding type its sharder
+    does not offer, checkpoints that would not fall right after an eviction."""
     cfg.check()
     for i, rows in enumerate(table_sizes):
         if rows < MIN_ROWS_PER_RANK:
             raise ConfigError(
-                f"--num_embeddings {rows} (table {i}) is too small for --categorical_ids zch: TorchRec's "
+                f"{rows_option} {rows} (table {i}) is too small for --categorical_ids zch: TorchRec's "
                 f"managed-collision table keeps its last row for ids without one, so it needs at least "
                 f"{MIN_ROWS_PER_RANK} rows per rank"
             )

@@ -19,6 +19,7 @@ from torchrec.modules.mc_modules import (
     MCHManagedCollisionModule,
 )
 
+from apps.core.common.distributed import gather_rows
 from apps.core.zch.config import INPUT_HASH_SIZE, PLANNER_BUCKETS, ZchConfig
 
 #: TorchRec's eviction policies, by --zch_eviction_policy.
@@ -99,10 +100,23 @@ def ids_with_rows(collection: nn.Module) -> dict[str, int]:
     counts: dict[str, int] = {}
     for module in collection.modules():
         if isinstance(module, MCHManagedCollisionModule):
-            ids = module._mch_sorted_raw_ids
             table = module._name or ""
-            counts[table] = counts.get(table, 0) + int((ids != torch.iinfo(torch.int64).max).sum())
+            counts[table] = counts.get(table, 0) + _own_ids(module).numel()
     return counts
+
+
+def held_ids(collection: nn.Module) -> torch.Tensor:
+    """Collective (every rank calls it). The ids that have a row of their own in the MCH modules
+    of ``collection`` (one table's), of every rank's share, in rank order: what "every item" is
+    for a managed-collision table, the same on every rank."""
+    own = [_own_ids(module) for module in collection.modules() if isinstance(module, MCHManagedCollisionModule)]
+    return gather_rows(torch.cat(own))
+
+
+def _own_ids(module: MCHManagedCollisionModule) -> torch.Tensor:
+    """The ids in ``module``'s map (its slots without one hold the int64 maximum)."""
+    ids = module._mch_sorted_raw_ids
+    return ids[ids != torch.iinfo(torch.int64).max]
 
 
 def reset_rows_on_host(model: nn.Module) -> None:

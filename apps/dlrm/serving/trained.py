@@ -25,8 +25,9 @@ from apps.core.checkpoint.folder import Checkpoint, CheckpointStore
 from apps.core.checkpoint.storage.errors import CheckpointError
 from apps.core.common.errors import ConfigError
 from apps.core.urls import redact_urls
+from apps.core.zch.config import zch_of
 from apps.core.zch.modules import settle_loaded_state
-from apps.dlrm.config import JobConfig, zch_of
+from apps.dlrm.config import JobConfig
 from apps.dlrm.model import build_model
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.data import DataSource, RankShare
 from apps.core.training import trainer
-from apps.dlrm.config import NAME, JobConfig, zch_of
+from apps.core.zch.config import zch_of
+from apps.dlrm.config import NAME, JobConfig
 from apps.dlrm.data import ClickLogs, make_dataset
 from apps.dlrm.data.trained import TrainedColumns
 from apps.dlrm.model import MANAGED_TABLES, TABLES, build_model, speed_up_dense, table_configs

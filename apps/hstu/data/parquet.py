@@ -28,8 +28,11 @@ import pyarrow.parquet as pq
 import torch
 
 from apps.core.common.errors import ConfigError
+from apps.core.common.hashing import id_values
 from apps.core.data import RankShare
 from apps.core.urls import is_url, reaching
+from apps.core.zch.config import ZCH
+from apps.core.zch.ids import input_ids
 from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
 from apps.hstu.data import random
 from apps.hstu.data.source import MIN_EVENTS, Events, SequenceSource
@@ -66,6 +69,8 @@ class _Columns:
 
     def __init__(self, data: SequenceDataConfig) -> None:
         self.per_user = data.layout == "per_user"
+        #: Whether the item ids are raw ones (zch), which may be text too.
+        self.raw_items = data.categorical_ids == ZCH
         self.names = {"item_column": data.item_column, "timestamp_column": data.timestamp_column}
         if data.action_column:
             self.names["action_column"] = data.action_column
@@ -84,13 +89,16 @@ class _Columns:
     def _check_type(self, option: str, name: str, arrow_type: pa.DataType, url: str) -> None:
         wanted = "a list of integers" if self.per_user else "integers"
         element = arrow_type.value_type if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) else None
-        if option == "user_column":
-            ok = (
-                pa.types.is_integer(arrow_type)
-                or pa.types.is_string(arrow_type)
-                or pa.types.is_large_string(arrow_type)
+        if option == "user_column" or (option == "item_column" and self.raw_items):
+            values = element if option == "item_column" and self.per_user else arrow_type
+            ok = values is not None and (
+                pa.types.is_integer(values) or pa.types.is_string(values) or pa.types.is_large_string(values)
             )
-            wanted = "integers or strings"
+            wanted = (
+                "integers or strings"
+                if option == "user_column" or not self.per_user
+                else "a list of integers or strings"
+            )
         elif self.per_user:
             ok = element is not None and _is_integer(element, option)
         else:
@@ -135,11 +143,18 @@ def read_events(model: HSTUModelConfig, data: SequenceDataConfig) -> Events:
             columns.check(parquet.schema_arrow, url)
             parts.append((url, parquet.read(columns=list(columns.names.values()))))
     users, items, actions, (times, fractions) = _events(parts, columns, data)
-    for option, ids, size, size_option in (
-        ("item_column", items, model.num_items, "num_items"),
-        ("action_column", actions, model.num_actions, "num_actions"),
-    ):
-        _check_range(option, columns.names.get(option, ""), ids, size, size_option, data.data_path)
+    if data.categorical_ids == ZCH:  # raw ids, into the managed-collision table's input range
+        items = input_ids(items)
+    else:
+        _check_range("item_column", data.item_column, items, model.num_items, "num_items", data.data_path)
+    _check_range(
+        "action_column",
+        columns.names.get("action_column", ""),
+        actions,
+        model.num_actions,
+        "num_actions",
+        data.data_path,
+    )
     order = np.lexsort((fractions, times, users))  # per user, by time; stable
     _, lengths = np.unique(users[order], return_counts=True)
     item_ids, action_ids, seconds = (torch.from_numpy(a[order]) for a in (items, actions, times))
@@ -178,7 +193,7 @@ def _events(
             flat = {option: _flat_events(table[name], option, name, url) for option, name in columns.names.items()}
         else:
             flat = {option: table[name] for option, name in columns.names.items()}
-        items.append(_int64(flat["item_column"]))
+        items.append(_item_ids(flat["item_column"]) if columns.raw_items else _int64(flat["item_column"]))
         second, fraction = _seconds(flat["timestamp_column"])
         times.append(second)
         fractions.append(fraction)
@@ -250,6 +265,13 @@ def _list_lengths(table: pa.Table, columns: _Columns, url: str) -> np.ndarray:
 
 def _int64(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(array.to_numpy(), dtype=np.int64)
+
+
+def _item_ids(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """int64: raw item ids (zch) as the DLRM's reader takes them, an integer's 64 bits (uint64
+    too), a text's FNV-1a 64 fingerprint (:func:`apps.core.common.hashing.id_values`)."""
+    values = id_values(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
+    return values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64)
 
 
 #: Nanoseconds per unit of an Arrow timestamp.

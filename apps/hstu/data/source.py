@@ -22,6 +22,7 @@ from typing import Any, Callable, Generator
 import torch
 
 from apps.core.data import DataSource, RankShare
+from apps.core.zch.config import ZCH
 from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
 from apps.hstu.data import random
 from apps.hstu.data.batch import SequenceBatch
@@ -143,13 +144,17 @@ class SequenceSource(DataSource[SequenceBatch]):
         return min(batch_size, max(0, (block + 1) * batch_size - self.num_users))
 
     def _negatives(self, split: str, block: int, events: Events) -> torch.Tensor:
-        """[users, n] random items: --num_negatives for training; --eval_negatives for
-        evaluation, uniform over the items other than the user's target."""
+        """[users, n] random items: --num_negatives for training (uniform over the items, or
+        with zch over the batch's events); --eval_negatives for evaluation, uniform over the items
+        other than the user's target (never with zch, which ranks among every item)."""
         users = events.lengths.numel()
         count = self.model.num_negatives if split == "train" else self.data.eval_negatives
         counters = torch.arange(users * count, device=self.device).view(users, count)
         key = torch.tensor(random.key(self.share.seed, 7 + SPLITS[split], block), device=self.device)
         draws = random.bits(key, counters)
+        if split == "train" and self.data.categorical_ids == ZCH:
+            # raw ids (zch): a random id is no item, the batch's events' items are (popular ones more often)
+            return events.items[random.below(draws, events.items.numel())]
         if split == "train":
             return random.below(draws, self.model.num_items)
         targets = events.items[events.offsets[1:] - 1][:, None]

@@ -17,14 +17,20 @@ logits (what a ranking model can learn from the item); times grow by exponential
 hour). A user's events are a pure function of (seed, user index): training reads users
 ``k * batch_size ...`` of block ``k`` (a stream that never repeats), and evaluation the first
 users of that stream, whose earlier events training has seen, as leave-last-out means.
+
+With ``--categorical_ids zch`` item ``i``'s id is a raw one, ``i`` hashed into the managed-collision
+table's input range (:func:`apps.core.zch.ids.input_ids`), as the Parquet reader hashes a file's.
 """
 
 import math
 from typing import Callable
 
+import numpy as np
 import torch
 
 from apps.core.data import RankShare
+from apps.core.zch.config import ZCH
+from apps.core.zch.ids import input_ids
 from apps.hstu.config import HSTUModelConfig, SequenceDataConfig
 from apps.hstu.data import random
 from apps.hstu.data.source import Events, SequenceSource
@@ -166,6 +172,13 @@ class SyntheticSequences(SequenceSource):
             model.num_items, model.num_actions, data.synthetic_branching, data.synthetic_noise, share.seed, device
         )
         self._user_key = random.key(share.seed, 3)
+        #: With zch, item i's raw id (else None: ids are the items), and the raw ids sorted with
+        #: their items, to find the item of an id.
+        self._raw_ids: torch.Tensor | None = None
+        if data.categorical_ids == ZCH:
+            raw = torch.from_numpy(input_ids(np.arange(model.num_items))).to(device)
+            self._raw_ids = raw
+            self._sorted_raw_ids, self._items_of_sorted = torch.sort(raw)
 
     def train_users(self, block: int) -> torch.Tensor:
         return self.eval_users(block)  # the stream of users, each read once
@@ -175,7 +188,13 @@ class SyntheticSequences(SequenceSource):
 
     def action_oracle(self) -> Callable[[torch.Tensor], torch.Tensor]:
         # Probabilities, not the logits: whether action a is taken depends on every action's logit.
-        return lambda items: torch.softmax(self.process.action_logits(items), dim=-1)
+        return lambda items: torch.softmax(self.process.action_logits(self._items_of(items)), dim=-1)
+
+    def _items_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """The items whose ids are ``ids``."""
+        if self._raw_ids is None:
+            return ids
+        return self._items_of_sorted[torch.searchsorted(self._sorted_raw_ids, ids)]
 
     def events(self, users: torch.Tensor) -> Events:
         """Users ``users``' events: from ``--synthetic_min_events`` to ``--max_seq_len + 2`` each."""
@@ -197,7 +216,8 @@ class SyntheticSequences(SequenceSource):
         gaps = (-_MEAN_GAP_SECONDS * torch.log(random.uniform(self._stream(keys, _GAP, steps)))).long()
         time_grid = _FIRST_TIME + torch.cumsum(gaps, 1)
         valid = torch.arange(steps, device=self.device)[None, :] < lengths[:, None]
-        return Events(item_grid[valid], action_grid[valid], time_grid[valid], lengths)
+        ids = item_grid[valid] if self._raw_ids is None else self._raw_ids[item_grid[valid]]
+        return Events(ids, action_grid[valid], time_grid[valid], lengths)
 
     def _stream(self, keys: torch.Tensor, stream: int, count: int) -> torch.Tensor:
         counters = torch.arange(count, device=self.device)[None, :] + (stream << _STREAM_SHIFT)

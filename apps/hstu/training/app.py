@@ -17,12 +17,13 @@ from apps.core.common.distributed import DistEnv
 from apps.core.common.tables import TableModule
 from apps.core.data import DataSource, RankShare
 from apps.core.training import trainer
+from apps.core.zch.config import zch_of
 from apps.hstu.config import NAME, JobConfig
 from apps.hstu.data import make_dataset
 from apps.hstu.data.batch import ACTION, NEGATIVE, SequenceBatch
 from apps.hstu.data.source import SequenceSource
 from apps.hstu.metrics import ActionAUROC, RetrievalMetrics
-from apps.hstu.model import TABLES_PATH, EvalOutput, HSTUTrain, build_model, table_configs
+from apps.hstu.model import MANAGED_TABLES, TABLES, EvalOutput, HSTUTrain, build_model, table_configs
 
 #: The cut-off of HR@K and NDCG@K.
 K = 10
@@ -91,10 +92,13 @@ def _mean_auroc(per_action: dict[str, float]) -> float:
 
 
 class HSTUApp:
-    """The HSTU app (:class:`~apps.core.training.app.TrainingApp` of :class:`JobConfig`)."""
+    """The HSTU app (:class:`~apps.core.training.app.TrainingApp` of :class:`JobConfig`), of
+    ``tables``: plain ones, or a managed-collision item table (:data:`HSTU_ZCH`)."""
+
+    def __init__(self, tables: TableModule = TABLES) -> None:
+        self.tables = tables
 
     name: str = NAME
-    tables: TableModule = TableModule(TABLES_PATH, "EmbeddingCollection")
     curves: tuple[tuple[str, str], ...] = (
         (f"ndcg@{K}", f"validation NDCG@{K}"),
         (f"hr@{K}", f"validation HR@{K}"),
@@ -103,7 +107,7 @@ class HSTUApp:
     notes: dict[str, str] = {f"hr@{K}_ceiling": CEILING_NOTE, "auroc_ceiling": ACTION_CEILING_NOTE}
 
     def build_model(self, cfg: JobConfig, dense_device: torch.device) -> nn.Module:
-        return build_model(cfg.model, dense_device=dense_device)
+        return build_model(cfg.model, dense_device=dense_device, zch=zch_of(cfg))
 
     def pooling_factors(self, cfg: JobConfig) -> dict[str, float]:
         """Ids a user looks up in each table, at most: its events (and the item table its
@@ -111,7 +115,7 @@ class HSTUApp:
         ids = {NEGATIVE: cfg.model.num_negatives, ACTION: cfg.model.max_seq_len}
         return {
             table.name: float(sum(ids.get(feature, cfg.model.max_seq_len) for feature in table.feature_names))
-            for table in table_configs(cfg.model)
+            for table in table_configs(cfg.model, zch_of(cfg) is not None)
         }
 
     def make_data(self, cfg: JobConfig, env: DistEnv, checkpoint: Checkpoint | None = None) -> SequenceSource:
@@ -144,11 +148,13 @@ class HSTUApp:
 
 #: The HSTU app.
 HSTU = HSTUApp()
+#: The HSTU app of a managed-collision item table (--categorical_ids zch).
+HSTU_ZCH = HSTUApp(MANAGED_TABLES)
 
 
 def app_for(cfg: JobConfig) -> HSTUApp:
-    """The HSTU app of ``cfg``: one, whatever the options (:class:`~apps.core.training.app_spec.AppTraining`)."""
-    return HSTU
+    """The HSTU app of ``cfg``'s tables (:class:`~apps.core.training.app_spec.AppTraining`)."""
+    return HSTU if zch_of(cfg) is None else HSTU_ZCH
 
 
 class Trainer(trainer.Trainer[JobConfig]):

@@ -30,7 +30,7 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
   null) and a list column (its elements, nulls in a list dropped, a null list empty) its ids with
   per-row offsets, as a KeyedJaggedTensor holds them; ``hash`` ids are SplitMix64 of the value
   (:func:`apps.core.common.hashing.mix64`, its int64 bits) modulo the table size, a text value's
-  value being the FNV-1a 64 of its bytes (UTF-8 for strings: :func:`text_fingerprints`);
+  value being the FNV-1a 64 of its bytes (UTF-8 for strings: :func:`apps.core.common.hashing.text_fingerprints`);
   ``as_is`` ids must lie in the table (:func:`apps.dlrm.data.parquet.files.check_id`); ``zch``
   ids are hashed as ``hash`` ids are, modulo TorchRec's managed-collision input range instead of
   the table size (:func:`id_ranges`), for its module to map to rows.
@@ -49,10 +49,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
 from apps.core.common.errors import ConfigError
-from apps.core.common.hashing import mix64
+from apps.core.common.hashing import hashed_ids, id_values
 from apps.core.zch.config import INPUT_HASH_SIZE, ZCH
 from apps.dlrm.data.parquet.files import (
     ColumnSpec,
@@ -217,7 +216,7 @@ class RowDecoder:
             # One id per row: chunk after chunk straight into the rows' ids (no combined copy first).
             at = 0
             for chunk in column.chunks:
-                values = _id_values(chunk)
+                values = id_values(chunk)
                 ids[f, at : at + len(values)] = self._ids(values, size, name, None, _after(where, at))
                 at += len(values)
             ragged.append(None)
@@ -277,9 +276,7 @@ class RowDecoder:
         """The embedding rows of a column's ``values`` (see the module docstring), in [0, size):
         any integer type, that the caller casts to ``id_dtype`` as it copies them."""
         if self.hash_ids:
-            bits = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64)
-            mixed = mix64(torch.from_numpy(bits)).numpy().view(np.uint64)
-            return mixed % np.uint64(size)
+            return hashed_ids(values, size)
         # One pass, not a minimum and a maximum: read as unsigned, a negative id is larger than any table.
         if len(values) and values.view(f"u{values.itemsize}").max() >= size:
             k = int(np.flatnonzero((values < 0) | (values >= size))[0])
@@ -352,53 +349,4 @@ def _ragged(column: pa.Array, multi_hot: bool) -> tuple[np.ndarray, np.ndarray]:
     if values.null_count:
         valid = values.is_valid().to_numpy(zero_copy_only=False)
         values, rows = values.filter(pa.array(valid)), rows[valid]
-    return _id_values(values), np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
-
-
-def _id_values(values: pa.Array) -> np.ndarray:
-    """The integers of an id column without nulls; of a text column, its values' fingerprints."""
-    if pa.types.is_integer(values.type):
-        return values.to_numpy()
-    return text_fingerprints(values)
-
-
-FNV_OFFSET_BASIS = 0xCBF29CE484222325
-FNV_PRIME = 0x100000001B3
-
-
-def text_fingerprints(texts: pa.Array) -> np.ndarray:
-    """uint64 [n]: FNV-1a 64 of each value's bytes (a string's UTF-8), ``texts`` holding no null:
-    a 64-bit integer per text that ``hash`` ids then mix as they mix integers. Vectorised over the
-    values, one pass per byte position over the values that long, kept first by sorting them by
-    length (so each pass works on a prefix, in place)."""
-    texts = texts.cast(pa.large_binary())  # one offset width; a string's bytes are its UTF-8
-    _, offset_buffer, data_buffer = texts.buffers()
-    offsets = np.frombuffer(offset_buffer, dtype=np.int64)[texts.offset : texts.offset + len(texts) + 1]
-    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
-    lengths = np.diff(offsets)
-    hashes = np.full(len(texts), FNV_OFFSET_BASIS, dtype=np.uint64)
-    if not len(texts):
-        return hashes
-    if lengths.min() == lengths.max():  # one width (hex ids, codes): the bytes are a matrix, in order
-        width = int(lengths[0])
-        matrix = data[offsets[0] : offsets[0] + width * len(texts)].reshape(len(texts), width)
-        return _fnv1a_passes(hashes, lambda position, count: matrix[:, position], np.full(width, len(texts)))
-    by_length = np.argsort(-lengths, kind="stable")
-    longest_first, starts = lengths[by_length], offsets[:-1][by_length]
-    # per position, the values longer than it: a prefix of the values sorted by length
-    counts = np.searchsorted(-longest_first, -np.arange(longest_first[0]), side="left")
-    _fnv1a_passes(hashes, lambda position, count: data[starts[:count] + position], counts)
-    fingerprints = np.empty_like(hashes)
-    fingerprints[by_length] = hashes
-    return fingerprints
-
-
-def _fnv1a_passes(hashes: np.ndarray, byte_at: Callable[[int, int], np.ndarray], counts: np.ndarray) -> np.ndarray:
-    """FNV-1a's step for each byte position p, in place, on the first ``counts[p]`` hashes, whose
-    bytes at p ``byte_at(p, counts[p])`` gives."""
-    prime = np.uint64(FNV_PRIME)
-    for position, count in enumerate(counts.tolist()):
-        active = hashes[:count]
-        active ^= byte_at(position, count)
-        active *= prime
-    return hashes
+    return id_values(values), np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
