@@ -223,4 +223,4 @@ class HSTUReference(UnshardedReference):
         hstu = self.train_module.model
         looked_up = self.tables(global_batch([block.features for block in blocks]))
         per_block = split_blocks(looked_up, [block.num_users for block in blocks])
-        return [hstu.loss(hstu.encoder(lookups, block)) for lookups, block in zip(per_block, blocks)]
+        return [hstu.loss(hstu.encoder(lookups, block, block.features)) for lookups, block in zip(per_block, blocks)]

@@ -117,11 +117,9 @@ class SequenceEncoder(nn.Module):
         )
         self.output_norm = nn.LayerNorm(dim, device=device)
 
-    def forward(
-        self, looked_up: dict[str, JaggedTensor], batch: SequenceBatch, rows: KeyedJaggedTensor | None = None
-    ) -> Encoded:
-        """``looked_up``'s embeddings of ``batch``'s features; ``rows``: the item rows a managed-collision
-        table looked up (zch), else the ids are the rows."""
+    def forward(self, looked_up: dict[str, JaggedTensor], batch: SequenceBatch, rows: KeyedJaggedTensor) -> Encoded:
+        """``looked_up``'s embeddings of ``batch``'s features; ``rows``: the rows they were looked up
+        at (the ids themselves; with a managed-collision table (zch), the ids it remapped)."""
         items, actions = looked_up[ITEM], looked_up[ACTION]
         layout = JaggedLayout.of(items.lengths())
         item_embeddings = items.values()
@@ -138,8 +136,8 @@ class SequenceEncoder(nn.Module):
             item_embeddings=item_embeddings,
             negative_ids=batch.features[NEGATIVE].values(),
             negatives=looked_up[NEGATIVE],
-            item_rows=(batch.features if rows is None else rows)[ITEM].values(),
-            negative_rows=(batch.features if rows is None else rows)[NEGATIVE].values(),
+            item_rows=rows[ITEM].values(),
+            negative_rows=rows[NEGATIVE].values(),
         )
 
     def _previous_actions(self, action_embeddings: torch.Tensor, layout: JaggedLayout) -> torch.Tensor:
@@ -232,10 +230,11 @@ class HSTU(nn.Module):
             looked_up[ACTION] = JaggedTensor(self.actions(actions.values()), lengths=actions.lengths())
         return self.encoder(looked_up, batch, rows)
 
-    def look_up(self, features: KeyedJaggedTensor) -> tuple[dict[str, JaggedTensor], KeyedJaggedTensor | None]:
-        """The tables' embeddings of ``features``, and with zch the item rows they were looked up at."""
+    def look_up(self, features: KeyedJaggedTensor) -> tuple[dict[str, JaggedTensor], KeyedJaggedTensor]:
+        """The tables' embeddings of ``features``, and the rows they were looked up at: the ids
+        themselves, or with zch the item rows the managed-collision table remapped them to."""
         if not self.managed:
-            return self.embedding_collection(features), None
+            return self.embedding_collection(features), features
         looked_up, rows = self.embedding_collection(features)
         # a new dict by key (the train pipelines' trace indexes the result, it cannot iterate it)
         return {ITEM: looked_up[ITEM], NEGATIVE: looked_up[NEGATIVE]}, rows
@@ -296,8 +295,7 @@ class HSTUTrain(nn.Module):
             lookup: KeyedJaggedTensor = candidate_batch(all_items[start : start + chunk], queries.shape[0])
             looked_up, rows = self.model.look_up(lookup)
             items = item_vectors(looked_up[NEGATIVE].values())
-            candidate_rows = (lookup if rows is None else rows)[NEGATIVE].values()
-            higher += _higher(queries @ items.T, candidate_rows[None, :], target_rows, target_scores)
+            higher += _higher(queries @ items.T, rows[NEGATIVE].values()[None, :], target_rows, target_scores)
         return higher
 
     def _item_ids(self, device: torch.device) -> torch.Tensor:
