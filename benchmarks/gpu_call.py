@@ -5,11 +5,12 @@ scripts/gpu_stage/check.sh runs there once the stack is staged, each with its ow
     python3 -m benchmarks.gpu_call --out DIR --on_cpu           # here: every command line, quick, on CPU
 
 First the correctness steps, at once (the machine has 16 cores and one GPU of 139 GiB): the main
-job, the HSTU, CUDA graphs (--compile_dense reduce-overhead) through validation, test and
-checkpoints, tables cached from host memory (a small --hbm_gb: fused_uvm_caching), and sharded =
-unsharded equivalence, and the gpu-tier tests (the whole step's CUDA graph). Then, each alone so that its figures are the machine's: the loader into the
-GPU, a profile of 20 steady training steps, and the throughput rows (the app against plain TorchRec
-at reference document 002's model, in the same run).
+job, the HSTU, the main job with managed-collision tables (--categorical_ids zch), CUDA graphs
+(--compile_dense reduce-overhead) through validation, test and checkpoints, tables cached from host
+memory (a small --hbm_gb: fused_uvm_caching), and sharded = unsharded equivalence, and the gpu-tier
+tests (the whole step's CUDA graph). Then, each alone so that its figures are the machine's: the
+loader into the GPU, a profile of 20 steady training steps, and the throughput rows (the app against
+plain TorchRec at reference document 002's model, in the same run).
 
 Each step writes its output under DIR/<step>/ (its log in log.txt) and, as soon as it ends, one
 JSON line to DIR/steps.jsonl and to stdout: its verdict, exit status, seconds, a one-line summary
@@ -244,6 +245,15 @@ def steps(out: Path) -> list[Step]:
     return [
         Step("main_job", [*dlrm, "--output_dir", at("main_job", "run")], 240, read_main_job, QUICK_JOB),
         Step("hstu", [*hstu, "--output_dir", at("hstu", "run")], 240, read_hstu, QUICK_JOB),
+        # Managed-collision tables (TorchRec's MC-EBC, row-wise) on the GPU: FBGEMM's CUDA reset
+        # of a row that changes hands, where the CPU runs the host reset.
+        Step(
+            "zch",
+            [*dlrm, "--categorical_ids", "zch", "--output_dir", at("zch", "run")],
+            240,
+            read_main_job,
+            QUICK_JOB,
+        ),
         Step(
             "cuda_graphs",
             [
