@@ -27,7 +27,7 @@ from components import torchx_logs
 from components.cpu_launch import CpuLaunch
 from components.launch import Launch, named_after, plan_preview
 from components.plan_check import PlanCheck, check_tables_fit
-from components.preflight import check_before_submitting, needing_here
+from components.preflight import check_before_submitting, check_managed_world, needing_here
 from components.signature import component_args, reject_unknown, take
 
 # Before `torchx run` logs them: see components/torchx_logs.py for why here.
@@ -55,6 +55,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     take(PlanCheck, kwargs).run(launch, cfg, SPEC)
     sizes = "--num_embeddings_per_feature" if cfg.model.num_embeddings_per_feature else "--num_embeddings"
     check_tables_fit(launch, cfg.model.table_sizes, cfg.model.embedding_dim, sizes)
+    check_managed_world(launch, cfg, cfg.model.table_sizes, sizes)
     missing = check_before_submitting(launch, cfg)
     return needing_here(launch.training_app(SPEC, cfg), missing)
 

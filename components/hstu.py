@@ -21,7 +21,7 @@ from apps.hstu.spec import SPEC
 from components import torchx_logs
 from components.launch import Launch, named_after, plan_preview
 from components.plan_check import PlanCheck
-from components.preflight import check_devices
+from components.preflight import check_devices, check_managed_world
 from components.signature import component_args, reject_unknown, take
 
 # Before `torchx run` logs them: see components/torchx_logs.py for why here.
@@ -49,6 +49,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     cfg = take(JobConfig, kwargs)
     take(PlanCheck, kwargs).run(launch, cfg, SPEC)
     check_devices(launch, cfg)
+    check_managed_world(launch, cfg, [cfg.model.num_items], "--num_items")
     return launch.training_app(SPEC, cfg)
 
 

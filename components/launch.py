@@ -114,7 +114,7 @@ class Launch:
 
     def __post_init__(self) -> None:
         shape = JobShape(self.j, self.h, self.gpu)  # -j, -h and --gpu, as the planner reads them
-        self.job_size, self.resource = shape.job_size, shape.resource
+        self.job_size, self.resource, self.world_sizes = shape.job_size, shape.resource, shape.world_sizes
         for name in ("cpu", "memMB"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be positive")

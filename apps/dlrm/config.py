@@ -20,7 +20,7 @@ from apps.core.config import (
     require_positive,
 )
 from apps.core.options import Options, field_default, option, options_of, section
-from apps.core.zch.config import ZCH, ZchConfig, check_zch
+from apps.core.zch.config import ZCH, ZchConfig, check_options_used, check_zch
 from apps.dlrm import presets
 from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, PRESET_CHOICES, PRESET_HELP, preset_table_sizes
 
@@ -366,7 +366,9 @@ class JobConfig(Options):
 
     def check_with_shared(self) -> None:
         """With --categorical_ids zch, the managed-collision options against the tables, the
-        launch and the checkpoints; Criteo's folders hold rows already, not raw ids."""
+        launch and the checkpoints; Criteo's folders hold rows already, not raw ids. Without it,
+        no managed-collision option."""
+        check_options_used(self)
         if self.data.categorical_ids == ZCH:
             check_zch(self.zch, self.model.table_sizes, self.launch, self.checkpoint)
             if self.data.data == "criteo":

@@ -21,7 +21,7 @@ from apps.core.config import (
     require_positive,
 )
 from apps.core.options import Options, option, options_of, section
-from apps.core.zch.config import ZCH, ZchConfig, check_zch
+from apps.core.zch.config import ZCH, ZchConfig, check_options_used, check_zch
 
 #: The app's name: its modules (apps.hstu.*) and components (components.hstu), and its jobs' and
 #: run folders' where the user gives none (apps/hstu/spec.py).
@@ -276,6 +276,7 @@ class JobConfig(Options):
     def check_with_shared(self) -> None:
         self._check_metric()
         self._check_sharding()
+        check_options_used(self)
         if self.data.categorical_ids == ZCH:
             self._check_zch()
 

@@ -19,6 +19,9 @@ from apps.core.zch.modules import _reset_host_rows, bytes_per_rank, history_byte
 from apps.dlrm.config import train_config
 from apps.dlrm.model import build_model
 from apps.dlrm.plan import main as plan_main
+from apps.hstu.config import train_config as hstu_train_config
+from components import dlrm, hstu
+from components.signature import InvalidComponentArgument
 
 TIER = "unit"
 
@@ -50,11 +53,39 @@ def test_zch_options_are_accepted_where_they_fit():
 
 
 def test_a_world_that_leaves_a_rank_too_few_rows_is_refused():
-    check_world_size([4], 2)  # 2 rows a rank: one for ids, one kept for those without
-    with pytest.raises(ConfigError, match=r"--num_embeddings 5 \(table 0\) on 3 ranks leaves a rank 1 rows"):
-        check_world_size([5], 3)  # TorchRec's shares: 2, 2, 1
+    check_world_size({"t": 4}, 2)  # 2 rows a rank: one for ids, one kept for those without
+    with pytest.raises(ConfigError, match=r"^--num_items 5 \(table t\) on 3 ranks leaves a rank 1 rows"):
+        check_world_size({"t": 5}, 3, "--num_items")  # TorchRec's shares: 2, 2, 1
     with pytest.raises(ConfigError, match="17 ranks: TorchRec's planner splits managed-collision tables"):
-        check_world_size([1000], 17)
+        check_world_size({"t": 1000}, 17)
+
+
+@pytest.mark.parametrize(
+    "component, options, message",
+    [
+        (dlrm.train, {"j": "1x3", "num_embeddings": 5}, "--num_embeddings 5 (table 0) on 3 ranks leaves a rank 1 rows"),
+        (dlrm.train, {"j": "1:2x2", "num_embeddings_per_feature": [8] * 25 + [6]},
+         "--num_embeddings_per_feature 6 (table 25) on 4 ranks leaves a rank 0 rows"),  # elastic: 2 or 4 ranks
+        (hstu.train, {"j": "3", "num_items": 5}, "--num_items 5 (table 0) on 3 ranks leaves a rank 1 rows"),
+    ],
+)  # fmt: skip
+def test_a_job_size_that_cannot_split_the_managed_tables_is_refused_at_submission(component, options, message):
+    with pytest.raises(InvalidComponentArgument) as refused:
+        component(**ZCH, **options)
+    assert str(refused.value).startswith(message)
+    component(**options)  # hashed tables split over any ranks
+    component(**ZCH, **{**options, "j": "1x1"})
+
+
+@pytest.mark.parametrize("train_config", [train_config, hstu_train_config])
+def test_zch_options_without_zch_tables_are_refused(train_config):
+    with pytest.raises(ConfigError) as refused:
+        train_config(zch_eviction_policy="lru")
+    assert str(refused.value) == (
+        "--zch_eviction_policy lru applies to managed-collision tables only, and this job has none: "
+        "add --categorical_ids zch, or drop --zch_eviction_policy"
+    )
+    train_config(**ZCH, zch_eviction_policy="lru", zch_eviction_interval=2)
 
 
 def test_the_plan_preview_counts_the_id_maps_in_each_ranks_memory(capsys):

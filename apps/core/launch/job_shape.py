@@ -91,10 +91,25 @@ class JobShape:
             )
         return resource
 
+    @property
+    def processes_per_node(self) -> int:
+        """``-j``'s processes per node; a bare ``-j``: with ``-h`` one per GPU, without it the
+        processes of its one node."""
+        if self.job_size.nproc_per_node is not None:
+            return self.job_size.nproc_per_node
+        return self.resource.gpu if self.resource else self.job_size.max_nodes
+
+    @property
+    def world_sizes(self) -> list[int]:
+        """Every number of ranks the job may train on: each node count from ``-j``'s least to its
+        most (an elastic job's) times the processes per node."""
+        if self.job_size.nproc_per_node is None and not self.resource:
+            return [self.processes_per_node]  # one node
+        nodes = range(self.job_size.min_nodes, self.job_size.max_nodes + 1)
+        return [count * self.processes_per_node for count in nodes]
+
     def _check_processes_per_node(self) -> None:
-        nproc = self.job_size.nproc_per_node
-        if nproc is None:  # a bare -j: with -h, one process per GPU; without, processes on one node
-            nproc = self.resource.gpu if self.resource else self.job_size.max_nodes
+        nproc = self.processes_per_node
         if nproc > MAX_NPROC_PER_NODE:
             raise ConfigError(
                 f"-j {self.j!r} starts {nproc} processes per node, more than "

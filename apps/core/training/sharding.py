@@ -244,7 +244,9 @@ def build_plan(
     this device. On CPUs it offers no row-wise kinds, so those plans are built directly.
     """
     if app.tables.managed:
-        check_world_size([config.num_embeddings for config in table_configs(model, app.tables)], env.world_size)
+        check_world_size(
+            {config.name: config.num_embeddings for config in table_configs(model, app.tables)}, env.world_size
+        )
     plan = _rank_plan(app, cfg, model, sharder, env)
     check_int8_comms(cfg.launch, [s["type"] for s in plan_tables(plan).values()])
     return plan

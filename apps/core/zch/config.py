@@ -2,8 +2,8 @@
 command line, the TorchX components and the data readers need, without torch (a submission imports
 it). What zch tables are: :mod:`apps.core.zch`; TorchRec's modules: :mod:`apps.core.zch.modules`."""
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from dataclasses import dataclass, fields
+from typing import Mapping, Protocol, Sequence
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import CheckpointConfig, LaunchConfig, require_positive
@@ -56,7 +56,7 @@ class _IdsSection(Protocol):
     categorical_ids: str
 
 
-class _ZchJob(Protocol):
+class ZchJob(Protocol):
     """An app's configuration that offers --categorical_ids zch: its data section says which ids."""
 
     @property
@@ -66,7 +66,7 @@ class _ZchJob(Protocol):
     def zch(self) -> ZchConfig: ...
 
 
-def zch_of(cfg: _ZchJob) -> ZchConfig | None:
+def zch_of(cfg: ZchJob) -> ZchConfig | None:
     """The managed-collision tables' options where ``cfg`` has them (--categorical_ids zch)."""
     return cfg.zch if cfg.data.categorical_ids == ZCH else None
 
@@ -104,24 +104,39 @@ def check_zch(
         )
 
 
-def check_world_size(table_sizes: Sequence[int], world_size: int) -> None:
+def check_world_size(tables: Mapping[str, int], world_size: int, rows_option: str = "rows") -> None:
     """Refuses a world whose row-wise shares (TorchRec's: ceil(rows / ranks) each, the last rank
     the rest) leave a rank fewer rows than a managed-collision share needs, or that TorchRec's
-    planner cannot split the modules over (:data:`PLANNER_BUCKETS`)."""
+    planner cannot split the modules over (:data:`PLANNER_BUCKETS`). ``tables``: each managed
+    table's rows by its name; ``rows_option``: what sizes them, for the message."""
     if PLANNER_BUCKETS % world_size:
         raise ConfigError(
             f"{world_size} ranks: TorchRec's planner splits managed-collision tables (--categorical_ids zch) "
             f"over world sizes that divide {PLANNER_BUCKETS:,} (up to 16 ranks, and those times a power of "
             "two up to 256); use such a number of ranks"
         )
-    for i, rows in enumerate(table_sizes):
+    for name, rows in tables.items():
         share = -(-rows // world_size)
         last = rows - share * (world_size - 1)
         if min(share, last) < MIN_ROWS_PER_RANK:
             raise ConfigError(
-                f"--num_embeddings {rows} (table {i}) on {world_size} ranks leaves a rank {min(share, last)} "
+                f"{rows_option} {rows} (table {name}) on {world_size} ranks leaves a rank {min(share, last)} "
                 f"rows: a managed-collision table (--categorical_ids zch) needs {MIN_ROWS_PER_RANK} per rank; "
                 f"give at least {MIN_ROWS_PER_RANK * world_size} rows, or fewer ranks"
+            )
+
+
+def check_options_used(cfg: ZchJob) -> None:
+    """Refuses managed-collision options changed from their defaults in a job without
+    managed-collision tables, where they would change nothing."""
+    if zch_of(cfg) is not None:
+        return
+    for field in fields(ZchConfig):
+        value = getattr(cfg.zch, field.name)
+        if value != field.default:
+            raise ConfigError(
+                f"--{field.name} {value} applies to managed-collision tables only, and this job has none: "
+                f"add --categorical_ids {ZCH}, or drop --{field.name}"
             )
 
 
