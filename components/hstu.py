@@ -20,7 +20,7 @@ from apps.hstu.config import JobConfig, PlanConfig
 from apps.hstu.spec import SPEC
 from components import torchx_logs
 from components.launch import Launch, named_after, plan_preview
-from components.plan_check import PlanCheck
+from components.plan_check import PlanCheck, check_tables_fit
 from components.preflight import check_devices, check_managed_world
 from components.signature import component_args, reject_unknown, take
 
@@ -49,6 +49,8 @@ def train(**kwargs: Any) -> specs.AppDef:
     cfg = take(JobConfig, kwargs)
     take(PlanCheck, kwargs).run(launch, cfg, SPEC)
     check_devices(launch, cfg)
+    model = cfg.model
+    check_tables_fit(launch, [model.num_items, model.num_actions], model.embedding_dim, "--num_items", SPEC)
     check_managed_world(launch, cfg, [cfg.model.num_items], "--num_items")
     return launch.training_app(SPEC, cfg)
 

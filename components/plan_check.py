@@ -62,10 +62,11 @@ MAX_GPU_HBM_GIB = 288
 FLOAT32_BYTES = 4
 
 
-def check_tables_fit(launch: Launch, table_rows: list[int], dim: int, option: str) -> None:
+def check_tables_fit(launch: Launch, table_rows: list[int], dim: int, option: str, app: AppSpec) -> None:
     """Refuses, before anything is built or submitted, tables whose float32 weights alone are
     more than the whole job's memory (every node's host memory and every GPU's HBM): the job would
-    fail at start-up in TorchRec's planner. ``option`` names the tables' sizes for the message.
+    fail at start-up in TorchRec's planner. ``option`` names the tables' sizes for the message,
+    whose advice names ``app``'s plan preview.
     A lower bound, so no job that could fit is refused; ``--check_plan`` plans them for real."""
     resource = launch.resource or specs.Resource(cpu=launch.cpu, gpu=launch.gpu, memMB=launch.memMB)
     hbm_gib = (known_hbm_gib(resource) or MAX_GPU_HBM_GIB) if resource.gpu else 0
@@ -77,7 +78,7 @@ def check_tables_fit(launch: Launch, table_rows: list[int], dim: int, option: st
             f"{option}: the embedding tables' weights alone take {needs / 2**30:,.0f} GiB ({sum(table_rows):,} rows "
             f"x {dim} floats), more than the whole job's {has / 2**30:,.0f} GiB of memory ({nodes} node(s) of "
             f"{resource.memMB} MB{f' and {resource.gpu} GPUs' if resource.gpu else ''}): use smaller tables, or more "
-            "or larger nodes (-j, -h, --memMB); components.dlrm:plan previews where they go"
+            f"or larger nodes (-j, -h, --memMB); components.{app.name}:plan previews where they go"
         )
 
 

@@ -129,6 +129,14 @@ def test_bad_arguments_fail_before_anything_is_built(kwargs, fragment):
     assert fragment in str(error.value)
 
 
+def test_hstu_tables_larger_than_the_whole_job_are_refused_at_submission():
+    with pytest.raises(InvalidComponentArgument) as error:
+        hstu.train(num_items=2**30)
+    assert str(error.value).startswith("--num_items: the embedding tables' weights alone take 256 GiB")
+    assert str(error.value).endswith("components.hstu:plan previews where they go")
+    hstu.train(j="2", h="aws_p4d.24xlarge", num_items=2**30)  # 16 GPUs of 40 GiB and 2 hosts' memory
+
+
 def test_tables_that_fit_the_jobs_gpus_but_not_its_host_memory_are_not_refused():
     """The submission check is a lower bound: host memory and every GPU's HBM count."""
     dlrm.train(
