@@ -245,7 +245,7 @@ class IdMapSplit:
     ) -> None:
         modules = {m._name: m for m in model.modules() if isinstance(m, MCHManagedCollisionModule)}
         state, optimizer = dict(destinations["model"]), dict(destinations["optimizer"])
-        saved_model, saved_optimizer = below(saved, "model"), below(saved, "optimizer")
+        saved_entries = {**below(saved, "model"), **below(saved, "optimizer")}
         self.tables: list[_TableSplit] = []
         for name, module in modules.items():
             live = {key: value for key, value in state.items() if f"{MODULES}{name}._mch_" in key}
@@ -254,17 +254,14 @@ class IdMapSplit:
             states = {
                 key: value for key, value in optimizer.items() if (k := parse_key(key, tables)) and k.table == name
             }
-            missing = sorted(key for key in (*live, *states) if key not in {**saved_model, **saved_optimizer})
+            missing = sorted({**live, **states}.keys() - saved_entries.keys())
             if missing:
                 raise CheckpointError(
                     f"the checkpoint holds no {', '.join(missing)} of managed-collision table {name}: it was not "
                     "written by this model. Resume with the options it was written with"
                 )
             table = _TableSplit(
-                module,
-                {**live, **states},
-                {key: {**saved_model, **saved_optimizer}[key] for key in (*live, *states)},
-                saved_world_size,
+                module, {**live, **states}, {key: saved_entries[key] for key in (*live, *states)}, saved_world_size
             )
             self.tables.append(table)
             for key in live:

@@ -123,4 +123,3 @@ def check_world_size(table_sizes: Sequence[int], world_size: int) -> None:
                 f"rows: a managed-collision table (--categorical_ids zch) needs {MIN_ROWS_PER_RANK} per rank; "
                 f"give at least {MIN_ROWS_PER_RANK * world_size} rows, or fewer ranks"
             )
-
