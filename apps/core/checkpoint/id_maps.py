@@ -21,9 +21,10 @@ over the steps since last seen, as TorchRec scores them at an eviction; the othe
 rows as an eviction takes them). Each kept id takes the next row of the share in id order,
 with its weight row and optimizer state row exactly; the default row is the saved default row of
 the saved block that holds most of the new one: exactly the default row its ids had where the
-world grows by a multiple (1 to 2, 2 to 4: each new block lies in one saved block), and where it
-does not (2 to 3), a trained default row of one of the two saved blocks it straddles (a blend of
-them would be neither). The unused rows are zero: nothing looks them up, and the row an eviction
+world grows by a multiple (1 to 2, 2 to 4: each new block lies in one saved block; 3 to 6: but for
+an id or two at its edge, where the range does not divide evenly), and where it does not (2 to 3),
+a trained default row of one of the two saved blocks it straddles (a blend of them would be
+neither). The unused rows are zero: nothing looks them up, and the row an eviction
 gives an id is reset first.
 """
 
@@ -271,8 +272,15 @@ class IdMapSplit:
             for key in [key for key in state if key.endswith(f"{MODULES}{name}.{SEGMENTS}")]:
                 del state[key]  # this world's shares, not the saved one's
         self.destinations = {**destinations, "model": state, "optimizer": optimizer}
+        self.saved_world_size = saved_world_size
 
     def apply(self) -> None:
         """Rebuilds each managed-collision table's share, once DCP has loaded :attr:`destinations`."""
         for table in self.tables:
             table.apply()
+        logger.info(
+            "managed-collision tables %s: each rank took the ids of its id range from the %d saved rank(s)' shares, "
+            "with their rows and optimizer state (docs/data.md)",
+            ", ".join(table.name for table in self.tables),
+            self.saved_world_size,
+        )
