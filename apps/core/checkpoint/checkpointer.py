@@ -21,6 +21,7 @@ from torch import nn
 from torchrec.optim.keyed import CombinedOptimizer
 
 from apps.core.checkpoint.folder import Checkpoint, CheckpointStore
+from apps.core.checkpoint.id_maps import IdMapSplit, splits
 from apps.core.checkpoint.reshard import Resharding, below
 from apps.core.checkpoint.storage.errors import CheckpointError, DamagedCheckpoint
 from apps.core.checkpoint.storage.reader import CheckpointReader
@@ -29,7 +30,6 @@ from apps.core.common.distributed import DistEnv, decided_by_main
 from apps.core.common.tables import TableModule
 from apps.core.config import SharedSections
 from apps.core.urls import config_record
-from apps.core.zch.config import check_resharding
 from apps.core.zch.modules import settle_loaded_state
 
 logger = logging.getLogger(__name__)
@@ -390,9 +390,8 @@ class Checkpointer:
         check_compatible(checkpoint, self.cfg)
         loaded = TrainState(self.env.rank, checkpoint.manifest["progress"]["step"])
         entries = self.entries(loaded)
-        if checkpoint.manifest["world_size"] != self.env.world_size:
-            if self.checkpointed.tables.managed:
-                check_resharding(checkpoint.manifest["world_size"], self.env.world_size, checkpoint.url)
+        saved_world_size = checkpoint.manifest["world_size"]
+        if saved_world_size != self.env.world_size:
             del entries[loaded._rng_key]  # other ranks, other streams: keep this process's own
         optimizer = entries["optimizer"]
         make_lazy_state(optimizer)
@@ -407,7 +406,14 @@ class Checkpointer:
             self.cfg.training.embedding_optimizer,
             loaded.step,
         )
-        self._store().load(checkpoint, {**entries, "optimizer": resharding.destinations}, saved)
+        destinations = {**entries, "optimizer": resharding.destinations}
+        split = None
+        if self.checkpointed.tables.managed and splits(saved_world_size, self.env.world_size):
+            split = IdMapSplit(self.checkpointed.model, destinations, saved, self.checkpointed.tables, saved_world_size)
+            destinations = split.destinations
+        self._store().load(checkpoint, destinations, saved)
+        if split is not None:
+            split.apply()
         if self.checkpointed.tables.managed:
             settle_loaded_state(self.checkpointed.model)
         resharding.apply()

@@ -19,8 +19,10 @@ Its state (the sorted ids, their rows and the policy's counts or last steps, int
 state: TorchRec's sharded module shards it row-wise with the table, as ShardedTensors that DCP
 checkpoints with the weights. TorchRec's sharder shards these tables row-wise only
 (:data:`SHARDING_TYPES`): each rank remaps the ids of its share of the input range into its rows.
-A checkpoint's state resumes on its world size and merges into a world size that divides it (a
-merged share's ids and rows are those of the ranks merged, which TorchRec's load checks), down to
-the single unsharded module that export and serving load; it cannot be split across more ranks
-(:func:`check_world_size`).
+A checkpoint's state resumes on its world size and loads on any other these tables allow: merged
+into a world size that divides it (a merged share's ids and rows are those of the ranks merged,
+which TorchRec's load checks), down to the single unsharded module that export and serving load;
+split across any other (:mod:`apps.core.checkpoint.id_maps`: each rank keeps the saved ids of
+its share of the input range, with their rows and optimizer state; where more of them than its
+rows, those its eviction policy ranks highest).
 """

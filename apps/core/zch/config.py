@@ -138,15 +138,3 @@ def check_options_used(cfg: ZchJob) -> None:
                 f"--{field.name} {value} applies to managed-collision tables only, and this job has none: "
                 f"add --categorical_ids {ZCH}, or drop --{field.name}"
             )
-
-
-def check_resharding(saved_world_size: int, world_size: int, where: str) -> None:
-    """Refuses loading a checkpoint's managed-collision state into ranks it cannot be split over:
-    each of ``world_size`` ranks must take whole shares of the ``saved_world_size`` that wrote it."""
-    if saved_world_size % world_size:
-        raise ConfigError(
-            f"{where} holds managed-collision tables (--categorical_ids zch) written by {saved_world_size} "
-            f"rank(s): their id-to-row state is split by id range per rank and merges only into a world "
-            f"size that divides {saved_world_size}, not {world_size}; run it on {saved_world_size} rank(s) "
-            "or a divisor of that"
-        )

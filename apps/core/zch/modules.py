@@ -35,8 +35,9 @@ INT64_BYTES = 8
 def settle_loaded_state(model: nn.Module) -> None:
     """Does for every MCH module of ``model`` what TorchRec's hook does after ``load_state_dict``,
     which DCP's in-place load skips: checks that the module's share of rows is made of whole shares
-    of the world that saved it, and sorts its ids (merged shares arrive one after the other, each
-    sorted alone; the module's lookup is a binary search)."""
+    of the world that saved it (or, split from another world's by :mod:`apps.core.checkpoint.id_maps`,
+    of this world's), and sorts its ids (merged shares arrive one after the other, each sorted
+    alone; the module's lookup is a binary search)."""
     for module in model.modules():
         if isinstance(module, MCHManagedCollisionModule):
             module.validate_state()
