@@ -77,10 +77,12 @@ def check_zch(
     launch: LaunchConfig,
     checkpoint: CheckpointConfig,
     rows_option: str = "--num_embeddings",
+    beside_plain: bool = False,
 ) -> None:
     """Refuses, naming the option, what managed-collision tables cannot train with: tables too
     small for TorchRec's module (their rows given by ``rows_option``), a sharding type its sharder
-    does not offer, checkpoints that would not fall right after an eviction."""
+    does not offer (unless they sit ``beside_plain`` tables, whose sharding type it is then: they
+    are row-wise whatever it is), checkpoints that would not fall right after an eviction."""
     cfg.check()
     for i, rows in enumerate(table_sizes):
         if rows < MIN_ROWS_PER_RANK:
@@ -89,7 +91,7 @@ def check_zch(
                 f"managed-collision table keeps its last row for ids without one, so it needs at least "
                 f"{MIN_ROWS_PER_RANK} rows per rank"
             )
-    if launch.sharding_type not in ("auto", *SHARDING_TYPES):
+    if launch.sharding_type not in ("auto", *SHARDING_TYPES) and not beside_plain:
         raise ConfigError(
             f"--sharding_type {launch.sharding_type}: TorchRec shards managed-collision tables "
             f"(--categorical_ids zch) {' or '.join(SHARDING_TYPES)} only; use --sharding_type "

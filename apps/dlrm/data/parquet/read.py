@@ -33,7 +33,8 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
   value being the FNV-1a 64 of its bytes (UTF-8 for strings: :func:`apps.core.common.hashing.text_fingerprints`);
   ``as_is`` ids must lie in the table (:func:`apps.dlrm.data.parquet.files.check_id`); ``zch``
   ids are hashed as ``hash`` ids are, modulo TorchRec's managed-collision input range instead of
-  the table size (:func:`id_ranges`), for its module to map to rows.
+  the table size (:func:`id_ranges`), for its module to map to rows; so are those of the columns
+  ``--zch_columns`` names, the other columns' as ``--categorical_ids`` says.
 
 Nothing read from a file is executed or unpickled: Parquet pages are decoded by pyarrow into
 numbers, and only numbers reach training.
@@ -42,7 +43,7 @@ numbers, and only numbers reach training.
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import fsspec
 import numpy as np
@@ -168,15 +169,22 @@ _NONFINITE_FATE = {
 
 class RowDecoder:
     """Decodes tables of the columns of ``spec`` into :class:`Rows` (see the module docstring): ids
-    made as ``categorical_ids`` says for tables of ``table_sizes``, as ``id_dtype``; dense values
-    through log(1 + max(x, 0)) where ``log1p``. Training's reader decodes the row groups it
-    fetches with one, and scoring the tables it is given."""
+    made as ``categorical_ids`` says for tables of ``table_sizes`` (those of the features ``managed``
+    as ``zch`` makes them), as ``id_dtype``; dense values through log(1 + max(x, 0)) where
+    ``log1p``. Training's reader decodes the row groups it fetches with one, and scoring the tables
+    it is given."""
 
     def __init__(
-        self, spec: ColumnSpec, table_sizes: list[int], categorical_ids: str, id_dtype: np.dtype, log1p: bool
+        self,
+        spec: ColumnSpec,
+        table_sizes: list[int],
+        categorical_ids: str,
+        id_dtype: np.dtype,
+        log1p: bool,
+        managed: Sequence[int] = (),
     ) -> None:
         self.spec = spec
-        self.id_ranges = id_ranges(categorical_ids, table_sizes)
+        self.id_ranges = id_ranges(categorical_ids, table_sizes, managed)
         self.hash_ids = categorical_ids in ("hash", ZCH)
         self.id_dtype = id_dtype
         self.log1p = log1p
@@ -285,10 +293,12 @@ class RowDecoder:
         return values
 
 
-def id_ranges(categorical_ids: str, table_sizes: list[int]) -> list[int]:
-    """The range each feature's ids are made in: its table's rows, or with ``zch`` the input range
-    of TorchRec's managed-collision module (apps/core/zch/), which maps them to rows."""
-    return [INPUT_HASH_SIZE] * len(table_sizes) if categorical_ids == ZCH else table_sizes
+def id_ranges(categorical_ids: str, table_sizes: list[int], managed: Sequence[int] = ()) -> list[int]:
+    """The range each feature's ids are made in: its table's rows, or with ``zch`` (every feature's,
+    or those ``managed``) the input range of TorchRec's managed-collision module (apps/core/zch/),
+    which maps them to rows."""
+    every = categorical_ids == ZCH
+    return [INPUT_HASH_SIZE if every or k in managed else size for k, size in enumerate(table_sizes)]
 
 
 def _common_schema(spec: ColumnSpec) -> pa.Schema:
