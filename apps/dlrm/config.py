@@ -553,11 +553,13 @@ def zch_feature_positions(zch_columns: list[str], entries: list[str], count: int
             i for i, e in enumerate(entries) if e == column or (not is_pattern(e) and fnmatch.fnmatchcase(e, column))
         ]
         if not chosen:
-            where = f"{option} {listing}" if option else f"the synthetic sparse features cat_0 to cat_{count - 1}"
-            raise ConfigError(
-                f"--zch_columns {column} names no column of {where}: name columns given there (a column that a "
-                "pattern there matches must be named there one by one, e.g. --sparse_columns user_id,item_id,cat_*)"
+            fix = (
+                f"of {option} {listing}: name columns given there (a column that a pattern there matches must be "
+                "named there one by one, e.g. --sparse_columns user_id,item_id,cat_*)"
+                if option
+                else f"of the synthetic sparse features: name some of cat_0 to cat_{count - 1}"
             )
+            raise ConfigError(f"--zch_columns {column} names no column {fix}")
         for i in chosen:
             start, size = starts[i], sizes[i]
             if start is None or size is None:
