@@ -515,11 +515,6 @@ def zch_features(model: ModelConfig, data: DataConfig) -> list[int]:
         return list(range(count))
     if not data.zch_columns:
         return []
-    if data.categorical_ids != "hash":
-        raise ConfigError(
-            f"--zch_columns {','.join(data.zch_columns)} with --categorical_ids {data.categorical_ids}: the other "
-            "columns' ids are hashed beside managed-collision ones; give --categorical_ids hash"
-        )
     parquet = data.data == "parquet"
     entries = data.sparse_columns if parquet else feature_names(count)
     managed = zch_feature_positions(data.zch_columns, entries, count, "--sparse_columns" if parquet else "")

@@ -3,6 +3,9 @@ options alone), what it refuses in one line naming the option, the unsharded mod
 collections joined in feature order, where a table's state lives, and the plan preview's count of
 the managed tables' id maps only."""
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torchrec.datasets.utils import Batch
@@ -10,7 +13,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 
 from apps.core.common.errors import ConfigError
+from apps.core.common.hashing import hashed_ids, text_fingerprints
+from apps.core.zch.config import INPUT_HASH_SIZE
 from apps.dlrm.config import train_config
+from apps.dlrm.data.parquet.files import CheckedFiles
+from apps.dlrm.data.parquet.read import RowDecoder
 from apps.dlrm.model import EBC_PATH, MC_EBC_PATH, build_model
 from apps.dlrm.plan import main as plan_main
 from apps.dlrm.training.app import app_for
@@ -51,8 +58,6 @@ def test_synthetic_data_names_its_features():
          "--zch_columns u,v names every sparse column: give --categorical_ids zch instead"),
         ({"sparse_columns": ["u", "v"], "zch_columns": ["u"], "categorical_ids": "zch"},
          "--zch_columns u picks the managed-collision columns, but --categorical_ids zch manages every one"),
-        ({"sparse_columns": ["u", "v"], "zch_columns": ["u"], "categorical_ids": "as_is"},
-         "--zch_columns u with --categorical_ids as_is"),
         ({"sparse_columns": ["u", "v"], "zch_columns": ["v"], "num_embeddings_per_feature": [100, 1]},
          "--num_embeddings 1 (table 0) is too small for --categorical_ids zch"),
     ],
@@ -109,3 +114,19 @@ def test_the_plan_preview_counts_the_managed_tables_id_maps_only(capsys):
     rows = [line.split() for line in shown.splitlines() if line.startswith("t_cat_")]
     assert {row[0] for row in rows if "row_wise" in row} == {f"t_cat_{k}" for k in range(13)}
     assert {row[0] for row in rows if "table_wise" in row} == {f"t_cat_{k}" for k in range(13, 26)}
+
+
+def test_beside_as_is_rows_the_managed_columns_raw_ids_are_hashed_into_torchrecs_range(tmp_path):
+    """Categorify'd columns stay rows (as_is) while a managed column takes raw ids, text too."""
+    pq.write_table(
+        pa.table({"label": [0, 1, 1], "x": [0.5, 1.0, 2.0], "shop": [3, 0, 9], "user": ["ann", "bob", "ann"]}),
+        tmp_path / "day_0.parquet",
+    )
+    options = {"sparse_columns": ["shop", "user"], "dense_columns": ["x"], "categorical_ids": "as_is"}
+    cfg = train_config(data="parquet", data_path=str(tmp_path), **options, zch_columns=["user"], num_embeddings=10)
+    checked = CheckedFiles.open(cfg.model, cfg.data)  # the text column is taken: its ids are raw, not rows
+    decoder = RowDecoder(checked.spec, cfg.model.table_sizes, "as_is", np.dtype(np.int64), False, cfg.zch_features)
+    rows = decoder.decode(pq.read_table(tmp_path / "day_0.parquet"), lambda row: ("day_0", 0))
+    assert rows.ids[0].tolist() == [3, 0, 9]
+    users = hashed_ids(text_fingerprints(pa.array(["ann", "bob", "ann"])), INPUT_HASH_SIZE)
+    assert rows.ids[1].tolist() == users.astype(np.int64).tolist() and max(users) >= 10  # not folded into rows

@@ -41,7 +41,8 @@ class TrainingApp(Protocol[C]):
     #: The app's name (:attr:`apps.core.training.app_spec.AppSpec.name`): its runs' folders are named after
     #: it where TorchX did not name the job.
     name: str
-    #: Where the model's TorchRec table collection is (what plans and checkpoints key on).
+    #: Where the model's TorchRec table collections are, and which holds each table (what plans and
+    #: checkpoints key on).
     tables: Tables
     #: Validation metrics drawn in curves.png beside the training loss: (metric, title) each.
     curves: tuple[tuple[str, str], ...]

@@ -119,9 +119,9 @@ def _kernel_of(lookup: nn.Module) -> nn.Module:
 
 
 def call_tables_directly(model: nn.Module, tables: Tables) -> None:
-    """Makes ``model``'s (the unwrapped DMP module's) sharded table module look its tables up
-    directly, in place: its forward, not its state, changes (as TorchRec's train pipelines
-    replace it with their own)."""
+    """Makes each of ``model``'s (the unwrapped DMP module's) sharded table collections look its
+    tables up directly, in place: its forward, not its state, changes (as TorchRec's train
+    pipelines replace it with their own)."""
     for path in tables.paths:
         sharded: Any = model.get_submodule(path)
         sharded.forward = DirectLookup(sharded)

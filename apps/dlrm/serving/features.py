@@ -166,6 +166,7 @@ class Features:
                     "dense_columns": dense,
                     "sparse_columns": sparse,
                     "categorical_ids": self.categorical_ids,
+                    "zch_columns": [sparse[k] for k in self.zch_features],
                     "dense_transform": "log1p" if self.dense_log1p else "none",
                     "num_dense_features": self.num_dense_features,
                     "num_sparse_features": len(self.table_sizes),

@@ -185,7 +185,8 @@ class RowDecoder:
     ) -> None:
         self.spec = spec
         self.id_ranges = id_ranges(categorical_ids, table_sizes, managed)
-        self.hash_ids = categorical_ids in ("hash", ZCH)
+        hashed = categorical_ids in ("hash", ZCH)
+        self.hash_ids = [hashed or k in managed for k in range(len(table_sizes))]  # per feature
         self.id_dtype = id_dtype
         self.log1p = log1p
         #: NaN or infinite values read (and made 0) per dense column, by every thread that reads.
@@ -218,14 +219,14 @@ class RowDecoder:
             column = table.column(name)
             if multi_hot or column.null_count:
                 values, offsets = _ragged(column.combine_chunks(), multi_hot)
-                checked = self._ids(values, size, name, offsets, where).astype(self.id_dtype, copy=False)
+                checked = self._ids(values, f, size, name, offsets, where).astype(self.id_dtype, copy=False)
                 ragged.append(Ragged(checked, offsets, np.diff(offsets).astype(np.int32)))
                 continue
             # One id per row: chunk after chunk straight into the rows' ids (no combined copy first).
             at = 0
             for chunk in column.chunks:
                 values = id_values(chunk)
-                ids[f, at : at + len(values)] = self._ids(values, size, name, None, _after(where, at))
+                ids[f, at : at + len(values)] = self._ids(values, f, size, name, None, _after(where, at))
                 at += len(values)
             ragged.append(None)
         self._labels(table, where, labels[0])
@@ -276,14 +277,16 @@ class RowDecoder:
     def _ids(
         self,
         values: np.ndarray,
+        feature: int,
         size: int,
         column: str,
         offsets: np.ndarray | None,
         where: Callable[[int], tuple[str, int]],
     ) -> np.ndarray:
-        """The embedding rows of a column's ``values`` (see the module docstring), in [0, size):
-        any integer type, that the caller casts to ``id_dtype`` as it copies them."""
-        if self.hash_ids:
+        """The embedding rows of a column's ``values`` (see the module docstring), the ids of sparse
+        ``feature``, in [0, size): any integer type, that the caller casts to ``id_dtype`` as it
+        copies them."""
+        if self.hash_ids[feature]:
             return hashed_ids(values, size)
         # One pass, not a minimum and a maximum: read as unsigned, a negative id is larger than any table.
         if len(values) and values.view(f"u{values.itemsize}").max() >= size:
