@@ -388,7 +388,7 @@ class JobConfig(Options):
         managed = self.zch_features
         if not managed:
             return
-        sizes = [self.model.table_sizes[k] for k in managed]
+        sizes = {k: self.model.table_sizes[k] for k in managed}
         check_zch(self.zch, sizes, self.launch, self.checkpoint, beside_plain=self.data.categorical_ids != ZCH)
         if self.data.data == "criteo":
             option = "--categorical_ids zch" if self.data.categorical_ids == ZCH else "--zch_columns"

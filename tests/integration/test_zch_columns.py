@@ -16,9 +16,8 @@ from apps.dlrm.serving.api import load_model
 from apps.dlrm.serving.config import ExportConfig
 from apps.dlrm.serving.export import export
 from testing.click_parquet import scores_auroc
-from testing.raw_ids import write_raw_id_parquet
 from tests.conftest import assert_ok, run
-from tests.integration.test_zch import FILES, MODEL, ROWS, ROWS_PER_FILE, ROWS_PER_TABLE, train
+from tests.integration.test_zch import FILES, MODEL, ROWS_PER_FILE, ROWS_PER_TABLE, train, trained_run
 from tests.shards import saved_tensors
 
 TIER = "integration"
@@ -33,13 +32,8 @@ MAPS = "model.model.sparse_arch.managed_collection._managed_collision_collection
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """20 steps on 2 ranks (3 columns of 3,000 raw ids each), a checkpoint every 10 steps."""
-    tmp = tmp_path_factory.mktemp("zch_columns")
-    data = str(tmp / "data")
-    write_raw_id_parquet(data, rows=ROWS, files=FILES, distinct=3000)
-    result, summary = train(tmp, "out", data, *MIXED, "--steps", "20", "--checkpoint_dir", str(tmp / "ckpt"))
-    assert_ok(result)
-    return tmp, data, summary
+    """20 steps on 2 ranks, a checkpoint every 10 steps."""
+    return trained_run(tmp_path_factory.mktemp("zch_columns"), MIXED, 20)
 
 
 def test_the_named_columns_are_managed_row_wise_the_other_hashed_table_wise(trained):

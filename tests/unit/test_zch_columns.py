@@ -59,7 +59,7 @@ def test_synthetic_data_names_its_features():
         ({"sparse_columns": ["u", "v"], "zch_columns": ["u"], "categorical_ids": "zch"},
          "--zch_columns u picks the managed-collision columns, but --categorical_ids zch manages every one"),
         ({"sparse_columns": ["u", "v"], "zch_columns": ["v"], "num_embeddings_per_feature": [100, 1]},
-         "--num_embeddings 1 (table 0) is too small for --categorical_ids zch"),
+         "--num_embeddings 1 (table 1) is too small for --categorical_ids zch"),
     ],
 )  # fmt: skip
 def test_what_it_cannot_train_with_is_refused_in_one_line(options, message):

@@ -3,7 +3,7 @@ command line, the TorchX components and the data readers need, without torch (a 
 it). What zch tables are: :mod:`apps.core.zch`; TorchRec's modules: :mod:`apps.core.zch.modules`."""
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import CheckpointConfig, LaunchConfig, require_positive
@@ -73,18 +73,20 @@ def zch_of(cfg: _ZchJob) -> ZchConfig | None:
 
 def check_zch(
     cfg: ZchConfig,
-    table_sizes: Sequence[int],
+    table_sizes: Sequence[int] | Mapping[int, int],
     launch: LaunchConfig,
     checkpoint: CheckpointConfig,
     rows_option: str = "--num_embeddings",
     beside_plain: bool = False,
 ) -> None:
     """Refuses, naming the option, what managed-collision tables cannot train with: tables too
-    small for TorchRec's module (their rows given by ``rows_option``), a sharding type its sharder
+    small for TorchRec's module (their rows given by ``rows_option``; ``table_sizes`` by the tables'
+    numbers where only some are managed), a sharding type its sharder
     does not offer (unless they sit ``beside_plain`` tables, whose sharding type it is then: they
     are row-wise whatever it is), checkpoints that would not fall right after an eviction."""
     cfg.check()
-    for i, rows in enumerate(table_sizes):
+    sizes = table_sizes.items() if isinstance(table_sizes, Mapping) else enumerate(table_sizes)
+    for i, rows in sizes:
         if rows < MIN_ROWS_PER_RANK:
             raise ConfigError(
                 f"{rows_option} {rows} (table {i}) is too small for --categorical_ids zch: TorchRec's "
