@@ -29,7 +29,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from apps.core.common.tables import TableModule  # noqa: E402
+from apps.core.common.tables import Tables  # noqa: E402
 from apps.core.common.teardown import exit_without_teardown  # noqa: E402
 from apps.core.config import SHARDING_TYPES, SharedSections  # noqa: E402
 from apps.core.options import to_argv  # noqa: E402
@@ -64,7 +64,7 @@ class App:
     small: dict[str, Any]
 
     @property
-    def tables(self) -> TableModule:
+    def tables(self) -> Tables:
         return self.trainer_app.tables
 
 
@@ -224,7 +224,7 @@ def worker(app: str, init_path: str, out_path: str, steps: str, sharding_types: 
         copy_into(trainer.model, init)
         batches = trainer.data.train_batches()
         losses = [all_reduce_mean(trainer.train_step(batches).item(), env) for _ in range(int(steps))]
-        plan = [s.sharding_type for s in trainer.plan.plan[spec.tables.path].values()]
+        plan = [s.sharding_type for s in trainer.plan.plan[spec.tables.paths[0]].values()]
         results[kind] = {"losses": losses, "plan": plan, "lean": not trainer.not_lean}
         trainer.close()
     if env.is_main:

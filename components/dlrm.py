@@ -55,7 +55,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     take(PlanCheck, kwargs).run(launch, cfg, SPEC)
     sizes = "--num_embeddings_per_feature" if cfg.model.num_embeddings_per_feature else "--num_embeddings"
     check_tables_fit(launch, cfg.model.table_sizes, cfg.model.embedding_dim, sizes, SPEC)
-    check_managed_world(launch, cfg, cfg.model.table_sizes, sizes)
+    check_managed_world(launch, {str(i): cfg.model.table_sizes[i] for i in cfg.zch_features}, sizes)
     missing = check_before_submitting(launch, cfg)
     return needing_here(launch.training_app(SPEC, cfg), missing)
 

@@ -16,6 +16,7 @@ from typing import Any
 from torchx import specs
 
 from apps.core.launch.target import PlanTarget
+from apps.core.zch.config import zch_of
 from apps.hstu.config import JobConfig, PlanConfig
 from apps.hstu.spec import SPEC
 from components import torchx_logs
@@ -51,7 +52,7 @@ def train(**kwargs: Any) -> specs.AppDef:
     check_devices(launch, cfg)
     model = cfg.model
     check_tables_fit(launch, [model.num_items, model.num_actions], model.embedding_dim, "--num_items", SPEC)
-    check_managed_world(launch, cfg, [cfg.model.num_items], "--num_items")
+    check_managed_world(launch, {"0": model.num_items} if zch_of(cfg) else {}, "--num_items")
     return launch.training_app(SPEC, cfg)
 
 

@@ -2,14 +2,14 @@
 ``--dryrun`` checks too), from the facts at hand: the GPUs the job asks for, and its data where
 that is on this machine (apps/dlrm/data/preflight.py)."""
 
-from typing import Sequence
+from typing import Mapping
 
 from torchx.specs import AppDef
 
 from apps.core.common.errors import ConfigError
 from apps.core.config import SharedSections
 from apps.core.training.device_support import check_device_support
-from apps.core.zch.config import ZchJob, check_world_size, zch_of
+from apps.core.zch.config import check_world_size
 from apps.dlrm.config import JobConfig
 from apps.dlrm.data.preflight import check_local_data
 from components.launch import Launch
@@ -54,14 +54,12 @@ def _check_cpu_job(cfg: SharedSections) -> None:
         raise ConfigError(f"{e} (this job asks for no GPUs: for GPU nodes give -h or --gpu)") from None
 
 
-def check_managed_world(launch: Launch, cfg: ZchJob, table_sizes: Sequence[int], rows_option: str) -> None:
-    """Raises InvalidComponentArgument for managed-collision tables (any app's; ``rows_option``
-    sizes them) that a world size the job may train on cannot split: its trainers would refuse
-    it once started."""
-    if zch_of(cfg) is None:
-        return
+def check_managed_world(launch: Launch, tables: Mapping[str, int], rows_option: str) -> None:
+    """Raises InvalidComponentArgument for managed-collision tables (any app's: each one's rows by
+    its name, which ``rows_option`` gives) that a world size the job may train on cannot split:
+    its trainers would refuse it once started."""
     try:
         for world_size in launch.world_sizes:
-            check_world_size({str(i): rows for i, rows in enumerate(table_sizes)}, world_size, rows_option)
+            check_world_size(tables, world_size, rows_option)
     except ConfigError as e:
         raise InvalidComponentArgument(str(e)) from None

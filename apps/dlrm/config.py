@@ -6,6 +6,7 @@ with the sections every app shares (:mod:`apps.core.config`).
 (``torchx run components.dlrm:train --help``), whose arguments are these same fields.
 """
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -22,7 +23,14 @@ from apps.core.config import (
 from apps.core.options import Options, field_default, option, options_of, section
 from apps.core.zch.config import ZCH, ZchConfig, check_options_used, check_zch
 from apps.dlrm import presets
-from apps.dlrm.data.criteo.tables import CAT_FEATURES, INT_FEATURES, PRESET_CHOICES, PRESET_HELP, preset_table_sizes
+from apps.dlrm.data.criteo.tables import (
+    CAT_FEATURES,
+    INT_FEATURES,
+    PRESET_CHOICES,
+    PRESET_HELP,
+    feature_names,
+    preset_table_sizes,
+)
 
 #: The app's name: its modules (apps.dlrm.*) and components (components.dlrm), and its jobs' and
 #: run folders' where the user gives none (apps/dlrm/spec.py).
@@ -258,6 +266,15 @@ class DataConfig:
         "or text, hashed as with hash into a 63-bit range, not the table's; docs/data.md).",
         choices=CATEGORICAL_IDS,
     )
+    zch_columns: list[str] = option(
+        [],
+        "The sparse columns whose tables are TorchRec managed-collision tables (as --categorical_ids zch "
+        "makes every one), comma separated, e.g. user_id,item_id: columns of many raw ids, while the "
+        "others stay as --categorical_ids (hash or as_is) makes them. Each entry is a column named in "
+        "--sparse_columns, or a pattern there, or a pattern matching names there (synthetic data: the "
+        "features cat_0, cat_1, ...). Managed tables are sharded row-wise; --sharding_type is the other "
+        "tables'. Empty: none (or all, with --categorical_ids zch).",
+    )
     dense_transform: str = option(
         "none",
         "Parquet: what the dense values go through before the model. none: as read (already "
@@ -365,17 +382,26 @@ class JobConfig(Options):
         self.model.check()
 
     def check_with_shared(self) -> None:
-        """With --categorical_ids zch, the managed-collision options against the tables, the
-        launch and the checkpoints; Criteo's folders hold rows already, not raw ids. Without it,
-        no managed-collision option."""
-        check_options_used(self)
-        if self.data.categorical_ids == ZCH:
-            check_zch(self.zch, self.model.table_sizes, self.launch, self.checkpoint)
-            if self.data.data == "criteo":
-                raise ConfigError(
-                    "--categorical_ids zch maps raw ids, but --data criteo's folders hold table rows already "
-                    "(hashed or by a vocabulary): read Criteo's raw values (text columns) with --data parquet"
-                )
+        """With managed-collision tables (--categorical_ids zch, --zch_columns), their options
+        against the tables, the launch and the checkpoints; Criteo's folders hold rows already, not
+        raw ids. Without them, no managed-collision option."""
+        managed = self.zch_features
+        check_options_used(self.zch, bool(managed), "--categorical_ids zch or --zch_columns")
+        if not managed:
+            return
+        sizes = {k: self.model.table_sizes[k] for k in managed}
+        check_zch(self.zch, sizes, self.launch, self.checkpoint, beside_plain=self.data.categorical_ids != ZCH)
+        if self.data.data == "criteo":
+            option = "--categorical_ids zch" if self.data.categorical_ids == ZCH else "--zch_columns"
+            raise ConfigError(
+                f"{option} maps raw ids, but --data criteo's folders hold table rows already "
+                "(hashed or by a vocabulary): read Criteo's raw values (text columns) with --data parquet"
+            )
+
+    @property
+    def zch_features(self) -> list[int]:
+        """The sparse features whose tables are managed-collision ones (:func:`zch_features`)."""
+        return zch_features(self.model, self.data)
 
     def app_gpu_only_options(self) -> Iterator[str]:
         return iter(())  # the DLRM's GPU-only options are all shared ones
@@ -402,6 +428,8 @@ class JobConfig(Options):
             )
         if self.data.categorical_ids == ZCH:  # the tables' id-to-row state, its buffers the policy's
             signature.update(categorical_ids=ZCH, zch_eviction_policy=self.zch.zch_eviction_policy)
+        elif self.zch_features:  # which tables have it (the features by position, as the tables are named)
+            signature.update(zch_features=self.zch_features, zch_eviction_policy=self.zch.zch_eviction_policy)
         return signature
 
     @classmethod
@@ -475,6 +503,71 @@ def is_pattern(text: str) -> bool:
     return any(char in text for char in PATTERN_CHARS)
 
 
+def zch_features(model: ModelConfig, data: DataConfig) -> list[int]:
+    """The sparse features (0-based, in feature order) whose tables are managed-collision ones:
+    every one with --categorical_ids zch, those --zch_columns names, else none."""
+    count = model.num_sparse_features
+    if data.categorical_ids == ZCH:
+        if data.zch_columns:
+            raise ConfigError(
+                f"--zch_columns {','.join(data.zch_columns)} picks the managed-collision columns, but "
+                "--categorical_ids zch manages every one: give --categorical_ids hash (or as_is) for the others"
+            )
+        return list(range(count))
+    if not data.zch_columns:
+        return []
+    parquet = data.data == "parquet"
+    entries = data.sparse_columns if parquet else feature_names(count)
+    managed = zch_feature_positions(data.zch_columns, entries, count, "--sparse_columns" if parquet else "")
+    if len(managed) == count:
+        raise ConfigError(
+            f"--zch_columns {','.join(data.zch_columns)} names every sparse column: give "
+            "--categorical_ids zch instead (every table managed-collision) and drop --zch_columns"
+        )
+    return managed
+
+
+def zch_feature_positions(zch_columns: list[str], entries: list[str], count: int, option: str) -> list[int]:
+    """The sparse features (0-based) of the ``count`` that ``entries`` (the --sparse_columns entries,
+    names or patterns; ``option``: their option, empty for synthetic data's feature names) resolve
+    to which ``zch_columns`` names, without the files: an entry of --zch_columns is one of
+    ``entries`` as written (a pattern there: all its columns), or a pattern matching names there.
+    A pattern entry's columns are known by count where it is the only pattern (the others one
+    column each); other positions depend on the files, and are refused."""
+    sizes: list[int | None] = [None if is_pattern(entry) else 1 for entry in entries]
+    if sizes.count(None) == 1:
+        sizes[sizes.index(None)] = count - sum(size or 0 for size in sizes)
+    starts: list[int | None] = []
+    at: int | None = 0
+    for size in sizes:
+        starts.append(at)
+        at = None if at is None or size is None else at + size
+    listing = ",".join(entries)
+    positions: set[int] = set()
+    for column in zch_columns:
+        chosen = [
+            i for i, e in enumerate(entries) if e == column or (not is_pattern(e) and fnmatch.fnmatchcase(e, column))
+        ]
+        if not chosen:
+            fix = (
+                f"of {option} {listing}: name columns given there (a column that a pattern there matches must be "
+                "named there one by one, e.g. --sparse_columns user_id,item_id,cat_*)"
+                if option
+                else f"of the synthetic sparse features: name some of cat_0 to cat_{count - 1}"
+            )
+            raise ConfigError(f"--zch_columns {column} names no column {fix}")
+        for i in chosen:
+            start, size = starts[i], sizes[i]
+            if start is None or size is None:
+                raise ConfigError(
+                    f"--zch_columns {column}: where {entries[i]} falls among the sparse features depends on how many "
+                    f"columns the patterns of {option} {listing} match; name those columns one by one, or use one "
+                    "pattern only"
+                )
+            positions.update(range(start, start + size))
+    return sorted(positions)
+
+
 class PlanConfig(JobConfig):
     """A training job's configuration as its sharding plan sees it (``python -m apps.dlrm.plan``,
     ``components.dlrm:plan``): only the options the plan depends on are offered (the model, how it
@@ -484,7 +577,7 @@ class PlanConfig(JobConfig):
     __slots__ = ()
 
     OFFERED = frozenset(
-        ["preset", "batch_size", "embedding_optimizer", "categorical_ids"]
+        ["preset", "batch_size", "embedding_optimizer", "categorical_ids", "zch_columns"]
         + [field.name for cls in (ModelConfig, LaunchConfig, ZchConfig) for field in options_of(cls)]
     )
 

@@ -1,7 +1,7 @@
 """The DLRM: TorchRec's ``DLRM`` family with one embedding table per sparse feature."""
 
 import functools
-from typing import Callable, List, Optional, ParamSpec, TypeVar
+from typing import Callable, List, Optional, ParamSpec, Sequence, TypeVar
 
 import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain, SparseArch
@@ -11,7 +11,7 @@ from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCo
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from apps.core.common.compile_cache import key_compile_cache_by_cpu
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import TableModule, Tables
 from apps.core.config import LaunchConfig
 from apps.core.zch.config import ZchConfig
 from apps.core.zch.modules import managed_collisions
@@ -21,9 +21,22 @@ from apps.dlrm.data.criteo.tables import feature_names
 #: Where the tables live inside ``DLRMTrain``: the key of the module in a sharding plan.
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
 #: ... and what they are, for the shared machinery that plans, shards and checkpoints them.
-TABLES = TableModule(EBC_PATH, "EmbeddingBagCollection")
+TABLES = Tables.of(EBC_PATH, "EmbeddingBagCollection")
 #: ... with --categorical_ids zch: the same tables, each with its managed-collision id-to-row map.
-MANAGED_TABLES = TableModule(EBC_PATH, "ManagedCollisionEmbeddingBagCollection")
+MANAGED_TABLES = Tables.of(EBC_PATH, "ManagedCollisionEmbeddingBagCollection")
+#: With --zch_columns: where the managed-collision tables are, beside the plain ones (at EBC_PATH).
+MC_EBC_PATH = "model.sparse_arch.managed_collection"
+
+
+def mixed_tables(managed: Sequence[str]) -> Tables:
+    """The tables of a DLRM whose tables ``managed`` (names) are managed-collision ones, the others
+    plain (--zch_columns): two TorchRec collections, as TorchRec manages all of one's tables or none."""
+    return Tables(
+        (
+            TableModule(EBC_PATH, "EmbeddingBagCollection"),
+            TableModule(MC_EBC_PATH, "ManagedCollisionEmbeddingBagCollection", frozenset(managed)),
+        )
+    )
 
 
 def table_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
@@ -45,9 +58,11 @@ def build_model(
     dense_device: torch.device,
     table_device: torch.device | None = None,
     zch: ZchConfig | None = None,
+    managed: Sequence[int] | None = None,
 ) -> DLRMTrain:
     """The training module (model + BCE loss); with ``zch``, its tables managed-collision ones
-    (:data:`MANAGED_TABLES`, apps/core/zch/).
+    (:data:`MANAGED_TABLES`, apps/core/zch/), or those of the features ``managed`` (0-based) where
+    it names some only, beside the plain others (:func:`mixed_tables`).
 
     Tables are built on the meta device by default so that no rank ever allocates a whole
     table: ``DistributedModelParallel`` materialises only each rank's shards. The dense part is
@@ -76,12 +91,25 @@ def build_model(
         )
     else:
         model = DLRM(**common)
-    if zch is None:
+    configs = tables.embedding_bag_configs()
+    chosen = set(range(len(configs)) if managed is None else managed)
+    if zch is None or not chosen:
         model.sparse_arch = PooledSparseArch(tables)
+    elif len(chosen) == len(configs):
+        model.sparse_arch = ManagedSparseArch(_managed(configs, zch, table_device))
     else:
-        collisions = managed_collisions(tables.embedding_bag_configs(), zch, table_device)
-        model.sparse_arch = ManagedSparseArch(ManagedCollisionEmbeddingBagCollection(tables, collisions))
+        plain = EmbeddingBagCollection([c for k, c in enumerate(configs) if k not in chosen], device=table_device)
+        beside = _managed([c for k, c in enumerate(configs) if k in chosen], zch, table_device)
+        model.sparse_arch = MixedSparseArch(tables, plain, beside)
     return DLRMTrain(model)
+
+
+def _managed(
+    configs: list[EmbeddingBagConfig], zch: ZchConfig, device: torch.device
+) -> ManagedCollisionEmbeddingBagCollection:
+    """The tables of ``configs``, each with its managed-collision id-to-row map."""
+    tables = EmbeddingBagCollection(tables=configs, device=device)
+    return ManagedCollisionEmbeddingBagCollection(tables, managed_collisions(configs, zch, device))
 
 
 class PooledSparseArch(SparseArch):
@@ -110,6 +138,34 @@ class ManagedSparseArch(PooledSparseArch):
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         pooled, _ = self.embedding_bag_collection(features)
         return _in_feature_order(pooled, self.sparse_feature_names, self.D)
+
+
+class MixedSparseArch(PooledSparseArch):
+    """:class:`PooledSparseArch` of plain tables beside managed-collision ones (--zch_columns): each
+    collection looks up its own features of the batch (its lookups take only those), and their
+    pooled embeddings are joined in the order of every feature, as one collection's would be."""
+
+    def __init__(
+        self,
+        every: EmbeddingBagCollection,
+        plain: EmbeddingBagCollection,
+        managed: ManagedCollisionEmbeddingBagCollection,
+    ) -> None:
+        super().__init__(every)  # every table's configs: features, width
+        self.embedding_bag_collection = plain
+        self.managed_collection = managed
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        managed, _ = self.managed_collection(features)
+        return _joined_in_feature_order(
+            self.embedding_bag_collection(features), managed, self.sparse_feature_names, self.D
+        )
+
+
+@torch.fx.wrap  # one call in the symbolic traces of TorchRec's train pipelines, which look at no key
+def _joined_in_feature_order(plain: KeyedTensor, managed: KeyedTensor, names: List[str], dim: int) -> torch.Tensor:
+    """Two collections' pooled embeddings as [batch, features, dim], the features in the order of ``names``."""
+    return KeyedTensor.regroup([plain, managed], [names])[0].view(-1, len(names), dim)
 
 
 @torch.fx.wrap  # one call in the symbolic traces of TorchRec's train pipelines, which look at no key

@@ -276,7 +276,7 @@ class JobConfig(Options):
     def check_with_shared(self) -> None:
         self._check_metric()
         self._check_sharding()
-        check_options_used(self)
+        check_options_used(self.zch, self.data.categorical_ids == ZCH)
         if self.data.categorical_ids == ZCH:
             self._check_zch()
 

@@ -28,7 +28,7 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 from apps.core.zch.config import ZchConfig
 from apps.core.zch.modules import held_ids, managed_collisions
 from apps.hstu.config import HSTUModelConfig
@@ -40,9 +40,9 @@ from apps.hstu.modules.layer import HSTULayer
 #: Where the tables live inside ``HSTUTrain``: the key of the module in a sharding plan.
 TABLES_PATH = "model.embedding_collection"
 #: ... and what they are, for the shared machinery that plans, shards and checkpoints them.
-TABLES = TableModule(TABLES_PATH, "EmbeddingCollection")
+TABLES = Tables.of(TABLES_PATH, "EmbeddingCollection")
 #: ... with --categorical_ids zch: the item table alone, with its managed-collision id-to-row map.
-MANAGED_TABLES = TableModule(TABLES_PATH, "ManagedCollisionEmbeddingCollection")
+MANAGED_TABLES = Tables.of(TABLES_PATH, "ManagedCollisionEmbeddingCollection")
 
 
 def table_configs(cfg: HSTUModelConfig, zch: bool = False) -> list[EmbeddingConfig]:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from apps.core.checkpoint.reshard import ColumnMap, StateKey, column_map, parse_key
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 from apps.dlrm.model import TABLES as DLRM_TABLES
 from tests.conftest import REPO, assert_ok, torchrun
 from tests.shards import assemble, saved_tensors
@@ -222,7 +222,7 @@ def test_column_map_says_where_each_column_block_comes_from_and_whether_exactly(
 
 BAGS = "model.sparse_arch.embedding_bag_collection.embedding_bags"
 #: An EmbeddingCollection's tables (a sequence model's, such as the HSTU's), at a path of its own.
-SEQUENCE_TABLES = TableModule("model.item_embeddings", "EmbeddingCollection")
+SEQUENCE_TABLES = Tables.of("model.item_embeddings", "EmbeddingCollection")
 
 
 @pytest.mark.unit

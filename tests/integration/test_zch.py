@@ -42,16 +42,20 @@ def train(tmp, name, data, *args, nproc=2):
     )
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """40 steps of zch tables on 2 ranks (3 columns of 3,000 raw ids each, one of text), a
-    checkpoint every 10 steps."""
-    tmp = tmp_path_factory.mktemp("zch")
+def trained_run(tmp, options, steps):
+    """``steps`` steps on 2 ranks with ``options`` over raw-id data written into ``tmp`` (3 columns
+    of 3,000 raw ids each, one of text), checkpointing into ``tmp``/ckpt: (tmp, data, summary)."""
     data = str(tmp / "data")
     write_raw_id_parquet(data, rows=ROWS, files=FILES, distinct=3000)
-    result, summary = train(tmp, "out", data, *ZCH, "--steps", "40", "--checkpoint_dir", str(tmp / "ckpt"))
+    result, summary = train(tmp, "out", data, *options, "--steps", str(steps), "--checkpoint_dir", str(tmp / "ckpt"))
     assert_ok(result)
     return tmp, data, summary
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """40 steps of zch tables on 2 ranks, a checkpoint every 10 steps."""
+    return trained_run(tmp_path_factory.mktemp("zch"), ZCH, 40)
 
 
 def test_trains_row_wise_on_two_ranks_and_checkpoints_the_id_maps(trained):

@@ -40,7 +40,8 @@ def step_and_evaluate(app, cfg) -> tuple[torch.Tensor, dict[str, float], list[fl
     with OtherDevice():
         data = app.make_data(cfg, ENV)
         model = app.build_model(cfg, DEVICE)
-        tables = model.get_submodule(app.tables.path)
+        (path,) = app.tables.paths  # one collection
+        tables = model.get_submodule(path)
         # What sharding does with the tables built on the meta device: this rank's, on the device.
         tables.to_empty(device=DEVICE)
         with torch.no_grad():
@@ -61,7 +62,7 @@ def step_and_evaluate(app, cfg) -> tuple[torch.Tensor, dict[str, float], list[fl
 
 
 def dense(model: torch.nn.Module, app) -> list[torch.nn.Parameter]:
-    return [p for name, p in model.named_parameters() if not name.startswith(app.tables.path)]
+    return [p for name, p in model.named_parameters() if not name.startswith(tuple(app.tables.paths))]
 
 
 def check(loss: torch.Tensor, val: dict[str, float], moved: list[float], expected: set[str]) -> None:

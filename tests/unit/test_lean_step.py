@@ -20,14 +20,14 @@ from torchrec.optim import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.core.common.distributed import free_port
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 from apps.core.config import LaunchConfig
 from apps.core.training.lean import call_tables_directly, lean_step_refusal, step_kind
 
 # Tier (tests/conftest.py): in this process, a world of one rank, seconds.
 TIER = "unit"
 
-TABLES = TableModule("tables", "EmbeddingBagCollection")
+TABLES = Tables.of("tables", "EmbeddingBagCollection")
 #: Table i has feature f{i}; the plan mixes the two kinds, so the lookups take the features in
 #: another order than the batch has them (table-wise ones first, or data-parallel ones).
 KINDS = {"t0": table_wise(rank=0), "t1": data_parallel(), "t2": table_wise(rank=0), "t3": data_parallel()}
@@ -46,7 +46,7 @@ KINDS = {"t0": table_wise(rank=0), "t1": data_parallel(), "t2": table_wise(rank=
             {},
             ["table_wise"],
             1,
-            TableModule("model.tables", "EmbeddingCollection"),
+            Tables.of("model.tables", "EmbeddingCollection"),
             "the tables are an EmbeddingCollection, which the lean step does not look up",
         ),
     ],

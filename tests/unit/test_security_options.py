@@ -112,18 +112,18 @@ def test_torchx_prints_one_line_not_a_traceback(args, fragment, tmp_path):
 
 def test_the_planner_warns_about_nothing_and_reserves_what_torchrec_would(caplog):
     cfg = train_config(num_sparse_features=2, num_embeddings=100)
-    model, sharder = model_to_shard(DLRM, cfg, dense_device=torch.device("meta"))
+    model, sharders = model_to_shard(DLRM, cfg, dense_device=torch.device("meta"))
     topology = make_topology(4, 2, "cuda", hbm_cap_bytes=2**30)
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
         warnings.simplefilter("always")
         ours = make_planner(DLRM, cfg, model, topology)
-        plan = ours.plan(model, [sharder])
+        plan = ours.plan(model, sharders)
     assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []
     assert "dense tensor size calculation" not in caplog.text
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         default = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.training.batch_size)
-        assert str(default.plan(model, [sharder])) == str(plan)
+        assert str(default.plan(model, sharders)) == str(plan)
     reserved = [r.last_reserved_topology.devices for r in (ours._storage_reservation, default._storage_reservation)]
     assert reserved[0] == reserved[1]
 

@@ -64,8 +64,8 @@ def test_hbm_gb_on_cpu_ranks_is_refused_not_ignored():
 def test_the_app_plans_the_tables_and_kernels_the_preview_predicts():
     cfg = train_config(**BIG_TABLES, hbm_gb=8)
     predicted = preview(cfg, PlanTarget(j="1x1", gpu=1, memMB=65536, hbm_gb=cfg.launch.hbm_gb).cluster)
-    model, sharder = model_to_shard(DLRM, cfg, dense_device=torch.device("meta"))
-    planned = make_planner(DLRM, cfg, model, training_topology(cfg, ONE_GPU, GPU_BYTES)).plan(model, [sharder])
+    model, sharders = model_to_shard(DLRM, cfg, dense_device=torch.device("meta"))
+    planned = make_planner(DLRM, cfg, model, training_topology(cfg, ONE_GPU, GPU_BYTES)).plan(model, sharders)
     assert plan_tables(planned) == plan_tables(predicted.plan)
     assert planned.plan[EBC_PATH] == predicted.plan.plan[EBC_PATH]  # shard sizes and offsets too
     kernels = [table["kernel"] for table in plan_tables(planned).values()]

@@ -61,31 +61,40 @@ def test_a_world_that_leaves_a_rank_too_few_rows_is_refused():
 
 
 @pytest.mark.parametrize(
-    "component, options, message",
+    "component, managed, options, message",
     [
-        (dlrm.train, {"j": "1x3", "num_embeddings": 5}, "--num_embeddings 5 (table 0) on 3 ranks leaves a rank 1 rows"),
-        (dlrm.train, {"j": "1:2x2", "num_embeddings_per_feature": [8] * 25 + [6]},
+        (dlrm.train, ZCH, {"j": "1x3", "num_embeddings": 5}, "--num_embeddings 5 (table 0) on 3 ranks leaves a rank 1 rows"),
+        (dlrm.train, ZCH, {"j": "1:2x2", "num_embeddings_per_feature": [8] * 25 + [6]},
          "--num_embeddings_per_feature 6 (table 25) on 4 ranks leaves a rank 0 rows"),  # elastic: 2 or 4 ranks
-        (hstu.train, {"j": "3", "num_items": 5}, "--num_items 5 (table 0) on 3 ranks leaves a rank 1 rows"),
+        (dlrm.train, {"zch_columns": ["cat_2"]}, {"j": "1x3", "num_embeddings_per_feature": [5] * 26},
+         "--num_embeddings_per_feature 5 (table 2) on 3 ranks leaves a rank 1 rows"),  # cat_2's table only
+        (hstu.train, ZCH, {"j": "3", "num_items": 5}, "--num_items 5 (table 0) on 3 ranks leaves a rank 1 rows"),
     ],
 )  # fmt: skip
-def test_a_job_size_that_cannot_split_the_managed_tables_is_refused_at_submission(component, options, message):
+def test_a_job_size_that_cannot_split_the_managed_tables_is_refused_at_submission(component, managed, options, message):
     with pytest.raises(InvalidComponentArgument) as refused:
-        component(**ZCH, **options)
+        component(**managed, **options)
     assert str(refused.value).startswith(message)
     component(**options)  # hashed tables split over any ranks
-    component(**ZCH, **{**options, "j": "1x1"})
+    component(**managed, **{**options, "j": "1x1"})
 
 
-@pytest.mark.parametrize("train_config", [train_config, hstu_train_config])
-def test_zch_options_without_zch_tables_are_refused(train_config):
+@pytest.mark.parametrize(
+    "train_config, how",
+    [(train_config, "--categorical_ids zch or --zch_columns"), (hstu_train_config, "--categorical_ids zch")],
+)
+def test_zch_options_without_zch_tables_are_refused(train_config, how):
     with pytest.raises(ConfigError) as refused:
         train_config(zch_eviction_policy="lru")
     assert str(refused.value) == (
         "--zch_eviction_policy lru applies to managed-collision tables only, and this job has none: "
-        "add --categorical_ids zch, or drop --zch_eviction_policy"
+        f"add {how}, or drop --zch_eviction_policy"
     )
     train_config(**ZCH, zch_eviction_policy="lru", zch_eviction_interval=2)
+
+
+def test_zch_options_apply_to_the_managed_columns_of_a_mixed_job():
+    train_config(zch_columns=["cat_1"], zch_eviction_policy="lru", zch_eviction_interval=2)
 
 
 def test_the_plan_preview_counts_the_id_maps_in_each_ranks_memory(capsys):

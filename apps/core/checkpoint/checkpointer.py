@@ -27,7 +27,7 @@ from apps.core.checkpoint.storage.errors import CheckpointError, DamagedCheckpoi
 from apps.core.checkpoint.storage.reader import CheckpointReader
 from apps.core.checkpoint.storage.saving import HostStager
 from apps.core.common.distributed import DistEnv, decided_by_main
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 from apps.core.config import SharedSections
 from apps.core.urls import config_record
 from apps.core.zch.modules import settle_loaded_state
@@ -278,7 +278,7 @@ class Checkpointed:
     model: nn.Module
     optimizer: CombinedOptimizer
     plan: dict[str, dict[str, Any]]
-    tables: TableModule
+    tables: Tables
     columns: dict[str, Any] | None = None
 
 

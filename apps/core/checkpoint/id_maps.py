@@ -46,7 +46,7 @@ from torchrec.modules.mc_modules import (
 
 from apps.core.checkpoint.reshard import SavedPieces, below, parse_key
 from apps.core.checkpoint.storage.errors import CheckpointError
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ class IdMapSplit:
         model: nn.Module,
         destinations: dict[str, Any],
         saved: Metadata,
-        tables: TableModule,
+        tables: Tables,
         saved_world_size: int,
     ) -> None:
         modules = {m._name: m for m in model.modules() if isinstance(m, MCHManagedCollisionModule)}

@@ -48,7 +48,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from apps.core.checkpoint.storage.errors import CheckpointError
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 
 #: Per embedding optimizer: each fused (FBGEMM) state of a table -> the same state of a
 #: data-parallel table's torch optimizer. SGD keeps no state.
@@ -75,10 +75,10 @@ class StateKey:
     fused: bool
 
 
-def parse_key(key: str, tables: TableModule) -> StateKey | None:
+def parse_key(key: str, tables: Tables) -> StateKey | None:
     """The state of a table of ``tables`` that ``key`` (of a flattened optimizer state dict) is,
     or None (an MLP's)."""
-    match = tables.state_key_pattern().match(key)
+    match = tables.match_state_key(key)
     if match is None:
         return None
     table, state = match["table"], match["state"]
@@ -235,7 +235,7 @@ class Resharding:
         saved_optimizer: dict[str, Any],
         model_state: dict[str, Any],
         saved_model: dict[str, Any],
-        tables: TableModule,
+        tables: Tables,
         embedding_optimizer: str,
         step: int,
     ) -> None:
@@ -318,7 +318,7 @@ def below(metadata: Metadata, entry: str) -> dict[str, Any]:
     return {key[len(prefix) :]: md for key, md in metadata.state_dict_metadata.items() if key.startswith(prefix)}
 
 
-def _table_states(saved_optimizer: dict[str, Any], tables: TableModule) -> dict[str, dict[str, tuple[str, bool]]]:
+def _table_states(saved_optimizer: dict[str, Any], tables: Tables) -> dict[str, dict[str, tuple[str, bool]]]:
     """Per table, each saved optimizer state: name -> (key, whether fused)."""
     states: dict[str, dict[str, tuple[str, bool]]] = {}
     for key in saved_optimizer:

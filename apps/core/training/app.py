@@ -15,7 +15,7 @@ from torchrec.streamable import Pipelineable
 
 from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 from apps.core.config import SharedSections
 from apps.core.data import DataSource
 
@@ -41,8 +41,9 @@ class TrainingApp(Protocol[C]):
     #: The app's name (:attr:`apps.core.training.app_spec.AppSpec.name`): its runs' folders are named after
     #: it where TorchX did not name the job.
     name: str
-    #: Where the model's TorchRec table collection is (what plans and checkpoints key on).
-    tables: TableModule
+    #: Where the model's TorchRec table collections are, and which holds each table (what plans and
+    #: checkpoints key on).
+    tables: Tables
     #: Validation metrics drawn in curves.png beside the training loss: (metric, title) each.
     curves: tuple[tuple[str, str], ...]
     #: What a validation metric means, logged once beside the first validation that has it.

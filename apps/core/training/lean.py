@@ -24,7 +24,7 @@ from torchrec.distributed.train_pipeline import TrainPipeline
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from torchrec.streamable import Pipelineable
 
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 from apps.core.config import LaunchConfig
 
 #: Sharding types whose tables, on one rank, are whole in one lookup, whose distribution is the
@@ -36,7 +36,7 @@ LEAN_SHARDING_TYPES = ("table_wise", "data_parallel")
 LEAN_PIPELINES = ("sparse_dist", "sparse_dist_lite", "base")
 
 
-def lean_step_refusal(cfg: LaunchConfig, tables: TableModule, sharding_types: list[str], world_size: int) -> str:
+def lean_step_refusal(cfg: LaunchConfig, tables: Tables, sharding_types: list[str], world_size: int) -> str:
     """Why this run takes TorchRec's sharded step rather than the lean one, in a few words for the
     log; empty when the lean step runs. ``sharding_types``: the plan's, one per table."""
     if cfg.lean_step == "false":
@@ -118,12 +118,13 @@ def _kernel_of(lookup: nn.Module) -> nn.Module:
     return lookup
 
 
-def call_tables_directly(model: nn.Module, tables: TableModule) -> None:
-    """Makes ``model``'s (the unwrapped DMP module's) sharded table module look its tables up
-    directly, in place: its forward, not its state, changes (as TorchRec's train pipelines
-    replace it with their own)."""
-    sharded: Any = model.get_submodule(tables.path)
-    sharded.forward = DirectLookup(sharded)
+def call_tables_directly(model: nn.Module, tables: Tables) -> None:
+    """Makes each of ``model``'s (the unwrapped DMP module's) sharded table collections look its
+    tables up directly, in place: its forward, not its state, changes (as TorchRec's train
+    pipelines replace it with their own)."""
+    for path in tables.paths:
+        sharded: Any = model.get_submodule(path)
+        sharded.forward = DirectLookup(sharded)
 
 
 class LeanPipeline(TrainPipeline[Pipelineable, Any]):

@@ -17,7 +17,7 @@ from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 from apps.core.config import TrainingConfig
 
 # One epsilon for every Adagrad variant, so that the fused FBGEMM kernels and a plain
@@ -43,7 +43,7 @@ def fuse_embedding_optimizer(cfg: TrainingConfig, tables: Iterable[nn.Parameter]
     apply_optimizer_in_backward(cls, tables, kwargs)
 
 
-def dense_optimizer(cfg: TrainingConfig, model: nn.Module, tables: TableModule) -> CombinedOptimizer:
+def dense_optimizer(cfg: TrainingConfig, model: nn.Module, tables: Tables) -> CombinedOptimizer:
     """The optimizer of every parameter whose optimizer is not fused into backward.
 
     Data-parallel tables are among them: sharding replaces them with plain replicated weights
@@ -51,15 +51,19 @@ def dense_optimizer(cfg: TrainingConfig, model: nn.Module, tables: TableModule) 
     embedding optimizer and learning rate; the MLPs get the dense ones.
     """
     params = dict(in_backward_optimizer_filter(model.named_parameters()))
-    in_tables = f"{tables.path}."  # in their names, below DMP's and DDP's prefixes
+    in_tables = [f"{path}." for path in tables.paths]  # in their names, below DMP's and DDP's prefixes
+
+    def of_tables(name: str) -> bool:
+        return any(path in name for path in in_tables)
+
     groups = {
         "dense": (
-            {n: p for n, p in params.items() if in_tables not in n},
+            {n: p for n, p in params.items() if not of_tables(n)},
             cfg.dense_optimizer,
             cfg.dense_lr,
         ),
         "data_parallel_tables": (
-            {n: p for n, p in params.items() if in_tables in n},
+            {n: p for n, p in params.items() if of_tables(n)},
             cfg.embedding_optimizer,
             cfg.learning_rate,
         ),
@@ -72,7 +76,7 @@ def dense_optimizer(cfg: TrainingConfig, model: nn.Module, tables: TableModule) 
     return CombinedOptimizer(optimizers)
 
 
-def training_optimizer(cfg: TrainingConfig, model: DistributedModelParallel, tables: TableModule) -> CombinedOptimizer:
+def training_optimizer(cfg: TrainingConfig, model: DistributedModelParallel, tables: Tables) -> CombinedOptimizer:
     """Every optimizer of the sharded model in one.
 
     The fused optimizer's update happens inside backward; it is here so that the pipeline's

@@ -204,19 +204,19 @@ def preview(app: TrainingApp[C], cfg: C, cluster: Cluster) -> Preview:
     """
     cfg, device_defaults = with_device_defaults(cfg, cluster.device)
     check_device_support(cfg, cluster.device)
-    model, sharder = model_to_shard(app, cfg, dense_device=torch.device("meta"))
-    if not planner_offers(cfg.launch, sharder, cluster.device):
+    model, sharders = model_to_shard(app, cfg, dense_device=torch.device("meta"))
+    if not planner_offers(cfg.launch, sharders, cluster.device):
         raise ConfigError(
             f"--sharding_type {cfg.launch.sharding_type}: TorchRec's planner offers no row-wise kinds for "
             "CPU ranks (the app builds that plan itself at start-up), so it cannot estimate this "
             "plan; preview the job on GPUs (-h, or --gpu with --hbm_gb) or use another sharding type"
         )
     report, largest_batch = _PlannerReport(), 0
-    plan, error = _plan_within(app, cfg, model, sharder, _topology(cluster), report)
+    plan, error = _plan_within(app, cfg, model, sharders, _topology(cluster), report)
     if plan is None:
-        largest_batch = _largest_fitting_batch(app, cfg, model, sharder, _topology(cluster))
+        largest_batch = _largest_fitting_batch(app, cfg, model, sharders, _topology(cluster))
         try:
-            plan = _offline_plan(app, cfg, model, sharder, _topology(cluster, unlimited=True), report)
+            plan = _offline_plan(app, cfg, model, sharders, _topology(cluster, unlimited=True), report)
         except PlannerError as unlimited:
             raise ConfigError(f"TorchRec's planner found no plan: {_first_line(unlimited)}") from None
     check_int8_comms(cfg.launch, [option.sharding_type for option in report.best_plan])
@@ -248,13 +248,12 @@ def preview(app: TrainingApp[C], cfg: C, cluster: Cluster) -> Preview:
 
 
 def _id_map_bytes(app: TrainingApp[C], cfg: C, model: nn.Module, world_size: int) -> int:
-    """Bytes per rank of the managed-collision id maps (--categorical_ids zch), which TorchRec's
-    planner does not count; 0 for other tables."""
-    if not app.tables.managed:
-        return 0
+    """Bytes per rank of the managed-collision id maps (--categorical_ids zch, --zch_columns), which
+    TorchRec's planner does not count; 0 for other tables."""
     factors = app.pooling_factors(cfg)
     ids = {table: cfg.training.batch_size * factors.get(table, 1.0) for table in table_names(model, app.tables)}
-    return zch.bytes_per_rank(model.get_submodule(app.tables.path), world_size, ids)
+    managed = [module for module in app.tables.modules if module.managed]
+    return sum(zch.bytes_per_rank(model.get_submodule(module.path), world_size, ids) for module in managed)
 
 
 def check_plan_fits(app: TrainingApp[C], cfg: C, target: PlanTarget) -> Preview:
@@ -265,7 +264,9 @@ def check_plan_fits(app: TrainingApp[C], cfg: C, target: PlanTarget) -> Preview:
     return result
 
 
-def _largest_fitting_batch(app: TrainingApp[C], cfg: C, model: nn.Module, sharder: Sharder, topology: Topology) -> int:
+def _largest_fitting_batch(
+    app: TrainingApp[C], cfg: C, model: nn.Module, sharders: list[Sharder], topology: Topology
+) -> int:
     """The largest batch per rank, below ``cfg``'s (which does not fit), whose plan fits
     ``topology``; 0 if not even one sample's does.
 
@@ -279,7 +280,7 @@ def _largest_fitting_batch(app: TrainingApp[C], cfg: C, model: nn.Module, sharde
 
     def fits(batch_size: int) -> bool:
         smaller = cfg.replace(batch_size=batch_size)
-        return _plan_within(app, smaller, model, sharder, topology, _PlannerReport())[0] is not None
+        return _plan_within(app, smaller, model, sharders, topology, _PlannerReport())[0] is not None
 
     if not fits(1):
         return 0
@@ -291,12 +292,12 @@ def _largest_fitting_batch(app: TrainingApp[C], cfg: C, model: nn.Module, sharde
 
 
 def _plan_within(
-    app: TrainingApp[C], cfg: C, model: nn.Module, sharder: Sharder, topology: Topology, report: _PlannerReport
+    app: TrainingApp[C], cfg: C, model: nn.Module, sharders: list[Sharder], topology: Topology, report: _PlannerReport
 ) -> tuple[ShardingPlan | None, str]:
     """TorchRec's plan within ``topology``'s memory, or None and the planner's reason where no
     placement fits there; any other failure of the planner is a ConfigError."""
     try:
-        return _offline_plan(app, cfg, model, sharder, topology, report), ""
+        return _offline_plan(app, cfg, model, sharders, topology, report), ""
     except PlannerError as e:
         if e.error_type != PlannerErrorType.INSUFFICIENT_STORAGE:
             raise ConfigError(f"TorchRec's planner found no plan: {_first_line(e)}") from None
@@ -313,13 +314,13 @@ def _offline_plan(
     app: TrainingApp[C],
     cfg: C,
     model: nn.Module,
-    sharder: Sharder,
+    sharders: list[Sharder],
     topology: Topology,
     report: _PlannerReport,
 ) -> ShardingPlan:
     """TorchRec's planner without a process group: ``plan`` where the app calls ``collective_plan``."""
     with _quiet_planner():
-        return make_planner(app, cfg, model, topology, stats=[report]).plan(model, [sharder])
+        return make_planner(app, cfg, model, topology, stats=[report]).plan(model, sharders)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """How an app's embedding tables are split across ranks: sharder, sharding plan, and the DMP wrap.
 
-The tables are the app's TorchRec ``EmbeddingBagCollection`` or ``EmbeddingCollection``
-(:class:`~apps.core.common.tables.TableModule`); everything else is the same for both."""
+The tables are the app's TorchRec ``EmbeddingBagCollection`` or ``EmbeddingCollection``, or
+several collections side by side (:class:`~apps.core.common.tables.Tables`), each with its sharder;
+everything else is the same for all."""
 
 import logging
 import re
@@ -45,7 +46,7 @@ from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from apps.core.common.distributed import DistEnv
 from apps.core.common.errors import ConfigError
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import TableModule, Tables
 from apps.core.config import LaunchConfig, SharedSections, check_int8_comms
 from apps.core.training.app import C, TrainingApp
 from apps.core.training.optim import fuse_embedding_optimizer
@@ -80,24 +81,32 @@ Sharder: TypeAlias = (
 )
 
 
-def model_to_shard(app: TrainingApp[C], cfg: C, dense_device: torch.device) -> tuple[nn.Module, Sharder]:
-    """The app's unsharded model (tables on the meta device, optimizer fused) and its sharder.
+def model_to_shard(app: TrainingApp[C], cfg: C, dense_device: torch.device) -> tuple[nn.Module, list[Sharder]]:
+    """The app's unsharded model (tables on the meta device, optimizer fused) and the sharders of
+    its table collections.
 
     What the training app shards and what the plan preview plans for: one recipe, so the
     preview's planner sees the tables and storage the job will have.
     """
     model = app.build_model(cfg, dense_device)
-    fuse_embedding_optimizer(cfg.training, model.get_submodule(app.tables.path).parameters())
-    return model, make_sharder(cfg.launch, app.tables)
+    for path in app.tables.paths:
+        fuse_embedding_optimizer(cfg.training, model.get_submodule(path).parameters())
+    return model, make_sharders(cfg.launch, app.tables)
 
 
-def make_sharder(cfg: LaunchConfig, tables: TableModule) -> Sharder:
-    """TorchRec's sharder of ``tables``' kind, with quantized all-to-all comms when asked for."""
+def make_sharders(cfg: LaunchConfig, tables: Tables) -> list[Sharder]:
+    """TorchRec's sharder of each kind of collection ``tables`` has, with quantized all-to-all
+    comms when asked for."""
     forward = _COMM_TYPES[cfg.qcomm_forward_precision]
     backward = _COMM_TYPES[cfg.qcomm_backward_precision]
     registry = None
     if (forward, backward) != (CommType.FP32, CommType.FP32):
         registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=forward, backward_precision=backward))
+    return [_sharder(module, registry) for module in tables.modules]
+
+
+def _sharder(tables: TableModule, registry: dict[str, Any] | None) -> Sharder:
+    """TorchRec's sharder of a collection of ``tables``' kind."""
     if tables.managed and tables.pooled:  # TorchRec's sharder of the tables in its sharder of their id maps
         bags = EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
         return ManagedCollisionEmbeddingBagCollectionSharder(bags, qcomm_codecs_registry=registry)
@@ -154,14 +163,15 @@ def hbm_per_rank(cfg: LaunchConfig, gpu_bytes: int) -> int:
     return hbm
 
 
-def storage_reservation(model: nn.Module, tables: TableModule) -> HeuristicalStorageReservation:
+def storage_reservation(model: nn.Module, tables: Tables) -> HeuristicalStorageReservation:
     """The memory TorchRec's planner keeps free on each rank: its default, given explicitly.
 
     With the dense part's size given (the one TorchRec computes itself), the planner no longer
     warns that its computation may be off in a dry run: the plan preview's meta tensors have
     their real shapes, so it is not.
     """
-    dense = _get_dense_tensor_size(model, {model.get_submodule(tables.path)}, DENSE_MULTIPLIER)
+    collections = {model.get_submodule(path) for path in tables.paths}
+    dense = _get_dense_tensor_size(model, collections, DENSE_MULTIPLIER)
     with warnings.catch_warnings():
         # Its constructor warns on every use that the policy is "over-tuned"; TorchRec's planner
         # uses it by default all the same, and this project's plans are made with it.
@@ -191,14 +201,16 @@ def make_planner(
 
 
 def table_constraints(app: TrainingApp[C], cfg: C, model: nn.Module) -> dict[str, ParameterConstraints] | None:
-    """Per table, what the planner must respect: an explicit --sharding_type, and the ids per
-    sample (its pooling factor) where the app says they are not one, which its estimates of
-    input size, comms and compute scale with (TorchRec assumes one otherwise)."""
+    """Per table, what the planner must respect: an explicit --sharding_type (the plain tables'
+    where managed-collision ones sit beside them: those are row-wise, the one type their sharder
+    offers), and the ids per sample (its pooling factor) where the app says they are not one, which
+    its estimates of input size, comms and compute scale with (TorchRec assumes one otherwise)."""
     pooling_factors = app.pooling_factors(cfg)
+    mixed = len(app.tables.modules) > 1
     constraints = {}
     for table in table_names(model, app.tables):
         kwargs: dict[str, list[str] | list[float]] = {}
-        if cfg.launch.sharding_type != "auto":
+        if cfg.launch.sharding_type != "auto" and not (mixed and app.tables.module_of(table).managed):
             kwargs["sharding_types"] = [cfg.launch.sharding_type]
         if table in pooling_factors:
             kwargs["pooling_factors"] = [pooling_factors[table]]
@@ -207,35 +219,45 @@ def table_constraints(app: TrainingApp[C], cfg: C, model: nn.Module) -> dict[str
     return constraints or None
 
 
-def table_names(model: nn.Module, tables: TableModule) -> list[str]:
-    """The names of the tables of ``model``'s table module, in its order."""
+def table_names(model: nn.Module, tables: Tables | TableModule) -> list[str]:
+    """The names of the tables of ``model``'s table collections, in their order."""
     return [config.name for config in table_configs(model, tables)]
 
 
-def table_configs(model: nn.Module, tables: TableModule) -> list[BaseEmbeddingConfig]:
-    """The configs of the tables of ``model``'s table module, in its order."""
+def table_configs(model: nn.Module, tables: Tables | TableModule) -> list[BaseEmbeddingConfig]:
+    """The configs of the tables of ``model``'s table collections (or of one), in their order."""
+    if isinstance(tables, Tables):
+        return [config for module in tables.modules for config in table_configs(model, module)]
     collection: Any = model.get_submodule(tables.path)
     if tables.managed:  # TorchRec's managed-collision module: the collection it wraps
         collection = collection._embedding_module
     return collection.embedding_bag_configs() if tables.pooled else collection.embedding_configs()
 
 
-def planner_offers(cfg: LaunchConfig, sharder: Sharder, device_type: str) -> bool:
-    """Whether TorchRec's planner places the tables: it offers the sharding type asked for, or
-    any for ``auto``. Not managed-collision tables on CPUs: the sharder of bags offers none there,
-    and that of sequences offers row-wise with GPU kernels only (fused_uvm...), which the planner's
-    estimators refuse on a CPU; their row-wise plan is built directly."""
-    if device_type == "cpu" and isinstance(sharder, BaseManagedCollisionEmbeddingCollectionSharder):
-        return False
-    offered = sharder.sharding_types(device_type)
-    return cfg.sharding_type in offered or (cfg.sharding_type == "auto" and bool(offered))
+def planner_offers(cfg: LaunchConfig, sharders: list[Sharder], device_type: str) -> bool:
+    """Whether TorchRec's planner places every collection's tables: each sharder offers the
+    sharding type asked for, or any for ``auto`` (managed-collision tables beside plain ones: any,
+    they are row-wise whatever the plain ones are). Not managed-collision tables on CPUs: the
+    sharder of bags offers none there, and that of sequences offers row-wise with GPU kernels only
+    (fused_uvm...), which the planner's estimators refuse on a CPU; their row-wise plan is built
+    directly."""
+    mixed = len(sharders) > 1
+    for sharder in sharders:
+        managed = isinstance(sharder, BaseManagedCollisionEmbeddingCollectionSharder)
+        if device_type == "cpu" and managed:
+            return False
+        offered = sharder.sharding_types(device_type)
+        wanted = "auto" if managed and mixed else cfg.sharding_type
+        if not (wanted in offered or (wanted == "auto" and bool(offered))):
+            return False
+    return True
 
 
 def build_plan(
     app: TrainingApp[C],
     cfg: C,
     model: nn.Module,
-    sharder: Sharder,
+    sharders: list[Sharder],
     env: DistEnv,
 ) -> ShardingPlan:
     """The sharding plan for this world, identical on every rank.
@@ -243,11 +265,11 @@ def build_plan(
     TorchRec's planner places the tables for ``auto`` and for every sharding type it offers on
     this device. On CPUs it offers no row-wise kinds, so those plans are built directly.
     """
-    if app.tables.managed:
-        check_world_size(
-            {config.name: config.num_embeddings for config in table_configs(model, app.tables)}, env.world_size
-        )
-    plan = _rank_plan(app, cfg, model, sharder, env)
+    managed = [module for module in app.tables.modules if module.managed]
+    if managed:
+        sizes = {config.name: config.num_embeddings for module in managed for config in table_configs(model, module)}
+        check_world_size(sizes, env.world_size)
+    plan = _rank_plan(app, cfg, model, sharders, env)
     check_int8_comms(cfg.launch, [s["type"] for s in plan_tables(plan).values()])
     return plan
 
@@ -256,35 +278,57 @@ def _rank_plan(
     app: TrainingApp[C],
     cfg: C,
     model: nn.Module,
-    sharder: Sharder,
+    sharders: list[Sharder],
     env: DistEnv,
 ) -> ShardingPlan:
-    """Collective. The planner's plan, agreed by every rank, or the row-wise plan built directly."""
-    device_type = env.device.type
-    if planner_offers(cfg.launch, sharder, device_type):
-        gpu_bytes = torch.cuda.get_device_properties(env.device).total_memory if device_type == "cuda" else 0
-        topology = training_topology(cfg, env, gpu_bytes)
-        return make_planner(app, cfg, model, topology).collective_plan(model, [sharder], dist.group.WORLD)
-    names = table_names(model, app.tables)
-    if cfg.launch.sharding_type in ("row_wise", "auto"):  # auto: managed-collision tables, row-wise only
-        per_table = {table: row_wise() for table in names}
-    else:  # table_row_wise: each table row-wise inside one node, tables spread over nodes
+    """Collective. The planner's plan of every collection, agreed by every rank; where it cannot
+    place them all, each collection's own: the planner's where it offers the sharding type, else
+    the row-wise plan built directly."""
+    if planner_offers(cfg.launch, sharders, env.device.type):
+        return _planned(app, cfg, model, model, sharders, env)
+    plans: dict[str, Any] = {}
+    for module, sharder in zip(app.tables.modules, sharders):
+        collection = model.get_submodule(module.path)
+        if planner_offers(cfg.launch, [sharder], env.device.type) and not module.managed:
+            plans[module.path] = _planned(app, cfg, model, collection, [sharder], env).plan[""]
+        else:
+            plans[module.path] = _direct_plan(cfg.launch, collection, table_names(model, module), sharder, env)
+    return ShardingPlan(plans)
+
+
+def _planned(
+    app: TrainingApp[C], cfg: C, model: nn.Module, module: nn.Module, sharders: list[Sharder], env: DistEnv
+) -> ShardingPlan:
+    """Collective. TorchRec's plan of the collections in ``module`` (``model`` or one of its table
+    collections, then keyed ``""``), agreed by every rank; ``model`` sizes the dense part."""
+    gpu_bytes = torch.cuda.get_device_properties(env.device).total_memory if env.device.type == "cuda" else 0
+    topology = training_topology(cfg, env, gpu_bytes)
+    return make_planner(app, cfg, model, topology).collective_plan(module, sharders, dist.group.WORLD)
+
+
+def _direct_plan(cfg: LaunchConfig, collection: nn.Module, names: list[str], sharder: Sharder, env: DistEnv) -> Any:
+    """The row-wise plan of ``collection``'s tables ``names`` (table_row_wise with that option),
+    built without the planner: what CPUs shard row-wise and managed-collision tables with."""
+    if cfg.sharding_type == "table_row_wise" and not isinstance(
+        sharder, BaseManagedCollisionEmbeddingCollectionSharder
+    ):  # each table row-wise inside one node, tables spread over nodes
         per_table = {table: table_row_wise(host_index=i % env.num_nodes) for i, table in enumerate(names)}
-    module_plan = construct_module_sharding_plan(
-        model.get_submodule(app.tables.path),
+    else:  # row_wise, or auto of managed-collision tables (row-wise only)
+        per_table = {table: row_wise() for table in names}
+    return construct_module_sharding_plan(
+        collection,
         per_table,
         sharder=sharder,
         local_size=env.local_world_size,
         world_size=env.world_size,
-        device_type=device_type,
+        device_type=env.device.type,
     )
-    return ShardingPlan({app.tables.path: module_plan})
 
 
 def shard_model(
     model: nn.Module,
     plan: ShardingPlan,
-    sharder: Sharder,
+    sharders: list[Sharder],
     env: DistEnv,
     data_parallel: bool = True,
 ) -> DistributedModelParallel:
@@ -292,9 +336,9 @@ def shard_model(
     tables) replicated with DDP, unless ``data_parallel`` is False (one rank: nothing to
     all-reduce). The state dict is the same either way."""
     sharded = DistributedModelParallel(
-        module=model, device=env.device, plan=plan, sharders=[sharder], init_data_parallel=data_parallel
+        module=model, device=env.device, plan=plan, sharders=list(sharders), init_data_parallel=data_parallel
     )
-    if isinstance(sharder, BaseManagedCollisionEmbeddingCollectionSharder):
+    if any(isinstance(sharder, BaseManagedCollisionEmbeddingCollectionSharder) for sharder in sharders):
         reset_rows_on_host(sharded)
     return sharded
 

@@ -100,12 +100,12 @@ class Trainer(Generic[C]):
             set_tf32(cfg.launch.allow_tf32)
         # Same seed on every rank: DDP needs identical dense weights to start from.
         torch.manual_seed(cfg.training.seed)
-        model, sharder = model_to_shard(app, cfg, dense_device=env.device)
-        self.plan = build_plan(app, cfg, model, sharder, env)
+        model, sharders = model_to_shard(app, cfg, dense_device=env.device)
+        self.plan = build_plan(app, cfg, model, sharders, env)
         sharding_types = [table["type"] for table in plan_tables(self.plan).values()]
         #: Why the step is TorchRec's sharded one; empty: the lean step (apps/core/training/lean.py).
         self.not_lean = lean_step_refusal(cfg.launch, app.tables, sharding_types, env.world_size)
-        self.model = shard_model(model, self.plan, sharder, env, data_parallel=bool(self.not_lean))
+        self.model = shard_model(model, self.plan, sharders, env, data_parallel=bool(self.not_lean))
         if not self.not_lean:
             call_tables_directly(self.model.module, app.tables)
             pipeline_cls = LeanPipeline

@@ -56,7 +56,7 @@ class _IdsSection(Protocol):
     categorical_ids: str
 
 
-class ZchJob(Protocol):
+class _ZchJob(Protocol):
     """An app's configuration that offers --categorical_ids zch: its data section says which ids."""
 
     @property
@@ -66,30 +66,34 @@ class ZchJob(Protocol):
     def zch(self) -> ZchConfig: ...
 
 
-def zch_of(cfg: ZchJob) -> ZchConfig | None:
+def zch_of(cfg: _ZchJob) -> ZchConfig | None:
     """The managed-collision tables' options where ``cfg`` has them (--categorical_ids zch)."""
     return cfg.zch if cfg.data.categorical_ids == ZCH else None
 
 
 def check_zch(
     cfg: ZchConfig,
-    table_sizes: Sequence[int],
+    table_sizes: Sequence[int] | Mapping[int, int],
     launch: LaunchConfig,
     checkpoint: CheckpointConfig,
     rows_option: str = "--num_embeddings",
+    beside_plain: bool = False,
 ) -> None:
     """Refuses, naming the option, what managed-collision tables cannot train with: tables too
-    small for TorchRec's module (their rows given by ``rows_option``), a sharding type its sharder
-    does not offer, checkpoints that would not fall right after an eviction."""
+    small for TorchRec's module (their rows given by ``rows_option``; ``table_sizes`` by the tables'
+    numbers where only some are managed), a sharding type its sharder
+    does not offer (unless they sit ``beside_plain`` tables, whose sharding type it is then: they
+    are row-wise whatever it is), checkpoints that would not fall right after an eviction."""
     cfg.check()
-    for i, rows in enumerate(table_sizes):
+    sizes = table_sizes.items() if isinstance(table_sizes, Mapping) else enumerate(table_sizes)
+    for i, rows in sizes:
         if rows < MIN_ROWS_PER_RANK:
             raise ConfigError(
                 f"{rows_option} {rows} (table {i}) is too small for --categorical_ids zch: TorchRec's "
                 f"managed-collision table keeps its last row for ids without one, so it needs at least "
                 f"{MIN_ROWS_PER_RANK} rows per rank"
             )
-    if launch.sharding_type not in ("auto", *SHARDING_TYPES):
+    if launch.sharding_type not in ("auto", *SHARDING_TYPES) and not beside_plain:
         raise ConfigError(
             f"--sharding_type {launch.sharding_type}: TorchRec shards managed-collision tables "
             f"(--categorical_ids zch) {' or '.join(SHARDING_TYPES)} only; use --sharding_type "
@@ -126,15 +130,15 @@ def check_world_size(tables: Mapping[str, int], world_size: int, rows_option: st
             )
 
 
-def check_options_used(cfg: ZchJob) -> None:
+def check_options_used(cfg: ZchConfig, has_managed_tables: bool, how: str = f"--categorical_ids {ZCH}") -> None:
     """Refuses managed-collision options changed from their defaults in a job without
-    managed-collision tables, where they would change nothing."""
-    if zch_of(cfg) is not None:
+    managed-collision tables (``how`` says what gives it some), where they would change nothing."""
+    if has_managed_tables:
         return
     for field in fields(ZchConfig):
-        value = getattr(cfg.zch, field.name)
+        value = getattr(cfg, field.name)
         if value != field.default:
             raise ConfigError(
                 f"--{field.name} {value} applies to managed-collision tables only, and this job has none: "
-                f"add --categorical_ids {ZCH}, or drop --{field.name}"
+                f"add {how}, or drop --{field.name}"
             )

@@ -22,7 +22,7 @@ for training and evaluation: a null, NaN or infinite dense value as 0, a null sp
 id, a list column's elements as a multi-hot bag, hashed ids by SplitMix64 modulo the table.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -86,6 +86,9 @@ class Features:
     #: The columns the patterns matched in training (:meth:`ColumnSpec.record`); None where the
     #: options fix them (Criteo, synthetic) or the checkpoint predates the record.
     columns: ColumnSpec | None = None
+    #: The features (0-based) whose ids are made as ``zch`` makes them beside ``categorical_ids``
+    #: (--zch_columns); a package exported before it records none.
+    zch_features: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, cfg: JobConfig, columns: dict[str, Any] | None = None) -> "Features":
@@ -111,6 +114,7 @@ class Features:
             cfg.model.num_dense_features,
             log1p,
             ColumnSpec.from_record(columns) if columns else None,
+            cfg.zch_features if parquet and ids != "zch" else [],
         )
 
     @classmethod
@@ -118,13 +122,14 @@ class Features:
         """The features a package's manifest records (:meth:`record`); a package exported before
         ``--dense_transform`` existed records no ``dense_log1p`` (its values were read as they
         are), one exported before the columns were recorded no ``columns``."""
-        optional = ("dense_log1p", "columns")
+        optional = ("dense_log1p", "columns", "zch_features")
         required = {name: record[name] for name in cls.__dataclass_fields__ if name not in optional}
         columns = record.get("columns")
         return cls(
             **required,
             dense_log1p=record.get("dense_log1p", False),
             columns=ColumnSpec.from_record(columns) if columns else None,
+            zch_features=record.get("zch_features", []),
         )
 
     def record(self) -> dict[str, Any]:
@@ -134,9 +139,17 @@ class Features:
             "columns": self.columns.record() if self.columns is not None else None,
             "num_sparse_features": len(self.table_sizes),
             "keys": self.keys,
-            "id_transform": _ID_TRANSFORMS[self.categorical_ids],
+            "id_transform": self._id_transform(),
             "dense_transform": _DENSE[f"{self.data}_log1p" if self.dense_log1p else self.data],
         }
+
+    def _id_transform(self) -> str:
+        """How a sparse value becomes the model's id, in words: the features' ``zch_features`` apart."""
+        words = _ID_TRANSFORMS[self.categorical_ids]
+        if not self.zch_features:
+            return words
+        managed = ", ".join(self.keys[k] for k in self.zch_features)
+        return f"{managed} (--zch_columns): {_ID_TRANSFORMS['zch']}; the others: {words}"
 
     @property
     def keys(self) -> list[str]:
@@ -153,6 +166,7 @@ class Features:
                     "dense_columns": dense,
                     "sparse_columns": sparse,
                     "categorical_ids": self.categorical_ids,
+                    "zch_columns": [sparse[k] for k in self.zch_features],
                     "dense_transform": "log1p" if self.dense_log1p else "none",
                     "num_dense_features": self.num_dense_features,
                     "num_sparse_features": len(self.table_sizes),
@@ -267,7 +281,12 @@ class RowScorer:
         self.features = features
         self.batch_rows = batch_rows
         self.decoder = RowDecoder(
-            spec, features.table_sizes, features.categorical_ids, np.dtype(np.int64), features.dense_log1p
+            spec,
+            features.table_sizes,
+            features.categorical_ids,
+            np.dtype(np.int64),
+            features.dense_log1p,
+            features.zch_features,
         )
 
     def decode(self, table: pa.Table, source: str, group: int = 0) -> Rows:

@@ -70,7 +70,7 @@ _OPERATOR_NAMESPACES = ("aten", "prims", "fbgemm")
 _SIZE_FUNCTIONS = {
     f"_operator.{name}"
     for name in ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow", "eq", "ne", "lt", "le", "gt", "ge")
-} | {"_operator.getitem", "math.ceil", "math.floor", "math.trunc", "math.sqrt"}
+} | {"_operator.getitem", "math.ceil", "math.floor", "math.trunc", "math.sqrt", "torch.sym_not"}
 #: What a guard may be made of: comparisons and arithmetic of integers and the inputs' sizes, and
 #: calls of these functions (the names guards call, which torch evaluates with Python's builtins).
 _GUARD_NODES = (

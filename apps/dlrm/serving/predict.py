@@ -48,7 +48,7 @@ from apps.dlrm.data.criteo.fetch import local_folder
 from apps.dlrm.data.criteo.layout import check_table_sizes, open_folder
 from apps.dlrm.data.criteo.parse import CAT_NAMES, INT_NAMES, LineCounts
 from apps.dlrm.data.criteo.sources import find_sources
-from apps.dlrm.data.parquet.files import ColumnSpec, check_statistics, open_files
+from apps.dlrm.data.parquet.files import ColumnSpec, as_is_sizes, check_statistics, open_files
 from apps.dlrm.serving.api import Model, open_model
 from apps.dlrm.serving.config import PredictConfig
 from apps.dlrm.serving.criteo_tsv import NOT_IN_VOCABULARY, PREPROCESSED_OPTION, CriteoIds
@@ -282,7 +282,7 @@ class ParquetInputs:
         self.fs, self.data_files = open_files(cfg.data_path)
         schemas = [(file.url, file.metadata.schema.to_arrow_schema()) for file in self.data_files]
         self.spec = features.spec(schemas, cfg.dense_columns, cfg.sparse_columns)
-        self.table_sizes = features.table_sizes if features.categorical_ids == "as_is" else None
+        self.table_sizes = as_is_sizes(features.categorical_ids, features.table_sizes, features.zch_features)
         self.null_counts = check_statistics(self.data_files, self.spec, None)  # refuses nothing without a label
         for url, schema in schemas:
             missing = [name for name in cfg.passthrough_columns if name not in schema.names]
@@ -325,6 +325,8 @@ class ParquetInputs:
             return {}
         bad = np.zeros(table.num_rows, dtype=bool)
         for name, multi_hot, size in zip(self.spec.sparse, self.spec.multi_hot, self.table_sizes):
+            if size is None:  # raw ids (--zch_columns), which are no rows
+                continue
             column = table.column(name).combine_chunks()
             values = pc.list_flatten(column) if multi_hot else column
             outside = pc.fill_null(pc.or_(pc.less(values, 0), pc.greater_equal(values, size)), False)

@@ -25,7 +25,6 @@ from apps.core.checkpoint.folder import Checkpoint, CheckpointStore
 from apps.core.checkpoint.storage.errors import CheckpointError
 from apps.core.common.errors import ConfigError
 from apps.core.urls import redact_urls
-from apps.core.zch.config import zch_of
 from apps.core.zch.modules import settle_loaded_state
 from apps.dlrm.config import JobConfig
 from apps.dlrm.model import build_model
@@ -125,7 +124,7 @@ def load_trained(checkpoint_dir: str, step: str, option: str = "--checkpoint_dir
     checkpoint = find_checkpoint(checkpoint_dir, step, option)
     cfg = training_config(checkpoint)
     cpu = torch.device("cpu")
-    module = build_model(cfg.model, dense_device=cpu, table_device=cpu, zch=zch_of(cfg))
+    module = build_model(cfg.model, dense_device=cpu, table_device=cpu, zch=cfg.zch, managed=cfg.zch_features)
     state = module.state_dict()  # views of the weights: DCP loads into them in place
     logger.info("loading %s (step %d) whole into this process", redact_urls(checkpoint.url), checkpoint.step)
     with warnings.catch_warnings():

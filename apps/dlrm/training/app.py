@@ -13,14 +13,13 @@ from torchrec.datasets.utils import Batch
 
 from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 from apps.core.data import DataSource, RankShare
 from apps.core.training import trainer
-from apps.core.zch.config import zch_of
 from apps.dlrm.config import NAME, JobConfig
 from apps.dlrm.data import ClickLogs, make_dataset
 from apps.dlrm.data.trained import TrainedColumns
-from apps.dlrm.model import MANAGED_TABLES, TABLES, build_model, speed_up_dense, table_configs
+from apps.dlrm.model import MANAGED_TABLES, TABLES, build_model, mixed_tables, speed_up_dense, table_configs
 from apps.dlrm.training.metrics import ClickMetrics
 
 #: What the validation's auroc_ceiling is, said once beside the first.
@@ -31,9 +30,9 @@ CEILING_NOTE = (
 
 class DLRMApp:
     """The DLRM app (:class:`~apps.core.training.app.TrainingApp` of :class:`JobConfig`), of
-    ``tables``: plain ones, or managed-collision ones (:data:`DLRM_ZCH`)."""
+    ``tables``: plain ones, managed-collision ones (:data:`DLRM_ZCH`), or both (--zch_columns)."""
 
-    def __init__(self, tables: TableModule = TABLES) -> None:
+    def __init__(self, tables: Tables = TABLES) -> None:
         self.tables = tables
 
     name: str = NAME
@@ -41,7 +40,7 @@ class DLRMApp:
     notes: dict[str, str] = {"auroc_ceiling": CEILING_NOTE}
 
     def build_model(self, cfg: JobConfig, dense_device: torch.device) -> nn.Module:
-        model = build_model(cfg.model, dense_device=dense_device, zch=zch_of(cfg))
+        model = build_model(cfg.model, dense_device=dense_device, zch=cfg.zch, managed=cfg.zch_features)
         speed_up_dense(cfg.launch, model, dense_device)
         return model
 
@@ -90,7 +89,12 @@ DLRM_ZCH = DLRMApp(MANAGED_TABLES)
 
 def app_for(cfg: JobConfig) -> DLRMApp:
     """The DLRM app of ``cfg``'s tables."""
-    return DLRM if zch_of(cfg) is None else DLRM_ZCH
+    managed = cfg.zch_features
+    if not managed:
+        return DLRM
+    if len(managed) == cfg.model.num_sparse_features:
+        return DLRM_ZCH
+    return DLRMApp(mixed_tables([table.name for k, table in enumerate(table_configs(cfg.model)) if k in managed]))
 
 
 class Trainer(trainer.Trainer[JobConfig]):

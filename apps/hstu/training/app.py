@@ -14,7 +14,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from apps.core.checkpoint.folder import Checkpoint
 from apps.core.common.distributed import DistEnv
-from apps.core.common.tables import TableModule
+from apps.core.common.tables import Tables
 from apps.core.data import DataSource, RankShare
 from apps.core.training import trainer
 from apps.core.zch.config import zch_of
@@ -95,7 +95,7 @@ class HSTUApp:
     """The HSTU app (:class:`~apps.core.training.app.TrainingApp` of :class:`JobConfig`), of
     ``tables``: plain ones, or a managed-collision item table (:data:`HSTU_ZCH`)."""
 
-    def __init__(self, tables: TableModule = TABLES) -> None:
+    def __init__(self, tables: Tables = TABLES) -> None:
         self.tables = tables
 
     name: str = NAME

@@ -46,7 +46,7 @@ from apps.core.common.errors import ConfigError
 from apps.core.common.splits import Range, held_out_split
 from apps.core.urls import is_url, reaching
 from apps.core.zch.config import ZCH
-from apps.dlrm.config import DataConfig, ModelConfig, is_pattern
+from apps.dlrm.config import DataConfig, ModelConfig, is_pattern, zch_features
 from apps.dlrm.data.criteo.sources import natural_key
 from apps.dlrm.data.trained import TrainedColumns
 
@@ -198,8 +198,8 @@ class CheckedFiles:
         spec = resolve_columns(model, data, schemas, labelled)
         if trained is not None:
             spec = spec.ordered_as(ColumnSpec.from_record(trained.record), trained.checkpoint)
-        as_is = data.categorical_ids == "as_is"
-        return cls(fs, files, spec, check_statistics(files, spec, model.table_sizes if as_is else None))
+        sizes = as_is_sizes(data.categorical_ids, model.table_sizes, zch_features(model, data))
+        return cls(fs, files, spec, check_statistics(files, spec, sizes))
 
     def splits(self, data: DataConfig) -> dict[str, Range]:
         """The rows of training, validation and test (:func:`held_out_split`, the files as days)."""
@@ -298,6 +298,8 @@ def resolve_columns(
     dense = match_columns(data.dense_columns, first.names, "dense_columns", first_url)
     sparse = match_columns(data.sparse_columns, first.names, "sparse_columns", first_url)
     _check_counts(model, data, first_url, {"dense_columns": dense, "sparse_columns": sparse})
+    hashed = data.categorical_ids in ("hash", ZCH)
+    managed = {sparse[k] for k in zch_features(model, data)}  # hashed too, into TorchRec's input range
     label = data.label_column if labelled else None
     names = [*([label] if label is not None else []), *dense, *sparse]
     twice = sorted({name for name in names if names.count(name) > 1})
@@ -313,7 +315,7 @@ def resolve_columns(
             *((n, "dense_columns") for n in dense),
             *((n, "sparse_columns") for n in sparse),
         ]:
-            kind = _kind(schema, name, option, url, data.categorical_ids in ("hash", ZCH))
+            kind = _kind(schema, name, option, url, hashed or name in managed)
             first_kind, kind_url = kinds.setdefault(name, (kind, url))
             if kind != first_kind:
                 raise ConfigError(
@@ -437,16 +439,27 @@ def column_listing(names: list[str], shown: int = 12) -> str:
     return ", ".join(names[:shown]) + (f" ... ({len(names)} in all)" if len(names) > shown else "")
 
 
-def check_statistics(files: list[DataFile], spec: ColumnSpec, table_sizes: list[int] | None) -> dict[str, int | None]:
+def as_is_sizes(categorical_ids: str, table_sizes: list[int], managed: list[int]) -> list[int | None] | None:
+    """With --categorical_ids as_is, per sparse feature the table its ids must lie in (None for
+    the ``managed`` ones, --zch_columns: raw ids, hashed); None: no id must lie in its table."""
+    if categorical_ids != "as_is":
+        return None
+    return [None if k in managed else size for k, size in enumerate(table_sizes)]
+
+
+def check_statistics(
+    files: list[DataFile], spec: ColumnSpec, table_sizes: list[int | None] | None
+) -> dict[str, int | None]:
     """Refuses null labels, labels of one class only and (with ``table_sizes``, --categorical_ids
-    as_is) ids outside their tables, as far as the files' statistics tell; returns the null count
-    of every flat column (None where a file recorded none)."""
+    as_is, per sparse column: None for one whose ids are not rows) ids outside their tables, as far
+    as the files' statistics tell; returns the null count of every flat column (None where a file
+    recorded none)."""
     nulls: dict[str, int | None] = {name: 0 for name in spec.names}
     labels: set[float] | None = set()  # the labels' minima and maxima; None: a row group without them
     for name, multi_hot in zip(spec.sparse, spec.multi_hot):
         if multi_hot:
             del nulls[name]
-    ranges = dict(zip(spec.sparse, table_sizes)) if table_sizes is not None else {}
+    ranges = {name: size for name, size in zip(spec.sparse, table_sizes or []) if size is not None}
     for file, g, name, stats in _statistics(files, spec.names):
         count = stats.null_count if stats is not None and stats.has_null_count else None
         if name == spec.label and count:

@@ -40,7 +40,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from apps.core.common.errors import ConfigError
 from apps.core.common.kjt import sized_kjt
 from apps.core.data import RankShare
-from apps.dlrm.config import DataConfig, ModelConfig
+from apps.dlrm.config import DataConfig, ModelConfig, zch_features
 from apps.dlrm.data.criteo.tables import feature_names
 from apps.dlrm.data.parquet.files import UNSCALED_DENSE, CheckedFiles, dense_ranges, null_report, unscaled_dense
 from apps.dlrm.data.parquet.order import Pieces, TrainOrder, Window, eval_runs, run_rows
@@ -82,11 +82,12 @@ class ParquetClickLogs:
         checked = CheckedFiles.open(model, data, trained=trained)
         fs, self.files, self.spec, self.null_counts = checked.fs, checked.files, checked.spec, checked.null_counts
         self.columns: dict[str, Any] | None = self.spec.record()
-        int32_ids = max(id_ranges(data.categorical_ids, model.table_sizes)) <= INT32_IDS
+        managed = zch_features(model, data)
+        int32_ids = max(id_ranges(data.categorical_ids, model.table_sizes, managed)) <= INT32_IDS
         id_dtype = np.dtype(np.int32 if int32_ids else np.int64)
         self._ids_dtype = torch.int32 if int32_ids else torch.int64
         log1p = data.dense_transform == "log1p"
-        decoder = RowDecoder(self.spec, model.table_sizes, data.categorical_ids, id_dtype, log1p)
+        decoder = RowDecoder(self.spec, model.table_sizes, data.categorical_ids, id_dtype, log1p, managed)
         if share.rank == 0:
             self._warn_of_dense_scale(log1p)
             self._warn_of_empty_columns()

@@ -33,7 +33,8 @@ Decoding (:class:`Rows`), vectorised per column (numpy and pyarrow compute, no l
   value being the FNV-1a 64 of its bytes (UTF-8 for strings: :func:`apps.core.common.hashing.text_fingerprints`);
   ``as_is`` ids must lie in the table (:func:`apps.dlrm.data.parquet.files.check_id`); ``zch``
   ids are hashed as ``hash`` ids are, modulo TorchRec's managed-collision input range instead of
-  the table size (:func:`id_ranges`), for its module to map to rows.
+  the table size (:func:`id_ranges`), for its module to map to rows; so are those of the columns
+  ``--zch_columns`` names, the other columns' as ``--categorical_ids`` says.
 
 Nothing read from a file is executed or unpickled: Parquet pages are decoded by pyarrow into
 numbers, and only numbers reach training.
@@ -42,7 +43,7 @@ numbers, and only numbers reach training.
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import fsspec
 import numpy as np
@@ -168,16 +169,24 @@ _NONFINITE_FATE = {
 
 class RowDecoder:
     """Decodes tables of the columns of ``spec`` into :class:`Rows` (see the module docstring): ids
-    made as ``categorical_ids`` says for tables of ``table_sizes``, as ``id_dtype``; dense values
-    through log(1 + max(x, 0)) where ``log1p``. Training's reader decodes the row groups it
-    fetches with one, and scoring the tables it is given."""
+    made as ``categorical_ids`` says for tables of ``table_sizes`` (those of the features ``managed``
+    as ``zch`` makes them), as ``id_dtype``; dense values through log(1 + max(x, 0)) where
+    ``log1p``. Training's reader decodes the row groups it fetches with one, and scoring the tables
+    it is given."""
 
     def __init__(
-        self, spec: ColumnSpec, table_sizes: list[int], categorical_ids: str, id_dtype: np.dtype, log1p: bool
+        self,
+        spec: ColumnSpec,
+        table_sizes: list[int],
+        categorical_ids: str,
+        id_dtype: np.dtype,
+        log1p: bool,
+        managed: Sequence[int] = (),
     ) -> None:
         self.spec = spec
-        self.id_ranges = id_ranges(categorical_ids, table_sizes)
-        self.hash_ids = categorical_ids in ("hash", ZCH)
+        self.id_ranges = id_ranges(categorical_ids, table_sizes, managed)
+        hashed = categorical_ids in ("hash", ZCH)
+        self.hash_ids = [hashed or k in managed for k in range(len(table_sizes))]  # per feature
         self.id_dtype = id_dtype
         self.log1p = log1p
         #: NaN or infinite values read (and made 0) per dense column, by every thread that reads.
@@ -210,14 +219,14 @@ class RowDecoder:
             column = table.column(name)
             if multi_hot or column.null_count:
                 values, offsets = _ragged(column.combine_chunks(), multi_hot)
-                checked = self._ids(values, size, name, offsets, where).astype(self.id_dtype, copy=False)
+                checked = self._ids(values, f, size, name, offsets, where).astype(self.id_dtype, copy=False)
                 ragged.append(Ragged(checked, offsets, np.diff(offsets).astype(np.int32)))
                 continue
             # One id per row: chunk after chunk straight into the rows' ids (no combined copy first).
             at = 0
             for chunk in column.chunks:
                 values = id_values(chunk)
-                ids[f, at : at + len(values)] = self._ids(values, size, name, None, _after(where, at))
+                ids[f, at : at + len(values)] = self._ids(values, f, size, name, None, _after(where, at))
                 at += len(values)
             ragged.append(None)
         self._labels(table, where, labels[0])
@@ -268,14 +277,16 @@ class RowDecoder:
     def _ids(
         self,
         values: np.ndarray,
+        feature: int,
         size: int,
         column: str,
         offsets: np.ndarray | None,
         where: Callable[[int], tuple[str, int]],
     ) -> np.ndarray:
-        """The embedding rows of a column's ``values`` (see the module docstring), in [0, size):
-        any integer type, that the caller casts to ``id_dtype`` as it copies them."""
-        if self.hash_ids:
+        """The embedding rows of a column's ``values`` (see the module docstring), the ids of sparse
+        ``feature``, in [0, size): any integer type, that the caller casts to ``id_dtype`` as it
+        copies them."""
+        if self.hash_ids[feature]:
             return hashed_ids(values, size)
         # One pass, not a minimum and a maximum: read as unsigned, a negative id is larger than any table.
         if len(values) and values.view(f"u{values.itemsize}").max() >= size:
@@ -285,10 +296,12 @@ class RowDecoder:
         return values
 
 
-def id_ranges(categorical_ids: str, table_sizes: list[int]) -> list[int]:
-    """The range each feature's ids are made in: its table's rows, or with ``zch`` the input range
-    of TorchRec's managed-collision module (apps/core/zch/), which maps them to rows."""
-    return [INPUT_HASH_SIZE] * len(table_sizes) if categorical_ids == ZCH else table_sizes
+def id_ranges(categorical_ids: str, table_sizes: list[int], managed: Sequence[int] = ()) -> list[int]:
+    """The range each feature's ids are made in: its table's rows, or with ``zch`` (every feature's,
+    or those ``managed``) the input range of TorchRec's managed-collision module (apps/core/zch/),
+    which maps them to rows."""
+    every = categorical_ids == ZCH
+    return [INPUT_HASH_SIZE if every or k in managed else size for k, size in enumerate(table_sizes)]
 
 
 def _common_schema(spec: ColumnSpec) -> pa.Schema:
