@@ -4,6 +4,7 @@ torchrun with evictions, resumed exactly, merged into 1 rank, exported and score
 model scores, and refused where the managed columns differ from the checkpoint's."""
 
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -80,6 +81,21 @@ def test_one_rank_merges_it_and_the_package_maps_ids_as_it_does(trained, tmp_pat
     test_rows = pq.read_table(f"{data}/day_{FILES - 1}.parquet").slice(ROWS_PER_FILE // 2)
     assert np.abs(load_model(package)(test_rows) - scores["scores"]).max() <= 1e-5  # row for row
     assert np.abs(load_model(ckpt, step="latest")(test_rows) - scores["scores"]).max() <= 1e-5
+
+
+def test_three_ranks_take_the_two_ranks_checkpoint_on(trained, tmp_path):
+    """The managed tables' id maps split over more ranks than wrote them, the hashed table placed
+    anew: training goes on from the checkpoint."""
+    _, data, reference = trained
+    ckpt = str(tmp_path / "ckpt")
+    shutil.copytree(trained[0] / "ckpt", ckpt)  # the fixture's stays as it was for the other tests
+    result, resumed = train(tmp_path, "three", data, *MIXED, "--steps", "30", "--checkpoint_dir", ckpt, nproc=3)
+    assert_ok(result)
+    assert resumed["resumed_from_step"] == 20 and resumed["steps"] == 30
+    assert "managed-collision tables t_cat_0, t_cat_2: each rank took the ids of its id range from the 2 saved" in (
+        result.stdout + result.stderr
+    )
+    assert resumed["final_train_loss"] < reference["final_train_loss"]
 
 
 @pytest.mark.parametrize(
