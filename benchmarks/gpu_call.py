@@ -5,12 +5,12 @@ scripts/gpu_stage/check.sh runs there once the stack is staged, each with its ow
     python3 -m benchmarks.gpu_call --out DIR --on_cpu           # here: every command line, quick, on CPU
 
 First the correctness steps, at once (the machine has 16 cores and one GPU of 139 GiB): the main
-job, the HSTU, the main job with managed-collision tables (--categorical_ids zch), CUDA graphs
-(--compile_dense reduce-overhead) through validation, test and checkpoints, tables cached from host
-memory (a small --hbm_gb: fused_uvm_caching), and sharded = unsharded equivalence, and the gpu-tier
-tests (the whole step's CUDA graph). Then, each alone so that its figures are the machine's: the
-loader into the GPU, a profile of 20 steady training steps, and the throughput rows (the app against
-plain TorchRec at reference document 002's model, in the same run).
+job, the HSTU, the main job with managed-collision tables (--categorical_ids zch, and --zch_columns
+for some), CUDA graphs (--compile_dense reduce-overhead) through validation, test and checkpoints,
+tables cached from host memory (a small --hbm_gb: fused_uvm_caching), and sharded = unsharded
+equivalence, and the gpu-tier tests (the whole step's CUDA graph). Then, each alone so that its
+figures are the machine's: the loader into the GPU, a profile of 20 steady training steps, and the
+throughput rows (the app against plain TorchRec at reference document 002's model, in the same run).
 
 Each step writes its output under DIR/<step>/ (its log in log.txt) and, as soon as it ends, one
 JSON line to DIR/steps.jsonl and to stdout: its verdict, exit status, seconds, a one-line summary
@@ -250,6 +250,15 @@ def steps(out: Path) -> list[Step]:
         Step(
             "zch",
             [*dlrm, "--categorical_ids", "zch", "--output_dir", at("zch", "run")],
+            240,
+            read_main_job,
+            QUICK_JOB,
+        ),
+        # Some columns managed (row-wise) beside plain tables, which the GPU's planner places with
+        # them in one plan (a CPU plans each collection apart).
+        Step(
+            "zch_columns",
+            [*dlrm, "--zch_columns", "cat_0,cat_1,cat_2", "--output_dir", at("zch_columns", "run")],
             240,
             read_main_job,
             QUICK_JOB,
