@@ -139,7 +139,7 @@ def test_sections_flatten_to_unique_option_names_and_back():
     """The command line names an option without its section: no two sections may share a name,
     and building from the flat names puts every value back in its section."""
     names = [field.name for field in options_of(JobConfig)]
-    assert len(names) == len(set(names)) == 68
+    assert len(names) == len(set(names)) == 69  # with --zch_columns
     cfg = train_config(batch_size=64, embedding_dim=8, dense_arch_layer_sizes=[8], keep_last=3, hbm_gb=0.0)
     assert (cfg.training.batch_size, cfg.model.embedding_dim, cfg.checkpoint.keep_last) == (64, 8, 3)
     assert cfg.replace(batch_size=32).training.batch_size == 32 and cfg.training.batch_size == 64
