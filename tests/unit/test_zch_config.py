@@ -104,7 +104,7 @@ def test_the_plan_preview_counts_the_id_maps_in_each_ranks_memory(capsys):
     shown = capsys.readouterr().out
     # 26 tables' sorted ids, rows and LFU counts (int64), half on each rank, and a batch of ids to count
     id_maps = 26 * 1_000_000 * 3 * 8 // 2 + 26 * int(16384 * 1.25) * 8
-    assert f"managed-collision id maps (--categorical_ids zch): {id_maps / 2**30:.2f} GiB per rank" in shown
+    assert f"managed-collision id maps (zch tables): {id_maps / 2**30:.2f} GiB per rank" in shown
     assert "row_wise" in shown and "table_wise" not in shown
 
 

@@ -109,7 +109,7 @@ class Preview:
         """What the plan was made with that no option gave: this machine's GPU memory, the
         defaults of the ranks' device; what it counts beyond TorchRec's estimates."""
         id_maps = (
-            f"managed-collision id maps (--categorical_ids zch): {_gib(self.id_maps)} per rank, counted in "
+            f"managed-collision id maps (zch tables): {_gib(self.id_maps)} per rank, counted in "
             "each rank's memory below (TorchRec's planner does not count them)"
             if self.id_maps
             else ""
