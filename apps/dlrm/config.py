@@ -388,9 +388,10 @@ class JobConfig(Options):
         raw ids. Without them, no managed-collision option."""
         managed = zch_features_here(self.model, self.data)
         check_options_used(self.zch, managed != [], "--categorical_ids zch or --zch_columns")
-        if not managed:
-            return  # none, or which depends on files not here: the trainers check them when they shard
-        sizes = {k: self.model.table_sizes[k] for k in managed}
+        if managed == []:
+            return
+        # None: which tables depends on files not here; the trainers check their rows as they shard them
+        sizes = {k: self.model.table_sizes[k] for k in managed or []}
         check_zch(self.zch, sizes, self.launch, self.checkpoint, beside_plain=self.data.categorical_ids != ZCH)
         if self.data.data == "criteo":
             option = "--categorical_ids zch" if self.data.categorical_ids == ZCH else "--zch_columns"

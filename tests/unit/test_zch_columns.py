@@ -115,7 +115,10 @@ def test_files_not_here_are_left_to_the_trainers_and_refused_where_the_positions
     """A configuration of a cluster's path is made (a submission checks it); what needs the
     positions (the model, the plan preview) refuses in one line naming the fix."""
     absent = str(tmp_path / "on_the_cluster")
-    cfg = train_config(**CRITEO_PARQUET, data_path=absent, sparse_columns=["C*"], zch_columns=["C3"])
+    options = {**CRITEO_PARQUET, "data_path": absent, "sparse_columns": ["C*"], "zch_columns": ["C3"]}
+    cfg = train_config(**options)
+    with pytest.raises(ConfigError, match="^--checkpoint_every 7 is not a multiple of --zch_eviction_interval"):
+        train_config(**options, checkpoint_dir=str(tmp_path), checkpoint_every=7, zch_eviction_interval=5)  # checked
     with pytest.raises(ConfigError) as refused:
         _ = cfg.zch_features
     assert "name the columns one by one in --sparse_columns, or run this where --data_path can be read" in str(
