@@ -19,7 +19,7 @@ from torchx import specs
 
 from apps.core.launch.target import PlanTarget
 from apps.core.options import to_argv
-from apps.dlrm.config import JobConfig, PlanConfig
+from apps.dlrm.config import JobConfig, PlanConfig, zch_features_here
 from apps.dlrm.data.criteo.config import PreprocessConfig
 from apps.dlrm.serving.config import ExportConfig, PredictConfig
 from apps.dlrm.spec import SPEC
@@ -55,7 +55,8 @@ def train(**kwargs: Any) -> specs.AppDef:
     take(PlanCheck, kwargs).run(launch, cfg, SPEC)
     sizes = "--num_embeddings_per_feature" if cfg.model.num_embeddings_per_feature else "--num_embeddings"
     check_tables_fit(launch, cfg.model.table_sizes, cfg.model.embedding_dim, sizes, SPEC)
-    check_managed_world(launch, {str(i): cfg.model.table_sizes[i] for i in cfg.zch_features}, sizes)
+    managed = zch_features_here(cfg.model, cfg.data) or []  # None: the trainers read the files, and check
+    check_managed_world(launch, {str(i): cfg.model.table_sizes[i] for i in managed}, sizes)
     missing = check_before_submitting(launch, cfg)
     return needing_here(launch.training_app(SPEC, cfg), missing)
 

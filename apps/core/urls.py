@@ -4,6 +4,7 @@ records passes through here), and an object store that cannot be reached at all 
 """
 
 import contextlib
+import glob
 import os
 import re
 import urllib.parse
@@ -26,6 +27,12 @@ _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s]*@")
 def is_url(path: str) -> bool:
     """Whether ``path`` is a remote fsspec URL (``s3://``, ``gs://``, ...), not a local path."""
     return "://" in path and not path.startswith("file://")
+
+
+def is_here(path: str) -> bool:
+    """Whether ``path`` (a path, glob or URL) names something on this machine: a URL may need
+    credentials that only a cluster has, and a path may be the cluster's own."""
+    return not is_url(path) and bool(glob.glob(path.removeprefix("file://")))
 
 
 def redact_urls(text: str) -> str:

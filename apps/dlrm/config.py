@@ -21,6 +21,7 @@ from apps.core.config import (
     require_positive,
 )
 from apps.core.options import Options, field_default, option, options_of, section
+from apps.core.urls import is_here
 from apps.core.zch.config import ZCH, ZchConfig, check_options_used, check_zch
 from apps.dlrm import presets
 from apps.dlrm.data.criteo.tables import (
@@ -270,9 +271,9 @@ class DataConfig:
         [],
         "The sparse columns whose tables are TorchRec managed-collision tables (as --categorical_ids zch "
         "makes every one), comma separated, e.g. user_id,item_id: columns of many raw ids, while the "
-        "others stay as --categorical_ids (hash or as_is) makes them. Each entry is a column named in "
-        "--sparse_columns, or a pattern there, or a pattern matching names there (synthetic data: the "
-        "features cat_0, cat_1, ...). Managed tables are sharded row-wise; --sharding_type is the other "
+        "others stay as --categorical_ids (hash or as_is) makes them. Each entry is a sparse column or a "
+        "pattern of them, e.g. C3 of --sparse_columns 'C*' (placed by the first Parquet file's columns; "
+        "synthetic data: the features cat_0, cat_1, ...). Managed tables are sharded row-wise; --sharding_type is the other "
         "tables'. Empty: none (or all, with --categorical_ids zch).",
     )
     dense_transform: str = option(
@@ -385,11 +386,12 @@ class JobConfig(Options):
         """With managed-collision tables (--categorical_ids zch, --zch_columns), their options
         against the tables, the launch and the checkpoints; Criteo's folders hold rows already, not
         raw ids. Without them, no managed-collision option."""
-        managed = self.zch_features
-        check_options_used(self.zch, bool(managed), "--categorical_ids zch or --zch_columns")
-        if not managed:
+        managed = zch_features_here(self.model, self.data)
+        check_options_used(self.zch, managed != [], "--categorical_ids zch or --zch_columns")
+        if managed == []:
             return
-        sizes = {k: self.model.table_sizes[k] for k in managed}
+        # None: which tables depends on files not here; the trainers check their rows as they shard them
+        sizes = {k: self.model.table_sizes[k] for k in managed or []}
         check_zch(self.zch, sizes, self.launch, self.checkpoint, beside_plain=self.data.categorical_ids != ZCH)
         if self.data.data == "criteo":
             option = "--categorical_ids zch" if self.data.categorical_ids == ZCH else "--zch_columns"
@@ -505,7 +507,29 @@ def is_pattern(text: str) -> bool:
 
 def zch_features(model: ModelConfig, data: DataConfig) -> list[int]:
     """The sparse features (0-based, in feature order) whose tables are managed-collision ones:
-    every one with --categorical_ids zch, those --zch_columns names, else none."""
+    every one with --categorical_ids zch, those --zch_columns names, else none. Where the options
+    alone cannot say (a column a --sparse_columns pattern matches), the first Parquet file's
+    columns do, as the loader matches them (read once per process: this is called often)."""
+    managed = _zch_features_of_options(model, data)
+    if managed is None:
+        # Imported on use: the Parquet room builds on this configuration, and most jobs never need it.
+        from apps.dlrm.data.parquet.files import zch_positions_in_files
+
+        managed = _some_not_all(data, zch_positions_in_files(model, data), model.num_sparse_features)
+    return managed
+
+
+def zch_features_here(model: ModelConfig, data: DataConfig) -> list[int] | None:
+    """:func:`zch_features`, or None where it needs the files and they are not on this machine (a
+    URL, a path of the cluster's): what a check before the job starts (the configuration's, a
+    submission's) may leave to the trainers, which read them."""
+    if _zch_features_of_options(model, data) is None and not is_here(data.data_path):
+        return None
+    return zch_features(model, data)
+
+
+def _zch_features_of_options(model: ModelConfig, data: DataConfig) -> list[int] | None:
+    """:func:`zch_features` from the options alone; None where it depends on the files."""
     count = model.num_sparse_features
     if data.categorical_ids == ZCH:
         if data.zch_columns:
@@ -518,7 +542,11 @@ def zch_features(model: ModelConfig, data: DataConfig) -> list[int]:
         return []
     parquet = data.data == "parquet"
     entries = data.sparse_columns if parquet else feature_names(count)
-    managed = zch_feature_positions(data.zch_columns, entries, count, "--sparse_columns" if parquet else "")
+    managed = zch_feature_positions(data.zch_columns, entries, count, files_decide=parquet)
+    return None if managed is None else _some_not_all(data, managed, count)
+
+
+def _some_not_all(data: DataConfig, managed: list[int], count: int) -> list[int]:
     if len(managed) == count:
         raise ConfigError(
             f"--zch_columns {','.join(data.zch_columns)} names every sparse column: give "
@@ -527,13 +555,16 @@ def zch_features(model: ModelConfig, data: DataConfig) -> list[int]:
     return managed
 
 
-def zch_feature_positions(zch_columns: list[str], entries: list[str], count: int, option: str) -> list[int]:
+def zch_feature_positions(
+    zch_columns: list[str], entries: list[str], count: int, files_decide: bool
+) -> list[int] | None:
     """The sparse features (0-based) of the ``count`` that ``entries`` (the --sparse_columns entries,
-    names or patterns; ``option``: their option, empty for synthetic data's feature names) resolve
-    to which ``zch_columns`` names, without the files: an entry of --zch_columns is one of
-    ``entries`` as written (a pattern there: all its columns), or a pattern matching names there.
-    A pattern entry's columns are known by count where it is the only pattern (the others one
-    column each); other positions depend on the files, and are refused."""
+    names or patterns, with ``files_decide``; else synthetic data's feature names) resolve to which
+    ``zch_columns`` names, without the files: an entry of --zch_columns is one of ``entries`` as
+    written (a pattern there: all its columns), or a pattern matching names there. A pattern
+    entry's columns are known by count where it is the only pattern (the others one column each).
+    None where the files decide (a pattern among ``entries``): a column that a pattern matches (or
+    none), or a position that depends on how many columns several patterns match."""
     sizes: list[int | None] = [None if is_pattern(entry) else 1 for entry in entries]
     if sizes.count(None) == 1:
         sizes[sizes.index(None)] = count - sum(size or 0 for size in sizes)
@@ -542,28 +573,24 @@ def zch_feature_positions(zch_columns: list[str], entries: list[str], count: int
     for size in sizes:
         starts.append(at)
         at = None if at is None or size is None else at + size
-    listing = ",".join(entries)
     positions: set[int] = set()
     for column in zch_columns:
         chosen = [
             i for i, e in enumerate(entries) if e == column or (not is_pattern(e) and fnmatch.fnmatchcase(e, column))
         ]
+        unplaced = not chosen or any(starts[i] is None or sizes[i] is None for i in chosen)
+        if unplaced and files_decide and any(is_pattern(entry) for entry in entries):
+            return None
         if not chosen:
-            fix = (
-                f"of {option} {listing}: name columns given there (a column that a pattern there matches must be "
-                "named there one by one, e.g. --sparse_columns user_id,item_id,cat_*)"
-                if option
-                else f"of the synthetic sparse features: name some of cat_0 to cat_{count - 1}"
+            named = (
+                f"--sparse_columns {','.join(entries)}: name some of them"
+                if files_decide
+                else f"the synthetic sparse features: name some of {entries[0]} to {entries[-1]}"
             )
-            raise ConfigError(f"--zch_columns {column} names no column {fix}")
+            raise ConfigError(f"--zch_columns {column} names no column of {named}")
         for i in chosen:
             start, size = starts[i], sizes[i]
-            if start is None or size is None:
-                raise ConfigError(
-                    f"--zch_columns {column}: where {entries[i]} falls among the sparse features depends on how many "
-                    f"columns the patterns of {option} {listing} match; name those columns one by one, or use one "
-                    "pattern only"
-                )
+            assert start is not None and size is not None  # without patterns, every entry is one feature
             positions.update(range(start, start + size))
     return sorted(positions)
 
@@ -571,13 +598,16 @@ def zch_feature_positions(zch_columns: list[str], entries: list[str], count: int
 class PlanConfig(JobConfig):
     """A training job's configuration as its sharding plan sees it (``python -m apps.dlrm.plan``,
     ``components.dlrm:plan``): only the options the plan depends on are offered (the model, how it
-    runs on the devices, the batch size, the embedding optimizer's state, a --preset); the others
+    runs on the devices, the batch size, the embedding optimizer's state, a --preset, and the data
+    options that say where --zch_columns' columns fall among the features); the others
     keep their defaults, so the preview's help lists what matters to it."""
 
     __slots__ = ()
 
     OFFERED = frozenset(
         ["preset", "batch_size", "embedding_optimizer", "categorical_ids", "zch_columns"]
+        # which columns --zch_columns names, where a --sparse_columns pattern matches them in the files
+        + ["data", "data_path", "sparse_columns"]
         + [field.name for cls in (ModelConfig, LaunchConfig, ZchConfig) for field in options_of(cls)]
     )
 

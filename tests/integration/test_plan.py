@@ -265,7 +265,8 @@ def test_plan_app_takes_the_components_flags_and_only_what_the_plan_depends_on(c
     assert exit.value.code == 0
     usage = capsys.readouterr().out
     assert "[-j J] [-h H]" in usage and "--embedding_dim" in usage and "--sharding_type" in usage
-    for training_only in ("--learning_rate", "--checkpoint_dir", "--data_path", "--val_batches", "--steps"):
+    assert "--data_path" in usage and "--sparse_columns" in usage  # where --zch_columns' columns fall
+    for training_only in ("--learning_rate", "--checkpoint_dir", "--dense_transform", "--val_batches", "--steps"):
         assert training_only not in usage
     with pytest.raises(SystemExit) as exit:
         plan_app(["-j", "1x2", "--learning_rate", "3"])

@@ -113,3 +113,21 @@ def test_other_managed_columns_than_the_checkpoints_are_refused(trained, tmp_pat
     result, _ = train(tmp_path, "evaluate", data, *options, nproc=1)
     assert result.returncode != 0
     assert "was written for another model (" in result.stderr and "zch_features" in result.stderr
+
+
+def test_a_column_a_pattern_matches_is_managed_and_the_checkpoint_exports_without_the_files(trained, tmp_path):
+    """--sparse_columns 'cat_*' --zch_columns cat_2: the trainer places cat_2 by the files' columns,
+    the checkpoint records it, and its export (the files gone) builds the same model."""
+    data = tmp_path / "data"
+    shutil.copytree(trained[1], data)
+    ckpt = tmp_path / "ckpt"
+    options = ["--sparse_columns", "cat_*", "--zch_columns", "cat_2", "--checkpoint_every", "10"]
+    result, _ = train(tmp_path, "out", str(data), *options, "--steps", "10", "--checkpoint_dir", str(ckpt), nproc=1)
+    assert_ok(result)
+    manifest = json.loads((ckpt / "step_00000010" / "manifest.json").read_text())
+    assert manifest["model"]["zch_features"] == [2]
+    assert manifest["sharding_plan"]["t_cat_2"]["type"] == "row_wise"
+    shutil.rmtree(data)  # the export reads the checkpoint only
+    export(ExportConfig(checkpoint_dir=str(ckpt), step="latest", output=str(tmp_path / "package")))
+    features = json.loads((tmp_path / "package" / "manifest.json").read_text())["features"]
+    assert features["zch_features"] == [2]

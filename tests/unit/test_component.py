@@ -19,6 +19,7 @@ from components import dlrm, hstu
 from components.launch import DEFAULT_ENV
 from components.signature import InvalidComponentArgument
 from tests.conftest import REPO
+from tests.unit.test_zch_columns import CRITEO_PARQUET, criteo_parquet
 
 # Tier (tests/conftest.py): pure logic, fast.
 TIER = "unit"
@@ -296,3 +297,15 @@ def test_submitting_imports_neither_torch_nor_the_data_readers():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_managed_column_a_pattern_matches_is_checked_where_the_files_are_here_and_left_to_the_trainers_elsewhere(
+    tmp_path,
+):
+    """--sparse_columns 'C*' --zch_columns C3: the local files place C3 (table 2), whose 5 rows 3 ranks
+    cannot split; a cluster's path is not read here, and the job is submitted for its trainers to check."""
+    options = {**CRITEO_PARQUET, "sparse_columns": "C*", "zch_columns": "C3", "eval_fraction": 0.5, "j": "1x3"}
+    options["num_embeddings_per_feature"] = [8, 8, 5] + [8] * 9
+    with pytest.raises(InvalidComponentArgument, match=r"^--num_embeddings_per_feature 5 \(table 2\) on 3 ranks"):
+        dlrm.train(**options, data_path=criteo_parquet(tmp_path / "clicks"))
+    dlrm.train(**options, data_path=str(tmp_path / "on_the_cluster"))

@@ -50,10 +50,8 @@ def test_synthetic_data_names_its_features():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"sparse_columns": ["user_id", "cat_*"], "num_sparse_features": 5, "zch_columns": ["cat_1"]},
-         "--zch_columns cat_1 names no column of --sparse_columns user_id,cat_*: name columns given there"),
-        ({"sparse_columns": ["u", "a_*", "b_*", "v"], "num_sparse_features": 9, "zch_columns": ["v"]},
-         "--zch_columns v: where v falls among the sparse features depends on how many columns the patterns"),
+        ({"sparse_columns": ["u", "v"], "zch_columns": ["w"]},  # no pattern: the options alone refuse it
+         "--zch_columns w names no column of --sparse_columns u,v: name some of them"),
         ({"sparse_columns": ["u", "v"], "zch_columns": ["u", "v"]},
          "--zch_columns u,v names every sparse column: give --categorical_ids zch instead"),
         ({"sparse_columns": ["u", "v"], "zch_columns": ["u"], "categorical_ids": "zch"},
@@ -66,6 +64,66 @@ def test_what_it_cannot_train_with_is_refused_in_one_line(options, message):
     with pytest.raises(ConfigError) as refused:
         train_config(**PARQUET, **options)
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def criteo_parquet(folder) -> str:
+    """A Merlin/NVTabular Criteo layout's one file under ``folder``: label, I1..I2, C1..C12, the
+    columns written out of natural order (C10 after C1, as a plain sort puts it)."""
+    columns = {"label": [0, 1], "I1": [1.0, 2.0], "I2": [3.0, 4.0]}
+    columns |= {f"C{k}": [k, k + 1] for k in sorted(range(1, 13), key=str)}
+    folder.mkdir()
+    pq.write_table(pa.table(columns), folder / "day_0.parquet")
+    return str(folder)
+
+
+CRITEO_PARQUET = {"data": "parquet", "dense_columns": ["I*"], "num_dense_features": 2, "num_sparse_features": 12}
+
+
+@pytest.mark.parametrize(
+    "sparse, zch, managed",
+    [
+        (["C*"], ["C3", "C10"], [2, 9]),  # natural order: C10 is the tenth, not the third
+        (["C*"], ["C1?"], [9, 10, 11]),  # a pattern of --zch_columns, matched against the files' columns
+        (["C1", "C1?", "C[2-9]"], ["C5"], [7]),  # several patterns: where C5 falls, the files say
+    ],
+)
+def test_a_column_a_pattern_matches_is_placed_by_the_first_files_columns(tmp_path, sparse, zch, managed):
+    data_path = criteo_parquet(tmp_path / "clicks")
+    cfg = train_config(**CRITEO_PARQUET, data_path=data_path, sparse_columns=sparse, zch_columns=zch)
+    assert cfg.zch_features == managed
+    assert cfg.model_signature()["zch_features"] == managed  # a checkpoint records the positions
+    (tmp_path / "clicks" / "day_0.parquet").unlink()
+    assert cfg.zch_features == managed  # the schema was read once: the many calls read no file
+
+
+@pytest.mark.parametrize(
+    "zch, message",
+    [
+        (["C13"], "--zch_columns C13 names none of the sparse columns that --sparse_columns C* matches in "),
+        (["I1"], "--zch_columns I1 names none of the sparse columns that --sparse_columns C* matches in "),
+    ],
+)
+def test_a_name_no_sparse_column_of_the_files_has_is_refused_naming_them(tmp_path, zch, message):
+    options = {**CRITEO_PARQUET, "data_path": criteo_parquet(tmp_path / "clicks"), "sparse_columns": ["C*"]}
+    with pytest.raises(ConfigError) as refused:
+        train_config(**options, zch_columns=zch)
+    assert message in str(refused.value) and "C1, C2, C3," in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_files_not_here_are_left_to_the_trainers_and_refused_where_the_positions_are_needed(tmp_path):
+    """A configuration of a cluster's path is made (a submission checks it); what needs the
+    positions (the model, the plan preview) refuses in one line naming the fix."""
+    absent = str(tmp_path / "on_the_cluster")
+    options = {**CRITEO_PARQUET, "data_path": absent, "sparse_columns": ["C*"], "zch_columns": ["C3"]}
+    cfg = train_config(**options)
+    with pytest.raises(ConfigError, match="^--checkpoint_every 7 is not a multiple of --zch_eviction_interval"):
+        train_config(**options, checkpoint_dir=str(tmp_path), checkpoint_every=7, zch_eviction_interval=5)  # checked
+    with pytest.raises(ConfigError) as refused:
+        _ = cfg.zch_features
+    assert "name the columns one by one in --sparse_columns, or run this where --data_path can be read" in str(
+        refused.value
+    )
 
 
 def test_criteo_folders_are_refused_as_with_every_table_managed():
@@ -114,6 +172,21 @@ def test_the_plan_preview_counts_the_managed_tables_id_maps_only(capsys):
     rows = [line.split() for line in shown.splitlines() if line.startswith("t_cat_")]
     assert {row[0] for row in rows if "row_wise" in row} == {f"t_cat_{k}" for k in range(13)}
     assert {row[0] for row in rows if "table_wise" in row} == {f"t_cat_{k}" for k in range(13, 26)}
+
+
+def test_the_plan_preview_places_a_column_a_pattern_matches_by_the_files_or_says_how(tmp_path, capsys):
+    job = ["-j", "1x2", "-h", "aws_p4d.24xlarge", "--data", "parquet", "--sparse_columns", "C*"]
+    job += ["--num_sparse_features", "12", "--zch_columns", "C10", "--sharding_type", "table_wise"]
+    with pytest.raises(SystemExit) as exit:
+        plan_main([*job, "--data_path", criteo_parquet(tmp_path / "clicks")])
+    assert exit.value.code == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("t_cat_")]
+    assert {row[0] for row in rows if "row_wise" in row} == {"t_cat_9"}
+    with pytest.raises(SystemExit) as exit:
+        plan_main([*job, "--data_path", str(tmp_path / "on_the_cluster")])
+    refusal = capsys.readouterr().err.strip()
+    assert exit.value.code != 0 and len(refusal.splitlines()) == 1
+    assert "name the columns one by one in --sparse_columns, or run this where --data_path can be read" in refusal
 
 
 def test_beside_as_is_rows_the_managed_columns_raw_ids_are_hashed_into_torchrecs_range(tmp_path):

@@ -10,9 +10,7 @@ statistics and row counts, not their data). A path that is not here (it may exis
 (an object store may need credentials that only the cluster has) are left to the job.
 """
 
-import glob
-
-from apps.core.urls import is_url
+from apps.core.urls import is_here, is_url
 from apps.dlrm.config import DataConfig, ModelConfig
 
 
@@ -24,9 +22,9 @@ def check_local_data(model: ModelConfig, data: DataConfig) -> list[str]:
     data_path = data.data_path
     if data.data == "synthetic" or is_url(data_path):
         return []
-    local = data_path.removeprefix("file://")
-    if not glob.glob(local):
+    if not is_here(data_path):
         return [f"--data_path {data_path}"]
+    local = data_path.removeprefix("file://")
     if data.data == "criteo":
         # Imported on use: the components import this module, and most jobs need neither reader.
         from apps.dlrm.data.criteo.layout import check_table_sizes, open_folder

@@ -109,7 +109,7 @@ def training_config(checkpoint: Checkpoint) -> JobConfig:
             "config and model): give the --checkpoint_dir of a components.dlrm:train run"
         )
     try:
-        cfg = JobConfig.from_options(record)
+        cfg = JobConfig.from_options(_sparse_columns_named(record, checkpoint.manifest.get("columns")))
     except ConfigError as e:
         raise CheckpointError(
             f"{redact_urls(checkpoint.url)} was written by another version of this project ({e}): load it "
@@ -117,6 +117,16 @@ def training_config(checkpoint: Checkpoint) -> JobConfig:
         ) from None
     check_compatible(checkpoint, cfg)  # the recorded shapes are those the options build
     return cfg
+
+
+def _sparse_columns_named(record: dict[str, Any], columns: dict[str, Any] | None) -> dict[str, Any]:
+    """The options of ``record`` with --sparse_columns the columns the model trained on (``columns``:
+    the manifest's record, in feature order) one by one, where --zch_columns names some: the
+    managed-collision features then follow from the options alone, as the checkpoint's signature
+    records them, wherever the training's files are now (a pattern would need them)."""
+    if not record.get("zch_columns") or not columns:
+        return record
+    return {**record, "sparse_columns": [column["name"] for column in columns["sparse"]]}
 
 
 def load_trained(checkpoint_dir: str, step: str, option: str = "--checkpoint_dir") -> Trained:

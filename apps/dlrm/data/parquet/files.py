@@ -34,6 +34,7 @@ bags anyway.
 """
 
 import fnmatch
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -159,12 +160,13 @@ def _id_kind(column: dict[str, Any]) -> str:
     return f"lists of {ids}" if column["list"] else f"single {ids}"
 
 
-def open_files(data_path: str) -> tuple[fsspec.AbstractFileSystem, list[DataFile]]:
-    """The filesystem and the Parquet files of ``data_path``, in natural name order, footers read."""
+def open_files(data_path: str, first_only: bool = False) -> tuple[fsspec.AbstractFileSystem, list[DataFile]]:
+    """The filesystem and the Parquet files of ``data_path``, in natural name order, footers read
+    (``first_only``: the first file's alone)."""
     fs, root = fsspec.core.url_to_fs(data_path)
     try:
         with reaching("--data_path", data_path):
-            entries = _list(fs, root, data_path)
+            entries = _list(fs, root, data_path)[: 1 if first_only else None]
             urls = [fs.unstrip_protocol(path) if is_url(data_path) else path for path, _ in entries]
             footers = _footers(fs, entries, urls)
     except OSError as e:  # missing bucket, no permission, network
@@ -332,13 +334,48 @@ def resolve_columns(
     )
 
 
+@functools.cache
+def first_file_columns(data_path: str) -> tuple[str, tuple[str, ...]]:
+    """The URL and the column names of the first Parquet file of ``data_path`` (its footer only),
+    read once per process: what a --zch_columns entry that a pattern matches is resolved against."""
+    _, files = open_files(data_path, first_only=True)
+    return files[0].url, tuple(files[0].metadata.schema.to_arrow_schema().names)
+
+
+def zch_positions_in_files(model: ModelConfig, data: DataConfig) -> list[int]:
+    """The sparse features (0-based) that --zch_columns names, its entries matched against the
+    sparse columns the loader finds in the first file of --data_path (:func:`match_columns`), for
+    entries the options alone cannot place (config.zch_features). Refused in one line: files that
+    cannot be read here, an entry that names none of the sparse columns."""
+    try:
+        url, names = first_file_columns(data.data_path)
+    except ConfigError as e:
+        raise ConfigError(
+            f"--zch_columns {','.join(data.zch_columns)} names columns that --sparse_columns "
+            f"{','.join(data.sparse_columns)} matches in the files, which cannot be read here ({e}): name the "
+            "columns one by one in --sparse_columns, or run this where --data_path can be read"
+        ) from None
+    sparse = match_columns(data.sparse_columns, list(names), "sparse_columns", url)
+    _check_counts(model, data, url, {"sparse_columns": sparse})
+    positions: set[int] = set()
+    for entry in data.zch_columns:
+        chosen = [k for k, name in enumerate(sparse) if fnmatch.fnmatchcase(name, entry)]
+        if not chosen:
+            raise ConfigError(
+                f"--zch_columns {entry} names none of the sparse columns that --sparse_columns "
+                f"{','.join(data.sparse_columns)} matches in {url}: {column_listing(sparse)}; name some of them"
+            )
+        positions.update(chosen)
+    return sorted(positions)
+
+
 def _check_counts(model: ModelConfig, data: DataConfig, url: str, matched: dict[str, list[str]]) -> None:
     """Refuses feature counts that differ from the columns the patterns match in ``url``: every
     wrong count in one message, so that one correction fixes them all."""
     wrong = [
-        (option, count, len(columns), getattr(model, count))
-        for (option, columns), count in zip(matched.items(), ("num_dense_features", "num_sparse_features"))
-        if len(columns) != getattr(model, count)
+        (option, _COUNTS[option], len(columns), getattr(model, _COUNTS[option]))
+        for option, columns in matched.items()
+        if len(columns) != getattr(model, _COUNTS[option])
     ]
     if wrong:
         found = " and ".join(
@@ -347,6 +384,10 @@ def _check_counts(model: ModelConfig, data: DataConfig, url: str, matched: dict[
         )
         fix = " ".join(f"--{count} {n}" for _, count, n, _ in wrong)
         raise ConfigError(f"in {url}, {found}: give {fix}, or name the columns one by one (their count then sets it)")
+
+
+#: The feature count that each column option's matches must equal.
+_COUNTS = {"dense_columns": "num_dense_features", "sparse_columns": "num_sparse_features"}
 
 
 def match_columns(patterns: list[str], names: list[str], option: str, url: str) -> list[str]:
