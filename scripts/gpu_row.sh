@@ -41,7 +41,12 @@ build_image() {
 check_staged() (
   export PATH="$PWD/$VENV/image/bin:$PATH"
   GPU_STAGE_PACK="$VENV/gpu/stack.tar.xz" STAGE_ROOT="$work/stage" OUT="$work/call" GPU_CALL_DIR="$work/steps" \
-    bash scripts/gpu_stage/check.sh --on_cpu
+    bash scripts/gpu_stage/check.sh --on_cpu || {
+      # The work folder goes on exit: keep the steps' logs of a failure to read.
+      mkdir -p outputs && cp "$work/call/gpu_call.tar.gz" outputs/gpu_row_failed.tar.gz
+      echo "gpu_row.sh: a step failed; its logs: outputs/gpu_row_failed.tar.gz" >&2
+      return 1
+    }
   echo "gpu_row.sh: the staged pack suffices on an image like the GPU machine's, and every step of check.sh ran on it"
 )
 
