@@ -69,7 +69,12 @@ def build_model(
     built on ``dense_device`` with the current RNG state (seed it for identical ranks).
     """
     table_device = table_device or torch.device("meta")
-    tables = EmbeddingBagCollection(tables=table_configs(cfg), device=table_device)
+    configs = table_configs(cfg)
+    chosen = set() if zch is None else set(range(len(configs)) if managed is None else managed)
+    mixed = 0 < len(chosen) < len(configs)
+    # A mixed model's tables are its two collections: this one only tells TorchRec's DLRM the
+    # features and their width, so it allocates nothing (on a CPU, export would hold every table twice).
+    tables = EmbeddingBagCollection(tables=configs, device=torch.device("meta") if mixed else table_device)
     common = dict(
         embedding_bag_collection=tables,
         dense_in_features=cfg.num_dense_features,
@@ -91,25 +96,24 @@ def build_model(
         )
     else:
         model = DLRM(**common)
-    configs = tables.embedding_bag_configs()
-    chosen = set(range(len(configs)) if managed is None else managed)
     if zch is None or not chosen:
         model.sparse_arch = PooledSparseArch(tables)
-    elif len(chosen) == len(configs):
-        model.sparse_arch = ManagedSparseArch(_managed(configs, zch, table_device))
+    elif not mixed:
+        model.sparse_arch = ManagedSparseArch(_managed(tables, zch, table_device))
     else:
         plain = EmbeddingBagCollection([c for k, c in enumerate(configs) if k not in chosen], device=table_device)
-        beside = _managed([c for k, c in enumerate(configs) if k in chosen], zch, table_device)
-        model.sparse_arch = MixedSparseArch(tables, plain, beside)
+        beside = EmbeddingBagCollection([c for k, c in enumerate(configs) if k in chosen], device=table_device)
+        model.sparse_arch = MixedSparseArch(tables, plain, _managed(beside, zch, table_device))
     return DLRMTrain(model)
 
 
 def _managed(
-    configs: list[EmbeddingBagConfig], zch: ZchConfig, device: torch.device
+    tables: EmbeddingBagCollection, zch: ZchConfig, device: torch.device
 ) -> ManagedCollisionEmbeddingBagCollection:
-    """The tables of ``configs``, each with its managed-collision id-to-row map."""
-    tables = EmbeddingBagCollection(tables=configs, device=device)
-    return ManagedCollisionEmbeddingBagCollection(tables, managed_collisions(configs, zch, device))
+    """``tables``, each with its managed-collision id-to-row map."""
+    return ManagedCollisionEmbeddingBagCollection(
+        tables, managed_collisions(tables.embedding_bag_configs(), zch, device)
+    )
 
 
 class PooledSparseArch(SparseArch):
